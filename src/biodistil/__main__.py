@@ -1,0 +1,5 @@
+import sys
+
+from biodistil.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,310 @@
+"""Typed recipes: YAML files validated into config classes, with dotted command-line overrides.
+
+Every command reads one recipe class. Unknown keys and bad values fail before any work starts, with
+the offending key and the valid choices in the message; the resolved recipe is saved in the run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from biodistil.errors import BiodistilError
+
+Precision = Literal["auto", "no", "bf16", "fp16"]
+
+
+class Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class RunConfig(Section):
+    """Where the run folder goes and how it is named."""
+
+    output_dir: str = "runs/run"
+    seed: int = 42
+
+
+class TrainConfig(Section):
+    """Optimisation and bookkeeping shared by every stage (pre-training, distillation, fine-tuning)."""
+
+    max_steps: int = Field(1000, ge=1, description="optimizer steps")
+    batch_size: int = Field(32, ge=1, description="sequences per process per micro-batch")
+    grad_accumulation: int = Field(1, ge=1)
+    learning_rate: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-6
+    warmup_steps: int | None = Field(None, ge=0)
+    warmup_ratio: float = Field(0.05, ge=0, le=1)
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    precision: Precision = "auto"
+    eval_every: int = Field(200, ge=0, description="0 disables held-out evaluation during training")
+    eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
+    save_every: int = Field(500, ge=0, description="0 saves only at the end")
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(10, ge=1)
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def resolved_warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else int(self.max_steps * self.warmup_ratio)
+
+
+class CorpusConfig(Section):
+    """A plain-text corpus: files, folders or glob patterns (one document per blank-line-separated block)."""
+
+    train: list[str] = Field(default_factory=list, description="files, folders or globs")
+    eval: list[str] = Field(default_factory=list, description="held-out files; empty = split from train")
+    hub_dataset: str | None = Field(None, description="Hugging Face dataset id (online users)")
+    hub_text_column: str = "text"
+    eval_fraction: float = Field(0.01, ge=0, lt=1)
+    max_eval_blocks: int = Field(500, ge=1)
+    max_lines: int | None = Field(None, ge=1, description="read only the first N lines of the corpus")
+    block_size: int = Field(128, ge=8)
+    cache_dir: str | None = Field(None, description="default: ~/.cache/biodistil/corpora")
+
+    @model_validator(mode="after")
+    def _needs_a_source(self) -> CorpusConfig:
+        if not self.train and not self.hub_dataset:
+            raise ValueError("give data.train (files, folders or globs) or data.hub_dataset")
+        return self
+
+
+class MaskingConfig(Section):
+    """Dynamic MLM masking: which share of tokens is predicted, and how they are corrupted."""
+
+    probability: float = Field(0.15, gt=0, lt=1)
+    mask_ratio: float = Field(0.8, ge=0, le=1)
+    random_ratio: float = Field(0.1, ge=0, le=1)
+    whole_word: bool = False
+
+    @model_validator(mode="after")
+    def _ratios_fit(self) -> MaskingConfig:
+        if self.mask_ratio + self.random_ratio > 1:
+            raise ValueError("masking.mask_ratio + masking.random_ratio must be at most 1")
+        return self
+
+
+class ArchitectureConfig(Section):
+    """A randomly initialised encoder described by its shape."""
+
+    model_type: Literal["bert", "roberta", "distilbert"] = "bert"
+    num_layers: int = Field(6, ge=1)
+    hidden_size: int = Field(768, ge=8)
+    num_heads: int = Field(12, ge=1)
+    intermediate_size: int = Field(3072, ge=8)
+    max_position_embeddings: int = Field(512, ge=8)
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ArchitectureConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        return self
+
+
+class TeacherConfig(Section):
+    """The frozen teacher: a Hub id or a local folder with a masked-LM model and its tokenizer."""
+
+    name_or_path: str
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    trust_remote_code: bool = False
+
+
+class StudentConfig(Section):
+    """How the student is made: teacher layers, a fresh architecture, or an existing pretrained model."""
+
+    init: Literal["teacher_layers", "architecture", "pretrained"] = "teacher_layers"
+    layers: list[int] | None = Field(None, description="teacher layers to copy; default every other layer")
+    architecture: ArchitectureConfig | None = None
+    name_or_path: str | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _init_has_its_inputs(self) -> StudentConfig:
+        if self.init == "architecture" and self.architecture is None:
+            raise ValueError("student.init=architecture needs student.architecture")
+        if self.init == "pretrained" and not self.name_or_path:
+            raise ValueError("student.init=pretrained needs student.name_or_path")
+        return self
+
+
+class TermConfig(Section):
+    """One weighted loss term of an objective."""
+
+    loss: Literal["mlm", "logit_kl", "hidden_cosine"]
+    weight: float = Field(1.0, ge=0)
+    positions: Literal["all", "masked"] = Field("all", description="logit_kl: non-padding or masked positions")
+    student_layer: int = Field(-1, description="hidden_cosine: hidden-state index, -1 = last")
+    teacher_layer: int = -1
+
+
+class ObjectiveConfig(Section):
+    """A distillation method: a weighted combination of loss terms."""
+
+    temperature: float = Field(2.0, gt=0)
+    terms: list[TermConfig] = Field(min_length=1)
+
+
+class TokenizerTrainingConfig(Section):
+    """A WordPiece vocabulary trained on the corpus."""
+
+    vocab_size: int = Field(30522, ge=100)
+    lowercase: bool = False
+    min_frequency: int = Field(2, ge=1)
+    max_lines: int | None = Field(None, ge=1, description="train the vocabulary on the first N lines only")
+
+
+class ExportConfig(Section):
+    """The final model written to <run>/model."""
+
+    enabled: bool = True
+
+
+class PretrainModelConfig(Section):
+    """MLM pre-training: from scratch (architecture + trained vocabulary) or continual (existing model)."""
+
+    init: Literal["scratch", "continual"] = "scratch"
+    name_or_path: str | None = None
+    architecture: ArchitectureConfig | None = None
+    tokenizer: TokenizerTrainingConfig | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _init_has_its_inputs(self) -> PretrainModelConfig:
+        if self.init == "continual" and not self.name_or_path:
+            raise ValueError("model.init=continual needs model.name_or_path")
+        if self.init == "scratch" and (self.architecture is None or self.tokenizer is None):
+            raise ValueError("model.init=scratch needs model.architecture and model.tokenizer")
+        return self
+
+
+class PretrainRecipe(Section):
+    """`biodistil pretrain`: masked-language-model training, from scratch or continual."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: PretrainModelConfig
+    data: CorpusConfig
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+
+class DistillRecipe(Section):
+    """`biodistil distill`: task-agnostic distillation of a masked-LM teacher into a student."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    teacher: TeacherConfig
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    data: CorpusConfig
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    objective: ObjectiveConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+
+RecipeT = TypeVar("RecipeT", bound=Section)
+
+
+def load_recipe(recipe_cls: type[RecipeT], path: str | Path | None, overrides: list[str] = ()) -> RecipeT:
+    """Read a YAML recipe, apply `key.sub=value` overrides, and validate it into `recipe_cls`."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides:
+        _apply_override(raw, item)
+    return validate_recipe(recipe_cls, raw, source=str(path) if path else "overrides")
+
+
+def validate_recipe(recipe_cls: type[RecipeT], raw: dict[str, Any], source: str = "recipe") -> RecipeT:
+    try:
+        return recipe_cls.model_validate(raw)
+    except ValidationError as err:
+        raise BiodistilError(f"Invalid recipe {source}:\n{_explain(err, recipe_cls)}") from None
+
+
+def dump_recipe(recipe: Section, path: Path) -> None:
+    """Save the resolved recipe (every default filled in) as YAML."""
+    from biodistil.training.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BiodistilError(f"Recipe not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise BiodistilError(f"Recipe {path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BiodistilError(f"Recipe {path} must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise BiodistilError(f"Override '{item}' must look like key.sub=value")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise BiodistilError(f"Override '{item}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _explain(err: ValidationError, recipe_cls: type[BaseModel]) -> str:
+    lines = []
+    for problem in err.errors():
+        where = ".".join(str(p) for p in problem["loc"])
+        if problem["type"] == "extra_forbidden":
+            valid = _fields_at(recipe_cls, problem["loc"][:-1])
+            lines.append(f"  - unknown key '{where}'; valid keys here: {', '.join(valid)}")
+        else:
+            lines.append(f"  - {where or '(top level)'}: {problem['msg']} (got {problem.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if _is_model(current) else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return sorted(current.model_fields) if _is_model(current) else []
+
+
+def _is_model(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, BaseModel)
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel class inside an annotation such as `X | None` or `list[X]`."""
+    if _is_model(annotation):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,1 @@
+"""Data: corpora, masking, transfer sets and task-file readers."""

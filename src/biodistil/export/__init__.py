@@ -1,0 +1,1 @@
+"""Export: final models in Hugging Face format (safetensors), free of training-only parts."""

@@ -1,0 +1,140 @@
+"""Task-specific distillation losses on classifier logits ([N, C], or token logits [B, L, C] with a mask)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from biodistil.losses.distillation import masked_lm_loss, masked_mean, soft_kl_loss
+
+Weight = float | torch.Tensor
+
+
+@dataclass(frozen=True)
+class KDLossParts:
+    """A weighted KD objective and its unweighted parts: total = α·kd + β·ce."""
+
+    total: torch.Tensor
+    kd: torch.Tensor
+    ce: torch.Tensor
+
+    def logs(self) -> dict[str, float]:
+        """Plain floats for logging: {"loss", "kd", "ce"}."""
+        return {
+            "loss": float(self.total.detach()),
+            "kd": float(self.kd.detach()),
+            "ce": float(self.ce.detach()),
+        }
+
+
+def _check_same_shape(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> None:
+    if student_logits.shape != teacher_logits.shape:
+        shapes = f"{tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}"
+        raise ValueError(f"student logits {shapes}")
+
+
+def _select_rows(
+    logits: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Flatten [..., C] logits to [N, C] rows (only rows where `mask` is True) and labels to [N]."""
+    if mask is None:
+        rows = logits.reshape(-1, logits.size(-1))
+        return rows, None if labels is None else labels.reshape(-1)
+    if mask.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"mask {tuple(mask.shape)} must equal logits {tuple(logits.shape)} minus the class dim"
+        )
+    keep = mask.bool()
+    return logits[keep], None if labels is None else labels[keep]
+
+
+def hinton_kd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    alpha: Weight,
+    beta: Weight,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> KDLossParts:
+    """Hinton KD L = α·T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) + β·CE(y, z_S).
+
+    Logits are [N, C], or [B, L, C] token logits with `mask` [B, L] selecting the rows that count.
+    The KD term covers every selected row; the CE skips labels equal to `ignore_index`.
+    `kd` and `ce` are returned unweighted; α and β may be floats or 0-dim tensors (gradient flows to them).
+    With β = 0, `labels` may be None and `ce` is 0.
+    """
+    _check_same_shape(student_logits, teacher_logits)
+    student_rows, label_rows = _select_rows(student_logits, mask, labels)
+    teacher_rows, _ = _select_rows(teacher_logits, mask)
+    kd = soft_kl_loss(student_rows, teacher_rows, temperature)
+    if label_rows is None:
+        if float(beta) != 0.0:
+            raise ValueError(f"labels are required when beta is non-zero (beta={float(beta)})")
+        ce = student_rows.float().sum() * 0.0
+    else:
+        ce = masked_lm_loss(student_rows, label_rows, ignore_index=ignore_index)
+    return KDLossParts(total=alpha * kd + beta * ce, kd=kd, ce=ce)
+
+
+def logit_mse_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Logit regression MSE(z_S, z_T) = (1/(N·C)) Σ_rows Σ_classes (z_S − z_T)² over the rows `mask` keeps."""
+    _check_same_shape(student_logits, teacher_logits)
+    per_row = (student_logits.float() - teacher_logits.float()).pow(2).mean(-1)
+    if mask is None:
+        return per_row.mean()
+    return masked_mean(per_row, mask.bool())
+
+
+def _positive_logit(logits: torch.Tensor, who: str) -> torch.Tensor:
+    """[N] or [N, 1] → the positive-class logit z; [N, 2] → z = z_1 − z_0 (so σ(z) = softmax(z)[1])."""
+    if logits.dim() == 1:
+        return logits
+    if logits.dim() == 2 and logits.size(1) == 1:
+        return logits[:, 0]
+    if logits.dim() == 2 and logits.size(1) == 2:
+        return logits[:, 1] - logits[:, 0]
+    raise ValueError(f"{who} logits must be [N], [N, 1] or [N, 2] for sigmoid KD, got {tuple(logits.shape)}")
+
+
+def sigmoid_kd_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Label-free binary KD: BCE(q_T, q_S) = −mean_N [q_T·log q_S + (1 − q_T)·log(1 − q_S)], q = σ(z/T).
+
+    z is the positive-class logit for [N] / [N, 1] logits and z_1 − z_0 for [N, 2] logits. No T² factor.
+    """
+    _check_same_shape(student_logits, teacher_logits)
+    t = float(temperature)
+    z_student = _positive_logit(student_logits, "student").float() / t
+    q_teacher = torch.sigmoid(_positive_logit(teacher_logits, "teacher").float() / t)
+    return F.binary_cross_entropy_with_logits(z_student, q_teacher)
+
+
+def patient_kd_loss(
+    student_cls_states: Sequence[torch.Tensor], teacher_cls_states: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """PatientKD Σ_i MSE(h_S,i / ‖h_S,i‖₂, h_T,i / ‖h_T,i‖₂) over mapped layer pairs of [CLS] vectors [B, D].
+
+    The MSE is averaged over batch and dims, then summed over the layer pairs.
+    """
+    if len(student_cls_states) != len(teacher_cls_states) or not student_cls_states:
+        raise ValueError(
+            f"need the same non-zero number of student and teacher layers, got "
+            f"{len(student_cls_states)} and {len(teacher_cls_states)}"
+        )
+    terms = []
+    for i, (student, teacher) in enumerate(zip(student_cls_states, teacher_cls_states, strict=True)):
+        if student.shape != teacher.shape:
+            raise ValueError(
+                f"layer pair {i}: student [CLS] {tuple(student.shape)} != teacher {tuple(teacher.shape)}; "
+                "PatientKD needs equal widths (project the student first)"
+            )
+        student_unit = F.normalize(student.float(), p=2, dim=-1)
+        teacher_unit = F.normalize(teacher.float(), p=2, dim=-1)
+        terms.append(F.mse_loss(student_unit, teacher_unit))
+    return torch.stack(terms).sum()

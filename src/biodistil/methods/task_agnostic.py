@@ -1,0 +1,106 @@
+"""The `pretrain` and `distill` commands: MLM pre-training and task-agnostic distillation, end to end.
+
+recipe -> run folder -> tokenizer and models -> corpus blocks -> engine -> exported model -> report.
+"""
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig
+from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits, resolve_corpus_files
+from biodistil.data.masking import MaskingVocabulary
+from biodistil.data.vocab import train_wordpiece
+from biodistil.export.hf import export_model
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
+from biodistil.methods.objective import Objective
+from biodistil.models.loading import load_masked_lm, load_tokenizer
+from biodistil.models.size import count_parameters
+from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
+from biodistil.training.engine import Engine, TrainResult, make_accelerator
+from biodistil.training.run import RunFolder
+
+MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])
+
+
+def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    if recipe.model.init == "continual":
+        tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
+        model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
+    else:
+        tokenizer = _corpus_tokenizer(recipe, run, accelerator)
+        model = model_from_architecture(recipe.model.architecture, tokenizer)
+    module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
+    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after)
+    return _finish(run, module, tokenizer, result, accelerator, "MLM pre-training", stop_after)
+
+
+def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective."""
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
+    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
+    student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
+    check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+    objective = Objective(recipe.objective, student, teacher)
+    teacher.to(accelerator.device, dtype=torch.bfloat16 if recipe.teacher.dtype == "bfloat16" else torch.float32)
+    module = MaskedLMModule(student, objective, teacher)
+    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after)
+    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
+    return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
+
+
+def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> PreTrainedTokenizerBase:
+    """Train the WordPiece vocabulary once per run (kept in the run folder, so a resumed run reuses it)."""
+    folder = run.path / "tokenizer"
+    if accelerator.is_main_process and not (folder / "tokenizer.json").is_file():
+        cfg = recipe.model.tokenizer
+        files = resolve_corpus_files(recipe.data.train)
+        tokenizer = train_wordpiece(iter_lines(files, cfg.max_lines), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        from biodistil.training.io import atomic_directory
+
+        atomic_directory(folder, tokenizer.save_pretrained)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(folder))
+
+
+def _train(module, tokenizer, recipe, run: RunFolder, accelerator, resume: bool, stop_after: int | None) -> TrainResult:
+    with accelerator.main_process_first():
+        train_blocks, eval_blocks = load_corpus_splits(recipe.data, tokenizer)
+    engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
+    pad_id = tokenizer.pad_token_id
+    return engine.fit(
+        module, train_blocks, lambda examples: collate_blocks(examples, pad_id), eval_blocks,
+        prepare_batch=MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking),
+        resume=resume, stop_after=stop_after,
+    )
+
+
+def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResult, accelerator, title: str,
+            stop_after: int | None, notes: list[str] = ()) -> Path:
+    if not accelerator.is_main_process:
+        return run.model_dir
+    finished = stop_after is None or result.steps >= run.recipe.train.max_steps
+    sizes = count_parameters(module.student)
+    summary = {"result": asdict(result), "student_parameters": sizes, "finished": finished}
+    if finished and run.recipe.export.enabled:
+        export_model(module.student, tokenizer, run.model_dir)
+        summary["model_dir"] = str(run.model_dir)
+    run.write_summary(summary)
+    rows = {
+        "steps": result.steps,
+        "parameters (total / non-embedding)": f"{sizes['total']:,} / {sizes['non_embedding']:,}",
+        "training throughput": f"{result.tokens_per_second:,.0f} tokens/s",
+        "wall time": f"{result.seconds:.1f} s",
+        **{f"final train {k}": f"{v:.4f}" for k, v in result.final_train.items() if k.startswith("loss")},
+        **{f"held-out {k}": f"{v:.4f}" for k, v in result.final_eval.items()},
+        "model": f"`{run.model_dir}`" if finished else "not exported (run stopped early; use --resume)",
+    }
+    run.write_report(title, rows, list(notes))
+    return run.model_dir

@@ -1,0 +1,1 @@
+"""Models: loading teachers and students, building students, and asking models for features."""

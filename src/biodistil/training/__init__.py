@@ -1,0 +1,1 @@
+"""Training: the one engine every stage runs on, its checkpoints and its logs."""

@@ -1,0 +1,282 @@
+"""The one training engine (on Accelerate) that every stage runs on: pre-training, distillation, fine-tuning.
+
+A stage hands the engine a module whose forward takes a batch and returns `(loss, logs)`; everything the
+module owns is trained and checkpointed (e.g. student + projections), anything it merely references (a
+frozen teacher) is not. The engine owns the rest: data order, optimizer and schedule, accumulation,
+clipping, mixed precision, distributed training, held-out evaluation, atomic checkpoints, exact resume,
+metrics (JSON lines + TensorBoard) and the progress bar.
+
+Exact resume: the data order of each epoch is a permutation drawn from (seed, epoch); per-batch randomness
+(MLM masks) comes from a generator seeded by (seed, micro-step, process); dropout uses the torch RNG,
+which checkpoints save and restore. A resumed run therefore replays the same batches, masks and dropout.
+"""
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from biodistil.config import TrainConfig
+from biodistil.errors import BiodistilError
+from biodistil.training import checkpoint as ckpt
+from biodistil.training.io import atomic_write_text
+
+Batch = dict[str, torch.Tensor]
+PrepareBatch = Callable[[Batch, torch.Generator], Batch]
+Collate = Callable[[list[Any]], Batch]
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    tokens_seen: int
+    seconds: float
+    tokens_per_second: float
+    final_train: dict[str, float]
+    final_eval: dict[str, float]
+
+
+def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False) -> Accelerator:
+    """An Accelerator with the recipe's precision ('auto' = bf16 on GPUs that have it, else full precision)."""
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if precision == "fp16" and not torch.cuda.is_available():
+        raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
+    log_with = "tensorboard" if tensorboard and run_dir is not None else None
+    return Accelerator(mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None)
+
+
+class Engine:
+    """Trains one module for `cfg.max_steps` optimizer steps, writing into `run_dir`."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, seed: int, accelerator: Accelerator | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.seed = seed
+        self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard)
+        self.state = ckpt.TrainerState()
+
+    # ----------------------------------------------------------------------------------------- public
+    def fit(
+        self,
+        module: nn.Module,
+        train_data: Dataset,
+        collate: Collate,
+        eval_data: Dataset | None = None,
+        prepare_batch: PrepareBatch | None = None,
+        resume: bool = False,
+        stop_after: int | None = None,
+    ) -> TrainResult:
+        """Train; with `resume`, continue from the run folder's latest checkpoint. `stop_after` ends the
+        run early at that step (after a checkpoint), as a job with a time slot would."""
+        acc = self.accelerator
+        self._check_data(train_data)
+        optimizer = self._optimizer(module)
+        scheduler = get_scheduler(
+            self.cfg.schedule if self.cfg.schedule != "constant" else "constant_with_warmup",
+            optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
+        )
+        model, optimizer = acc.prepare(module, optimizer)
+        if resume:
+            self._resume(module, optimizer, scheduler)
+        if acc.is_main_process and self.cfg.tensorboard:
+            acc.init_trackers("tensorboard")
+        prepare = prepare_batch or (lambda batch, _generator: batch)
+        started, tokens_at_start = time.perf_counter(), self.state.tokens_seen
+        window: dict[str, list[float]] = defaultdict(list)
+        last_train, last_eval = {}, {}
+        bar = tqdm(total=self.cfg.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
+                   disable=not (acc.is_local_main_process and self.cfg.progress_bar))
+        batches = self._batches(train_data, collate)
+        model.train()
+        while self.state.step < self.cfg.max_steps:
+            logs = self._optimizer_step(model, optimizer, scheduler, batches, prepare)
+            for key, value in logs.items():
+                window[key].append(value)
+            elapsed = time.perf_counter() - started
+            rate = (self.state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
+            bar.update(1)
+            bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps:
+                last_train = {k: sum(v) / len(v) for k, v in window.items()}
+                self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
+                window.clear()
+            if eval_data is not None and self._due(self.cfg.eval_every):
+                last_eval = self.evaluate(model, eval_data, collate, prepare)
+                self._log("eval", last_eval)
+            stopping = stop_after is not None and self.state.step >= stop_after
+            if self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping:
+                self._save(module, optimizer, scheduler)
+            if stopping:
+                break
+        bar.close()
+        if eval_data is not None and self.cfg.eval_every and not last_eval:
+            last_eval = self.evaluate(model, eval_data, collate, prepare)
+            self._log("eval", last_eval)
+        acc.wait_for_everyone()
+        if acc.is_main_process and self.cfg.tensorboard:
+            acc.end_training()
+        seconds = time.perf_counter() - started
+        tokens = self.state.tokens_seen - tokens_at_start
+        return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),
+                           last_train, last_eval)
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, eval_data: Dataset, collate: Collate, prepare: PrepareBatch
+    ) -> dict[str, float]:
+        """Mean of the module's logs over the held-out set (fixed masks, sharded across processes)."""
+        acc = self.accelerator
+        was_training = model.training
+        model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        count = torch.zeros((), device=acc.device)
+        order = list(range(acc.process_index, len(eval_data), acc.num_processes))
+        loader = DataLoader(eval_data, batch_size=self.cfg.batch_size, sampler=order, collate_fn=collate)
+        for index, batch in enumerate(loader):
+            if self.cfg.eval_batches is not None and index >= self.cfg.eval_batches:
+                break
+            generator = torch.Generator().manual_seed(self.seed * 7919 + index * 104729 + acc.process_index)
+            batch = prepare(_to_device(batch, acc.device), generator)
+            with acc.autocast():
+                loss, logs = model(batch)
+            for key, value in {"loss": loss, **logs}.items():
+                sums[key] = sums.get(key, torch.zeros((), device=acc.device)) + value.detach().float()
+            count += 1
+        totals = {key: acc.reduce(value, reduction="sum") for key, value in sums.items()}
+        count = acc.reduce(count, reduction="sum")
+        model.train(was_training)
+        return {key: float(value / count.clamp(min=1)) for key, value in totals.items()}
+
+    # ----------------------------------------------------------------------------------------- steps
+    def _optimizer_step(self, model, optimizer, scheduler, batches: Iterator[Batch], prepare) -> dict[str, float]:
+        acc = self.accelerator
+        sums: dict[str, float] = defaultdict(float)
+        for micro in range(self.cfg.grad_accumulation):
+            batch = next(batches)
+            generator = torch.Generator().manual_seed(
+                self.seed * 1_000_003 + self.state.micro_step * 7_919 + acc.process_index
+            )
+            batch = prepare(batch, generator)
+            last = micro == self.cfg.grad_accumulation - 1
+            with acc.no_sync(model) if not last and acc.num_processes > 1 else nullcontext():
+                with acc.autocast():
+                    loss, logs = model(batch)
+                acc.backward(loss / self.cfg.grad_accumulation)
+            if not torch.isfinite(loss):
+                raise BiodistilError(
+                    f"Loss became {loss.item()} at step {self.state.step + 1}; lower train.learning_rate or "
+                    "check the data"
+                )
+            for key, value in {"loss": loss, **logs}.items():
+                sums[key] += float(value.detach()) / self.cfg.grad_accumulation
+            self.state.micro_step += 1
+            self.state.tokens_seen += int(batch["attention_mask"].sum()) * acc.num_processes
+        if self.cfg.max_grad_norm is not None:
+            acc.clip_grad_norm_(model.parameters(), self.cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return dict(sums)
+
+    def _batches(self, data: Dataset, collate: Collate) -> Iterator[Batch]:
+        """Endless stream of this process's batches, starting at the saved data position."""
+        acc = self.accelerator
+        per_step = self.cfg.batch_size * acc.num_processes
+        per_epoch = len(data) // per_step
+        while True:
+            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(self.seed + self.state.epoch))
+            shards = [
+                order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size].tolist()
+                for k in range(self.state.batch_in_epoch, per_epoch)
+            ]
+            for shard in DataLoader(data, batch_sampler=shards, collate_fn=collate):
+                self.state.batch_in_epoch += 1
+                yield _to_device(shard, acc.device)
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    # ----------------------------------------------------------------------------------------- setup
+    def _check_data(self, data: Dataset) -> None:
+        needed = self.cfg.batch_size * self.accelerator.num_processes
+        if len(data) < needed:
+            raise BiodistilError(
+                f"The training data has {len(data)} examples, fewer than one batch "
+                f"({self.cfg.batch_size} x {self.accelerator.num_processes} processes); "
+                "lower train.batch_size or give more data"
+            )
+
+    def _optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+        decay, no_decay = [], []
+        for _, param in sorted(module.named_parameters(), key=lambda item: item[0]):
+            if param.requires_grad:
+                (no_decay if param.ndim < 2 else decay).append(param)
+        if not decay and not no_decay:
+            raise BiodistilError("Nothing to train: the module has no trainable parameters")
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, betas=self.cfg.adam_betas, eps=self.cfg.adam_eps)
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.state.step % every == 0
+
+    # ----------------------------------------------------------------------------------------- I/O
+    def _save(self, module: nn.Module, optimizer, scheduler) -> None:
+        acc = self.accelerator
+        rng_states = gather_object([ckpt.capture_torch_rng()]) if acc.num_processes > 1 else [ckpt.capture_torch_rng()]
+        if acc.is_main_process:
+            target = ckpt.checkpoint_dir(self.run_dir, self.state.step)
+            ckpt.save_checkpoint(target, acc.unwrap_model(module), optimizer, scheduler, self.state, rng_states)
+            ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
+        acc.wait_for_everyone()
+
+    def _resume(self, module: nn.Module, optimizer, scheduler) -> None:
+        folder = ckpt.latest_checkpoint(self.run_dir)
+        if folder is None:
+            raise BiodistilError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
+        self.state = ckpt.load_checkpoint(folder, self.accelerator.unwrap_model(module), optimizer, scheduler,
+                                          self.accelerator.process_index)
+        if self.accelerator.is_main_process:
+            print(f"Resuming from {folder} (step {self.state.step})")
+            self._truncate_metrics(self.state.step)
+        self.accelerator.wait_for_everyone()
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric records written after the checkpoint we resume from (they will be written again)."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.is_file():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= step]
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def _log(self, split: str, values: dict[str, float]) -> None:
+        acc = self.accelerator
+        if not acc.is_main_process:
+            return
+        record = {"step": self.state.step, "split": split, **{k: _round(v) for k, v in values.items()}}
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.cfg.tensorboard:
+            acc.log({f"{split}/{k}": v for k, v in values.items()}, step=self.state.step)
+
+
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+def _round(value: float) -> float:
+    return value if not math.isfinite(value) else float(f"{value:.6g}")

@@ -1,0 +1,162 @@
+"""Task-specific KD losses checked against hand-worked values."""
+
+import math
+
+import pytest
+import torch
+
+from biodistil.losses.task import (
+    KDLossParts,
+    hinton_kd_loss,
+    logit_mse_loss,
+    patient_kd_loss,
+    sigmoid_kd_loss,
+)
+
+LN3 = math.log(3.0)
+# teacher logits (ln 3, 0) → p_T = (3/4, 1/4); student logits (0, 0) → p_S = (1/2, 1/2)
+# KL(p_T ‖ p_S) = 3/4·ln(3/4 / 1/2) + 1/4·ln(1/4 / 1/2) = .75·ln 1.5 + .25·ln .5
+KL_BY_HAND = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+# ---------------------------------------------------------------- Hinton KD
+
+
+def test_hinton_kd_by_hand_at_temperature_one() -> None:
+    student = torch.tensor([[0.0, 0.0]])
+    teacher = torch.tensor([[LN3, 0.0]])
+    labels = torch.tensor([0])
+    parts = hinton_kd_loss(student, teacher, labels, alpha=0.7, beta=0.3, temperature=1.0)
+    # CE(label 0, p_S) = −ln(1/2) = ln 2
+    assert isinstance(parts, KDLossParts)
+    assert parts.kd.item() == pytest.approx(KL_BY_HAND, rel=1e-5)
+    assert parts.ce.item() == pytest.approx(math.log(2.0), rel=1e-5)
+    assert parts.total.item() == pytest.approx(0.7 * KL_BY_HAND + 0.3 * math.log(2.0), rel=1e-5)
+    logs = parts.logs()
+    assert set(logs) == {"loss", "kd", "ce"} and logs["ce"] == pytest.approx(math.log(2.0), rel=1e-5)
+
+
+def test_hinton_kd_temperature_scales_logits_and_multiplies_by_t_squared() -> None:
+    # at T = 2 the teacher logits (2·ln 3, 0) give the same p_T = (3/4, 1/4); kd = T²·KL = 4·KL_BY_HAND
+    # the CE ignores T: student (0, 0) with label 1 → ln 2
+    student = torch.tensor([[0.0, 0.0]])
+    teacher = torch.tensor([[2.0 * LN3, 0.0]])
+    parts = hinton_kd_loss(student, teacher, torch.tensor([1]), alpha=1.0, beta=1.0, temperature=2.0)
+    assert parts.kd.item() == pytest.approx(4.0 * KL_BY_HAND, rel=1e-5)
+    assert parts.total.item() == pytest.approx(4.0 * KL_BY_HAND + math.log(2.0), rel=1e-5)
+
+
+def test_hinton_kd_without_labels_when_beta_is_zero() -> None:
+    parts = hinton_kd_loss(torch.zeros(1, 2), torch.tensor([[LN3, 0.0]]), None, alpha=1.0, beta=0.0)
+    assert parts.ce.item() == 0.0
+    assert parts.total.item() == pytest.approx(KL_BY_HAND, rel=1e-5)
+    with pytest.raises(ValueError, match="labels"):
+        hinton_kd_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, alpha=1.0, beta=0.5)
+
+
+def test_hinton_kd_tensor_weights_receive_gradients() -> None:
+    # MetaAdaptiveKD learns α and β: ∂total/∂α = kd, ∂total/∂β = ce
+    alpha = torch.tensor(0.5, requires_grad=True)
+    beta = torch.tensor(0.5, requires_grad=True)
+    student = torch.zeros(1, 2, requires_grad=True)
+    parts = hinton_kd_loss(student, torch.tensor([[LN3, 0.0]]), torch.tensor([0]), alpha, beta)
+    parts.total.backward()
+    assert alpha.grad.item() == pytest.approx(KL_BY_HAND, rel=1e-5)
+    assert beta.grad.item() == pytest.approx(math.log(2.0), rel=1e-5)
+    assert student.grad is not None and student.grad.abs().sum() > 0
+
+
+def test_hinton_kd_token_logits_use_only_masked_rows_and_ignore_index() -> None:
+    # batch of 1, 3 tokens; token 2 is padding (garbage logits), token 1 has label −100 (no CE, but KD)
+    student = torch.tensor([[[0.0, 0.0], [0.0, 0.0], [50.0, -50.0]]])
+    teacher = torch.tensor([[[LN3, 0.0], [LN3, 0.0], [-50.0, 50.0]]])
+    labels = torch.tensor([[0, -100, 1]])
+    mask = torch.tensor([[True, True, False]])
+    parts = hinton_kd_loss(student, teacher, labels, alpha=1.0, beta=1.0, mask=mask)
+    # kd: two rows each KL_BY_HAND → mean KL_BY_HAND; ce: only token 0 → ln 2
+    assert parts.kd.item() == pytest.approx(KL_BY_HAND, rel=1e-5)
+    assert parts.ce.item() == pytest.approx(math.log(2.0), rel=1e-5)
+
+
+# ---------------------------------------------------------------- logit MSE
+
+
+def test_logit_mse_by_hand() -> None:
+    # row 1: (1, 2) − (0, 0) → (1 + 4)/2 = 2.5; row 2: (1, 1) − (1, 3) → (0 + 4)/2 = 2; mean = 2.25
+    student = torch.tensor([[1.0, 2.0], [1.0, 1.0]])
+    teacher = torch.tensor([[0.0, 0.0], [1.0, 3.0]])
+    assert logit_mse_loss(student, teacher).item() == pytest.approx(2.25)
+    assert logit_mse_loss(student, teacher, mask=torch.tensor([True, False])).item() == pytest.approx(2.5)
+
+
+# ---------------------------------------------------------------- sigmoid KD
+
+
+def _bce_by_hand(student_z: list[float], teacher_z: list[float], temperature: float) -> float:
+    total = 0.0
+    for zs, zt in zip(student_z, teacher_z, strict=True):
+        q_s, q_t = _sigmoid(zs / temperature), _sigmoid(zt / temperature)
+        total += -(q_t * math.log(q_s) + (1.0 - q_t) * math.log(1.0 - q_s))
+    return total / len(student_z)
+
+
+def test_sigmoid_kd_equals_bce_by_hand() -> None:
+    # T = 2: q_T = (σ(1), σ(−1)), q_S = (σ(0), σ(1))
+    student, teacher = [0.0, 2.0], [2.0, -2.0]
+    expected = _bce_by_hand(student, teacher, 2.0)
+    # spelled out for the first row: −(σ(1)·ln .5 + σ(−1)·ln .5) = ln 2
+    assert _bce_by_hand(student[:1], teacher[:1], 2.0) == pytest.approx(math.log(2.0))
+    got = sigmoid_kd_loss(torch.tensor(student), torch.tensor(teacher), temperature=2.0)
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+    got_column = sigmoid_kd_loss(torch.tensor(student)[:, None], torch.tensor(teacher)[:, None], 2.0)
+    assert got_column.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_sigmoid_kd_two_class_logits_use_the_difference() -> None:
+    # [N, 2] logits, z = z_1 − z_0: student (0.5 − 0.5, 3 − 1) = (0, 2); teacher (2.5 − 0.5, −1 − 1) = (2, −2)
+    student = torch.tensor([[0.5, 0.5], [1.0, 3.0]])
+    teacher = torch.tensor([[0.5, 2.5], [1.0, -1.0]])
+    got = sigmoid_kd_loss(student, teacher, temperature=2.0)
+    assert got.item() == pytest.approx(_bce_by_hand([0.0, 2.0], [2.0, -2.0], 2.0), rel=1e-5)
+
+
+def test_sigmoid_kd_is_stable_for_large_logits_and_rejects_other_shapes() -> None:
+    student = torch.tensor([200.0, -200.0], requires_grad=True)
+    loss = sigmoid_kd_loss(student, torch.tensor([-200.0, 200.0]), temperature=1.0)
+    loss.backward()
+    # each row: q_T ≈ 0 (or 1), q_S ≈ 1 (or 0) → BCE ≈ 200
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(200.0, rel=1e-4)
+    assert torch.isfinite(student.grad).all()
+    with pytest.raises(ValueError, match=r"\[N, 2\]"):
+        sigmoid_kd_loss(torch.zeros(2, 3), torch.zeros(2, 3), 1.0)
+
+
+# ---------------------------------------------------------------- PatientKD
+
+
+def test_patient_kd_by_hand() -> None:
+    # layer 1: (3, 4)/5 = (.6, .8) vs (1, 0) → ((.4)² + (.8)²)/2 = .4
+    # layer 2: (0, 2)/2 = (0, 1) vs (5, 0)/5 = (1, 0) → (1 + 1)/2 = 1; sum over layers = 1.4
+    student = [torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 2.0]])]
+    teacher = [torch.tensor([[1.0, 0.0]]), torch.tensor([[5.0, 0.0]])]
+    assert patient_kd_loss(student, teacher).item() == pytest.approx(1.4, rel=1e-5)
+
+
+def test_patient_kd_averages_over_the_batch() -> None:
+    # row 1 as layer 1 above (.4); row 2 identical directions (2, 0) vs (1, 0) → 0; mean = .2
+    student = [torch.tensor([[3.0, 4.0], [2.0, 0.0]])]
+    teacher = [torch.tensor([[1.0, 0.0], [1.0, 0.0]])]
+    assert patient_kd_loss(student, teacher).item() == pytest.approx(0.2, rel=1e-5)
+
+
+def test_patient_kd_rejects_mismatches() -> None:
+    with pytest.raises(ValueError, match="equal widths"):
+        patient_kd_loss([torch.zeros(2, 3)], [torch.zeros(2, 4)])
+    with pytest.raises(ValueError, match="same non-zero number"):
+        patient_kd_loss([torch.zeros(2, 3)], [torch.zeros(2, 3), torch.zeros(2, 3)])
+    with pytest.raises(ValueError, match="same non-zero number"):
+        patient_kd_loss([], [])
