@@ -10,11 +10,13 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
 import torch
+from datasets.exceptions import DatasetGenerationError
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
@@ -136,13 +138,17 @@ def _write_blocks(
 ) -> None:
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
     generate = lambda: pack_blocks(iter_lines(files, max_lines), tokenizer, block_size)  # noqa: E731
-    dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(folder / "_build"))
-    if len(dataset) == 0:
+    if next(generate(), None) is None:
         raise BiodistilError(f"Corpus {[str(f) for f in files]} holds no text")
+    try:
+        dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(folder / "_build"))
+    except DatasetGenerationError as err:
+        cause = err.__cause__ or err.__context__
+        if isinstance(cause, BiodistilError):
+            raise cause from None
+        raise
     dataset.save_to_disk(str(folder / "data"))
     del dataset
-    import shutil
-
     shutil.rmtree(folder / "_build", ignore_errors=True)
     for item in (folder / "data").iterdir():
         item.rename(folder / item.name)

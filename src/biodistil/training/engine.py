@@ -13,6 +13,7 @@ which checkpoints save and restore. A resumed run therefore replays the same bat
 
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -56,7 +57,11 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
     if precision == "fp16" and not torch.cuda.is_available():
         raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
     log_with = "tensorboard" if tensorboard and run_dir is not None else None
-    return Accelerator(mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None)
+    # several processes on a machine without CUDA (torchrun / `accelerate launch --multi_gpu`): gloo on CPU
+    cpu_processes = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(
+        mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None, cpu=cpu_processes
+    )
 
 
 class Engine:
@@ -145,7 +150,8 @@ class Engine:
         sums: dict[str, torch.Tensor] = {}
         count = torch.zeros((), device=acc.device)
         order = list(range(acc.process_index, len(eval_data), acc.num_processes))
-        loader = DataLoader(eval_data, batch_size=self.cfg.batch_size, sampler=order, collate_fn=collate)
+        loader = DataLoader(eval_data, batch_size=self.cfg.batch_size, sampler=order, collate_fn=collate,
+                            generator=torch.Generator())
         for index, batch in enumerate(loader):
             if self.cfg.eval_batches is not None and index >= self.cfg.eval_batches:
                 break
@@ -204,7 +210,9 @@ class Engine:
                 order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size].tolist()
                 for k in range(self.state.batch_in_epoch, per_epoch)
             ]
-            for shard in DataLoader(data, batch_sampler=shards, collate_fn=collate):
+            # a private generator: creating a loader must not draw from the global RNG that dropout uses
+            loader = DataLoader(data, batch_sampler=shards, collate_fn=collate, generator=torch.Generator())
+            for shard in loader:
                 self.state.batch_in_epoch += 1
                 yield _to_device(shard, acc.device)
             self.state.epoch += 1

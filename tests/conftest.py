@@ -1,0 +1,60 @@
+"""Shared fixtures: a small synthetic corpus, a tokenizer trained on it and a tiny teacher, all offline."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM
+
+from biodistil.config import ArchitectureConfig
+from biodistil.data.vocab import train_wordpiece
+from biodistil.models.student import model_from_architecture
+
+WORDS = (
+    "the protein kinase gene expression cell tumour patients mutation receptor binding inhibitor "
+    "disease cancer mice induced levels increased decreased activation pathway signalling transcription "
+    "factor apoptosis therapy clinical trial dose response antibody antigen immune infection virus "
+    "bacterial resistance cytokine interleukin tnf p53 brca1 egfr insulin glucose liver renal cardiac"
+).split()
+
+
+def synthetic_corpus(lines: int = 400, seed: int = 0) -> str:
+    """Sentences of biomedical-looking words, a blank line between documents of 5 sentences."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(lines):
+        out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))) + " .")
+        if i % 5 == 4:
+            out.append("")
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(synthetic_corpus(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(corpus_file):
+    return train_wordpiece(corpus_file.read_text().splitlines(), vocab_size=200, min_frequency=1)
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory, tokenizer) -> Path:
+    """A 4-layer, 32-wide BERT teacher (random weights) saved as a Hugging Face folder."""
+    torch.manual_seed(0)
+    arch = ArchitectureConfig(num_layers=4, hidden_size=32, num_heads=2, intermediate_size=64,
+                              max_position_embeddings=64, dropout=0.1)
+    model = model_from_architecture(arch, tokenizer)
+    folder = tmp_path_factory.mktemp("teacher")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture()
+def teacher(teacher_dir):
+    return AutoModelForMaskedLM.from_pretrained(teacher_dir)

@@ -1,0 +1,60 @@
+"""Token-level distillation losses against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, masked_mean, soft_kl_loss
+
+
+def test_masked_lm_loss_is_mean_negative_log_likelihood_of_targets():
+    # Row 0: logits [0, ln 3] -> p(label 1) = 3/4. Row 1 ignored. Row 2: [ln 2, 0] -> p(label 0) = 2/3.
+    logits = torch.tensor([[0.0, math.log(3)], [5.0, -5.0], [math.log(2), 0.0]])
+    labels = torch.tensor([1, -100, 0])
+    expected = -(math.log(3 / 4) + math.log(2 / 3)) / 2
+    assert masked_lm_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_masked_lm_loss_without_targets_is_zero_and_differentiable():
+    logits = torch.zeros(2, 3, requires_grad=True)
+    loss = masked_lm_loss(logits, torch.full((2,), -100))
+    loss.backward()
+    assert loss.item() == 0.0 and logits.grad is not None
+
+
+def test_soft_kl_matches_hand_computation_with_temperature():
+    # T = 2: teacher logits [2 ln 3, 0] / 2 -> softmax [3/4, 1/4]; student [0, 0] -> [1/2, 1/2].
+    # KL(p_T || p_S) = 3/4 ln(3/2) + 1/4 ln(1/2); times T^2 = 4.
+    teacher = torch.tensor([[2 * math.log(3), 0.0]])
+    student = torch.tensor([[0.0, 0.0]])
+    expected = 4 * (0.75 * math.log(1.5) + 0.25 * math.log(0.5))
+    assert soft_kl_loss(student, teacher, temperature=2.0).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_soft_kl_is_averaged_over_rows_and_zero_for_equal_distributions():
+    teacher = torch.tensor([[math.log(3), 0.0], [1.0, 1.0]])
+    student = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    row0 = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert soft_kl_loss(student, teacher, temperature=1.0).item() == pytest.approx(row0 / 2, rel=1e-6)
+    assert soft_kl_loss(teacher, teacher, temperature=3.0).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_cosine_loss_averages_over_unmasked_tokens_only():
+    # token 0: student (1,0) vs teacher (0,1) -> cos 0 -> loss 1
+    # token 1: student (1,1) vs teacher (2,2) -> cos 1 -> loss 0
+    # token 2 is padding (masked out) with opposite vectors -> would give 2
+    student = torch.tensor([[[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]]])
+    teacher = torch.tensor([[[0.0, 1.0], [2.0, 2.0], [-1.0, 0.0]]])
+    mask = torch.tensor([[True, True, False]])
+    assert cosine_embedding_loss(student, teacher, mask).item() == pytest.approx(0.5, rel=1e-6)
+
+
+def test_cosine_loss_rejects_different_widths():
+    with pytest.raises(ValueError, match="project"):
+        cosine_embedding_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4), torch.ones(1, 2, dtype=torch.bool))
+
+
+def test_masked_mean():
+    values = torch.tensor([1.0, 2.0, 9.0])
+    assert masked_mean(values, torch.tensor([True, True, False])).item() == pytest.approx(1.5)

@@ -1,0 +1,93 @@
+"""Objectives on real models: the weighted sum, gradient flow, padding, projections."""
+
+import pytest
+import torch
+
+from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.data.masking import MaskingVocabulary
+from biodistil.errors import BiodistilError
+from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
+from biodistil.methods.objective import Objective
+from biodistil.models.student import model_from_architecture, student_from_teacher_layers
+from biodistil.config import ArchitectureConfig
+
+TRIPLE = ObjectiveConfig(temperature=2.0, terms=[
+    TermConfig(loss="mlm", weight=2.0), TermConfig(loss="logit_kl", weight=5.0), TermConfig(loss="hidden_cosine")])
+
+
+def masked_batch(tokenizer, seed=0):
+    texts = ["the protein kinase gene expression cell tumour patients", "cancer mice induced"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    cfg = MaskingConfig(probability=0.5)
+    return MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), cfg)(batch, torch.Generator().manual_seed(seed))
+
+
+def narrow_student(tokenizer):
+    torch.manual_seed(1)
+    return model_from_architecture(ArchitectureConfig(
+        num_layers=2, hidden_size=16, num_heads=2, intermediate_size=32, max_position_embeddings=64), tokenizer)
+
+
+def test_total_is_weighted_sum_of_terms_computed_independently(teacher, tokenizer):
+    student = student_from_teacher_layers(teacher)
+    module = MaskedLMModule(student, Objective(TRIPLE, student, teacher), teacher)
+    module.eval()
+    batch = masked_batch(tokenizer)
+    loss, logs = module(batch)
+    attention = batch["attention_mask"].bool()
+    with torch.no_grad():
+        t_out = teacher(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        s_out = student(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+    mlm = masked_lm_loss(s_out.logits, batch["labels"])
+    kl = soft_kl_loss(s_out.logits[attention], t_out.logits[attention], 2.0)
+    cos = cosine_embedding_loss(s_out.hidden_states[-1], t_out.hidden_states[-1], attention)
+    assert logs["loss_mlm"].item() == pytest.approx(mlm.item(), rel=1e-5)
+    assert logs["loss_logit_kl"].item() == pytest.approx(kl.item(), rel=1e-4)
+    assert logs["loss_hidden_cosine"].item() == pytest.approx(cos.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(2 * mlm.item() + 5 * kl.item() + cos.item(), rel=1e-5)
+
+
+def test_kl_on_masked_positions_only(teacher, tokenizer):
+    student = student_from_teacher_layers(teacher)
+    cfg = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="logit_kl", positions="masked")])
+    module = MaskedLMModule(student, Objective(cfg, student, teacher), teacher).eval()
+    batch = masked_batch(tokenizer)
+    _, logs = module(batch)
+    targets = batch["labels"] != -100
+    with torch.no_grad():
+        t = teacher(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
+        s = student(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
+    assert logs["loss_logit_kl"].item() == pytest.approx(soft_kl_loss(s, t, 1.0).item(), rel=1e-4)
+
+
+def test_gradients_reach_student_and_projection_never_teacher(teacher, tokenizer):
+    student = narrow_student(tokenizer)
+    objective = Objective(TRIPLE, student, teacher)
+    assert len(objective.projections) == 1, "16-wide student, 32-wide teacher: one projection"
+    module = MaskedLMModule(student, objective, teacher)
+    loss, _ = module(masked_batch(tokenizer))
+    loss.backward()
+    assert all(p.grad is not None for p in objective.projections.parameters())
+    assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert not teacher.training
+    trained = {id(p) for p in module.parameters()}
+    assert not trained & {id(p) for p in teacher.parameters()}, "the teacher is not part of the trained module"
+
+
+def test_padding_does_not_change_the_losses(teacher, tokenizer):
+    student = student_from_teacher_layers(teacher)
+    module = MaskedLMModule(student, Objective(TRIPLE, student, teacher), teacher).eval()
+    batch = masked_batch(tokenizer)
+    assert (batch["attention_mask"] == 0).any()
+    changed = dict(batch)
+    changed["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7)
+    assert module(batch)[0].item() == pytest.approx(module(changed)[0].item(), rel=1e-5)
+
+
+def test_teacher_terms_without_teacher_fail(tokenizer):
+    student = narrow_student(tokenizer)
+    with pytest.raises(BiodistilError, match="need a teacher"):
+        Objective(TRIPLE, student, None)

@@ -1,0 +1,129 @@
+"""The engine end to end on a tiny teacher: loss falls, exact resume, export, run folder, CLI errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM
+
+from biodistil.cli.main import main
+from biodistil.config import DistillRecipe, PretrainRecipe, validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.methods.task_agnostic import run_distill, run_pretrain
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def distill_recipe(teacher_dir, corpus_file, out, **train) -> DistillRecipe:
+    return validate_recipe(DistillRecipe, {
+        "run": {"output_dir": str(out), "seed": 3},
+        "teacher": {"name_or_path": str(teacher_dir)},
+        "student": {"init": "architecture", "architecture": {
+            "num_layers": 2, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+            "max_position_embeddings": 64}},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(out.parent / "cache"),
+                 "eval_fraction": 0.05},
+        "objective": {"temperature": 2.0, "terms": [
+            {"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0}, {"loss": "hidden_cosine"}]},
+        "train": {"max_steps": 20, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 10,
+                  "save_every": 10, "log_every": 5, "progress_bar": False, "tensorboard": False, **train},
+    })
+
+
+def records(run: Path, split: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def test_distillation_lowers_loss_and_exports_a_clean_student(tmp_path, teacher_dir, corpus_file):
+    out = tmp_path / "run"
+    model_dir = run_distill(distill_recipe(teacher_dir, corpus_file, out, max_steps=30))
+    train = records(out, "train")
+    assert train[-1]["loss"] < train[0]["loss"], "loss falls over 30 steps"
+    assert records(out, "eval"), "held-out evaluation ran"
+    for name in ("config.yaml", "metrics.jsonl", "report.md", "summary.json"):
+        assert (out / name).is_file(), name
+    student = AutoModelForMaskedLM.from_pretrained(model_dir)
+    assert student.config.hidden_size == 16
+    weights = load_file(str(model_dir / "model.safetensors"))
+    assert not [k for k in weights if "projection" in k], "the projection is not exported"
+    checkpoint = sorted((out / "checkpoints").iterdir())[-1]
+    assert any("projections" in k for k in load_file(str(checkpoint / "trainable.safetensors")))
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, teacher_dir, corpus_file):
+    full = run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "full"))
+    cut = distill_recipe(teacher_dir, corpus_file, tmp_path / "cut")
+    run_distill(cut, stop_after=10)
+    assert not (tmp_path / "cut" / "model").exists(), "a stopped run does not export"
+    resumed = run_distill(cut, resume=True)
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["loss"] for r in records(tmp_path / "full", "train")] == [
+        r["loss"] for r in records(tmp_path / "cut", "train")]
+
+
+def test_run_folder_refuses_to_overwrite_and_resume_needs_a_checkpoint(tmp_path, teacher_dir, corpus_file):
+    recipe = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", max_steps=2)
+    run_distill(recipe)
+    with pytest.raises(BiodistilError, match="already holds a run"):
+        run_distill(recipe)
+    with pytest.raises(BiodistilError, match="no run to resume"):
+        run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "other"), resume=True)
+
+
+def test_pretrain_from_scratch_trains_a_vocabulary(tmp_path, corpus_file):
+    recipe = validate_recipe(PretrainRecipe, {
+        "run": {"output_dir": str(tmp_path / "pre")},
+        "model": {"init": "scratch", "tokenizer": {"vocab_size": 150, "min_frequency": 1},
+                  "architecture": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                                   "max_position_embeddings": 64}},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(tmp_path / "cache")},
+        "train": {"max_steps": 20, "batch_size": 8, "learning_rate": 5e-3, "warmup_steps": 0, "eval_every": 0,
+                  "log_every": 5, "progress_bar": False, "tensorboard": False},
+    })
+    model_dir = run_pretrain(recipe)
+    model = AutoModelForMaskedLM.from_pretrained(model_dir)
+    assert model.config.vocab_size <= 150
+    train = records(tmp_path / "pre", "train")
+    assert train[-1]["loss"] < train[0]["loss"]
+
+
+def test_cli_reports_recipe_and_corpus_errors_without_traceback(tmp_path, capsys, teacher_dir):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"teacher: {{name_or_path: {teacher_dir}}}\ndata: {{train: [{tmp_path}/absent.txt]}}\n"
+        "objective: {terms: [{loss: mlm}]}\ntrain: {tensorboard: false}\n"
+    )
+    assert main(["distill", str(recipe), "train.max_step=3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'train.max_step'" in err and "max_steps" in err
+    assert main(["distill", str(recipe), f"--out={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert "absent.txt' matches no file" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_two_process_accelerate_launch(tmp_path, teacher_dir, corpus_file):
+    recipe = distill_recipe(teacher_dir, corpus_file, tmp_path / "ddp", max_steps=6, save_every=3, eval_every=3)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe.model_dump(mode="json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # on a CPU-only machine Accelerate's torchrun launcher is `--multi_gpu`; biodistil then uses gloo on CPU
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "-m", "biodistil", "distill", str(path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "ddp" / "model")
+    state = json.loads((tmp_path / "ddp" / "checkpoints" / "step-0000006" / "trainer_state.json").read_text())
+    assert state["state"]["step"] == 6
+    # two processes each took batches of 8: tokens seen count both
+    assert state["state"]["tokens_seen"] == 6 * 2 * 8 * 32
