@@ -175,14 +175,20 @@ class PretrainModelConfig(Section):
     name_or_path: str | None = None
     architecture: ArchitectureConfig | None = None
     tokenizer: TokenizerTrainingConfig | None = None
+    tokenizer_name_or_path: str | None = Field(
+        None, description="scratch: reuse this tokenizer (Hub id or folder) instead of training one"
+    )
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
     def _init_has_its_inputs(self) -> PretrainModelConfig:
         if self.init == "continual" and not self.name_or_path:
             raise ValueError("model.init=continual needs model.name_or_path")
-        if self.init == "scratch" and (self.architecture is None or self.tokenizer is None):
-            raise ValueError("model.init=scratch needs model.architecture and model.tokenizer")
+        if self.init == "scratch" and self.architecture is None:
+            raise ValueError("model.init=scratch needs model.architecture")
+        if self.init == "scratch" and (self.tokenizer is None) == (self.tokenizer_name_or_path is None):
+            raise ValueError("model.init=scratch needs exactly one of model.tokenizer (train a vocabulary) "
+                             "and model.tokenizer_name_or_path (reuse one)")
         return self
 
 

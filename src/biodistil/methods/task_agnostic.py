@@ -20,6 +20,7 @@ from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
 from biodistil.training.engine import Engine, TrainResult, make_accelerator
+from biodistil.training.io import atomic_directory
 from biodistil.training.run import RunFolder
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])
@@ -33,7 +34,8 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
         tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
         model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
     else:
-        tokenizer = _corpus_tokenizer(recipe, run, accelerator)
+        tokenizer = (load_tokenizer(recipe.model.tokenizer_name_or_path, recipe.model.trust_remote_code)
+                     if recipe.model.tokenizer_name_or_path else _corpus_tokenizer(recipe, run, accelerator))
         model = model_from_architecture(recipe.model.architecture, tokenizer)
     module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
     result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after)
@@ -63,8 +65,6 @@ def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> Pr
         cfg = recipe.model.tokenizer
         files = resolve_corpus_files(recipe.data.train)
         tokenizer = train_wordpiece(iter_lines(files, cfg.max_lines), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
-        from biodistil.training.io import atomic_directory
-
         atomic_directory(folder, tokenizer.save_pretrained)
     accelerator.wait_for_everyone()
     return load_tokenizer(str(folder))

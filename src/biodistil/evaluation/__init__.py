@@ -1,0 +1,1 @@
+"""Evaluation: the task registry, official metrics, reports and speed benchmarks."""
