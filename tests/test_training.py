@@ -127,3 +127,31 @@ def test_two_process_accelerate_launch(tmp_path, teacher_dir, corpus_file):
     assert state["state"]["step"] == 6
     # two processes each took batches of 8: tokens seen count both
     assert state["state"]["tokens_seen"] == 6 * 2 * 8 * 32
+
+
+def test_continual_pretraining_starts_from_the_given_model(tmp_path, teacher_dir, corpus_file):
+    recipe = validate_recipe(PretrainRecipe, {
+        "run": {"output_dir": str(tmp_path / "cont")},
+        "model": {"init": "continual", "name_or_path": str(teacher_dir)},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(tmp_path / "cache")},
+        "train": {"max_steps": 3, "batch_size": 8, "learning_rate": 1e-12, "warmup_steps": 0, "eval_every": 0,
+                  "progress_bar": False, "tensorboard": False},
+    })
+    adapted = AutoModelForMaskedLM.from_pretrained(run_pretrain(recipe))
+    original = AutoModelForMaskedLM.from_pretrained(teacher_dir)
+    assert adapted.config.num_hidden_layers == original.config.num_hidden_layers
+    # a vanishing learning rate: the adapted weights are the original ones (loaded, not re-initialised)
+    for (name, a), b in zip(adapted.state_dict().items(), original.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_offline_hub_dataset_is_a_clear_error(tmp_path, tokenizer, monkeypatch):
+    import datasets
+
+    from biodistil.config import CorpusConfig
+    from biodistil.data.corpus import load_corpus_splits
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    cfg = CorpusConfig(hub_dataset="no-such-org/no-such-corpus", cache_dir=str(tmp_path))
+    with pytest.raises(BiodistilError, match="Could not load Hub dataset 'no-such-org/no-such-corpus'"):
+        load_corpus_splits(cfg, tokenizer)

@@ -118,6 +118,15 @@ class TeacherConfig(Section):
     trust_remote_code: bool = False
 
 
+class VocabExpansionConfig(Section):
+    """VE-KD: train a WordPiece vocabulary on the domain corpus and append the tokens the teacher lacks."""
+
+    vocab_size: int = Field(60000, ge=100, description="student vocabulary size after expansion (paper: 60,000)")
+    corpus: list[str] = Field(default_factory=list, description="files, folders or globs; empty = data.train")
+    max_lines: int | None = Field(None, ge=1, description="train the domain vocabulary on the first N lines only")
+    min_frequency: int = Field(2, ge=1)
+
+
 class StudentConfig(Section):
     """How the student is made: teacher layers, a fresh architecture, or an existing pretrained model."""
 
@@ -126,6 +135,9 @@ class StudentConfig(Section):
     architecture: ArchitectureConfig | None = None
     name_or_path: str | None = None
     trust_remote_code: bool = False
+    vocab_expansion: VocabExpansionConfig | None = Field(
+        None, description="VE-KD: expand the student's vocabulary with domain tokens (init=teacher_layers only)"
+    )
 
     @model_validator(mode="after")
     def _init_has_its_inputs(self) -> StudentConfig:
@@ -133,17 +145,58 @@ class StudentConfig(Section):
             raise ValueError("student.init=architecture needs student.architecture")
         if self.init == "pretrained" and not self.name_or_path:
             raise ValueError("student.init=pretrained needs student.name_or_path")
+        if self.vocab_expansion is not None and self.init != "teacher_layers":
+            raise ValueError("student.vocab_expansion needs student.init=teacher_layers (new embeddings come from it)")
         return self
 
 
-class TermConfig(Section):
-    """One weighted loss term of an objective."""
+LAYER_LOSSES = ("hidden_cosine", "hidden_mse", "attention_mse", "attention_kl")
 
-    loss: Literal["mlm", "logit_kl", "hidden_cosine"]
+
+class TermConfig(Section):
+    """One weighted loss term of an objective (docs/methods.md gives every loss and its equation).
+
+    A layer term compares one (student_layer, teacher_layer) pair, or with `layer_map` every student
+    transformer layer l = 1..M with teacher layer g(l).
+    """
+
+    loss: Literal[
+        "mlm", "logit_kl", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse", "attention_kl",
+        "minilm_relations",
+    ]
     weight: float = Field(1.0, ge=0)
-    positions: Literal["all", "masked"] = Field("all", description="logit_kl: non-padding or masked positions")
-    student_layer: int = Field(-1, description="hidden_cosine: hidden-state index, -1 = last")
+    positions: Literal["all", "masked", "known"] = Field(
+        "all", description="logit and hidden terms: non-padding, masked, or non-padding tokens the teacher knows "
+        "(not VE-KD new tokens)",
+    )
+    student_layer: int = Field(
+        -1, description="hidden-state index (0 = embeddings) or, for attention/relations, transformer layer; -1 = last"
+    )
     teacher_layer: int = -1
+    layer_map: Literal["uniform"] | list[int] | None = Field(
+        None, description="hidden_*/attention_*: student layer l -> teacher layer g(l); 'uniform' or one teacher "
+        "layer (1..N) per student layer",
+    )
+    layer_reduction: Literal["sum", "mean"] = Field("sum", description="with layer_map: sum or mean over layers")
+    token_reduction: Literal["mean", "sum"] = Field(
+        "mean", description="attention_kl: mean over heads and tokens, or sum over tokens averaged over heads"
+    )
+    num_relation_heads: int | None = Field(
+        None, ge=1, description="minilm_relations: relation heads (default: the teacher's attention heads)"
+    )
+    relations: list[Literal["q", "k", "v"]] = Field(default_factory=lambda: ["q", "k", "v"])
+    epsilon: float | None = Field(None, ge=0, description="tolerance: the term becomes max(hinge_weight·L − ε, 0)")
+    hinge_weight: float = Field(1.0, gt=0, description="W_KD of the tolerance hinge (needs epsilon)")
+
+    @model_validator(mode="after")
+    def _options_fit_the_loss(self) -> TermConfig:
+        if self.layer_map is not None and self.loss not in LAYER_LOSSES:
+            raise ValueError(f"layer_map applies to {', '.join(LAYER_LOSSES)}; not to loss={self.loss}")
+        if self.hinge_weight != 1.0 and self.epsilon is None:
+            raise ValueError("hinge_weight needs epsilon (the tolerance hinge is max(hinge_weight·L − epsilon, 0))")
+        if not self.relations or len(set(self.relations)) != len(self.relations):
+            raise ValueError(f"relations must name distinct entries of q, k, v; got {self.relations}")
+        return self
 
 
 class ObjectiveConfig(Section):

@@ -175,7 +175,8 @@ def render_report(report: dict) -> str:
     lines = [
         "# biodistil demo: distilling a biomedical teacher, offline",
         "",
-        f"Corpus `corpus/biomed.txt`, task NCBI-disease (entity-level F1, strict IOB2, test set), data `{report['data']}`.",
+        "Corpus `corpus/biomed.txt`; task NCBI-disease (entity-level F1, strict IOB2, test set); "
+        f"data folder `{report['data']}`.",
         f"Teacher: {plan['layers']} layers, hidden {plan['hidden']}, vocabulary {plan['vocab_size']}, "
         f"{plan['teacher_steps']} MLM steps. Students: {plan['layers'] // 2} layers; the distilled one starts "
         f"from the teacher's alternate layers and trains {plan['distill_steps']} steps with "

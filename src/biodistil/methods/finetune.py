@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import (
+    AutoConfig,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PreTrainedModel,
@@ -222,3 +223,88 @@ def train_classifier(model: PreTrainedModel, train: EncodedSplit, collate: Featu
 
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
     return max(1, round(epochs * num_examples / batch_size))
+
+
+@dataclass
+class FinetuneOutcome:
+    """A fine-tuned model and its scores; `test_predictions` are per example, in file order."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    train: TrainResult
+    dev_scores: dict[str, float]
+    test_scores: dict[str, float]
+    test_predictions: Predictions
+    test_examples: list[Example]
+    truncated: dict[str, int]
+
+
+def finetune_on_task(
+    model_name_or_path: str | Path,
+    task: TaskSpec,
+    data_root: str | Path | None,
+    cfg: TrainConfig,
+    run_dir: Path,
+    seed: int,
+    fold: int | None = None,
+    epochs: float | None = None,
+    patience: int | None = None,
+    max_examples: int | None = None,
+) -> FinetuneOutcome:
+    """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
+
+    `epochs` sets cfg.max_steps from the training-set size; with a dev split, the dev score is computed every
+    `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
+    `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
+    """
+    from accelerate.utils import set_seed
+
+    from biodistil.models.loading import load_tokenizer
+    from biodistil.training.engine import Selection
+
+    set_seed(seed)
+    tokenizer = load_tokenizer(str(model_name_or_path))
+    task = fit_length_to_model(task, model_name_or_path)
+    splits = {name: _load(task, name, data_root, fold, max_examples) for name in ("train", "dev", "test")}
+    if not splits["train"] or not splits["test"]:
+        raise BiodistilError(f"Task {task.name}: the train and test splits are needed (fold={fold})")
+    encoded = {name: encode_split(task, examples, tokenizer) for name, examples in splits.items() if examples}
+    collate = collator_for(task, tokenizer)
+    per_epoch = max(1, len(encoded["train"]) // cfg.batch_size)
+    updates: dict[str, Any] = {}
+    if epochs is not None:
+        updates["max_steps"] = steps_for_epochs(len(encoded["train"]), cfg.batch_size, epochs)
+    if splits["dev"] and cfg.eval_every == 0:
+        updates["eval_every"] = per_epoch
+    cfg = cfg.model_copy(update=updates)
+    model = build_classifier(model_name_or_path, task)
+    engine = Engine(cfg, run_dir, seed)
+    evaluate_fn = selection = None
+    if splits["dev"]:
+        def evaluate_fn(module: ClassifierModule) -> dict[str, float]:
+            found = predict(module.model, task, splits["dev"], encoded["dev"], collate, cfg.batch_size * 2)
+            return score(task, splits["dev"], found)
+
+        selection = Selection(metric=task.headline_key, mode="max", patience=patience)
+    trained = engine.fit(ClassifierModule(model), encoded["train"], collate, evaluate_fn=evaluate_fn,
+                         selection=selection)
+    model.to(engine.accelerator.device)
+    dev_scores = evaluate_fn(ClassifierModule(model)) if evaluate_fn else {}
+    predictions = predict(model, task, splits["test"], encoded["test"], collate, cfg.batch_size * 2)
+    truncated = {name: split.truncated_examples for name, split in encoded.items()}
+    return FinetuneOutcome(model, tokenizer, trained, dev_scores, score(task, splits["test"], predictions),
+                           predictions, splits["test"], truncated)
+
+
+def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:
+    """The task with max_length capped at what the model's position embeddings allow (truncation is counted)."""
+    config = AutoConfig.from_pretrained(str(model_name_or_path))
+    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0  # RoBERTa offsets positions by pad+1
+    limit = int(getattr(config, "max_position_embeddings", task.max_length)) - reserved
+    return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})
+
+
+def _load(task: TaskSpec, split: str, data_root, fold: int | None, limit: int | None) -> list[Example]:
+    if split not in task.files:
+        return []
+    return task.load_split(split, data_root, fold)[:limit]

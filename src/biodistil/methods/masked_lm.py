@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
-from biodistil.methods.objective import Objective, TermInputs
+from biodistil.methods.objective import Objective, TermInputs, position_masks
 from biodistil.models.features import extract_features
 
 
@@ -21,10 +21,14 @@ class MaskedLMModule(nn.Module):
     data-parallel training; it runs under `torch.no_grad` in eval mode.
     """
 
-    def __init__(self, student: PreTrainedModel, objective: Objective, teacher: PreTrainedModel | None = None):
+    def __init__(
+        self, student: PreTrainedModel, objective: Objective, teacher: PreTrainedModel | None = None,
+        shared_vocab: int | None = None,
+    ):
         super().__init__()
         self.student = student
         self.objective = objective
+        self.shared_vocab = shared_vocab  # VE-KD: the teacher's vocabulary size, a prefix of the student's
         self._teacher = (teacher,)  # a tuple hides it from nn.Module registration
         if teacher is not None:
             freeze(teacher)
@@ -34,16 +38,24 @@ class MaskedLMModule(nn.Module):
         return self._teacher[0]
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One student pass and (without gradients) one teacher pass; the teacher reads `teacher_input_ids`
+        when the batch has them (VE-KD), else the student's ids."""
         labels, attention = batch["labels"], batch["attention_mask"].bool()
-        positions = self.objective.logit_positions(attention, labels)
+        masks = position_masks(attention, labels, batch.get("new_tokens"))
         teacher_features = None
         if self.objective.needs_teacher:
+            teacher_batch = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"])}
             with torch.no_grad():
-                teacher_features = extract_features(self.teacher, batch, self.objective.teacher_request(), positions)
-        student_features = extract_features(self.student, batch, self.objective.student_request(), positions)
+                teacher_features = extract_features(
+                    self.teacher, teacher_batch, self.objective.teacher_request(),
+                    self.objective.logit_positions(masks, teacher=True),
+                )
+        student_features = extract_features(
+            self.student, batch, self.objective.student_request(), self.objective.logit_positions(masks)
+        )
         inputs = TermInputs(
             student=student_features, teacher=teacher_features, labels=labels, attention_mask=attention,
-            positions=positions, temperature=self.objective.cfg.temperature,
+            masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab,
         )
         return self.objective(inputs)
 

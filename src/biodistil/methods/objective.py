@@ -4,10 +4,15 @@ Each term declares the features it needs from the student and the teacher, and c
 them with a pure loss function from `biodistil.losses`. Adding a method means adding terms (here) and a
 recipe, not a new training loop. Learned projections (student width -> teacher width) belong to the
 objective: they are trained and checkpointed with the student, but never exported.
+
+Layer terms compare one (student layer, teacher layer) pair or, with `layer_map`, every student
+transformer layer l = 1..M with teacher layer g(l) (uniform or explicit, `biodistil.methods.layer_map`).
+A term with `epsilon` passes through the VE-KD tolerance hinge max(W·L − ε, 0) before its weight.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -17,8 +22,21 @@ from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.masking import IGNORE_INDEX
 from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss
-from biodistil.models.families import hidden_size, num_layers
-from biodistil.models.features import FeatureRequest, Features, normalise_layer
+from biodistil.losses.layers import (
+    attention_kl_loss,
+    attention_mse_loss,
+    hidden_mse_loss,
+    minilm_relations_loss,
+    tolerance_hinge,
+)
+from biodistil.losses.prediction import soft_cross_entropy_loss
+from biodistil.losses.task import logit_mse_loss
+from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
+from biodistil.models.families import hidden_size, num_heads, num_layers, qkv_modules
+from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
+
+Pairs = tuple[tuple[int, int], ...]
+FeatureKind = Literal["logits", "hidden", "attention", "qkv"]
 
 
 @dataclass
@@ -29,49 +47,125 @@ class TermInputs:
     teacher: Features | None
     labels: torch.Tensor  # [B, L], IGNORE_INDEX where no MLM target
     attention_mask: torch.Tensor  # [B, L] bool
-    positions: torch.Tensor  # [B, L] bool: rows of the logits tensors
+    masks: dict[str, torch.Tensor]  # [B, L] bool positions by name: "all", "masked", "known"
     temperature: float
+    shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
+
+
+def position_masks(
+    attention_mask: torch.Tensor, labels: torch.Tensor, new_tokens: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """The named position sets terms choose from: all non-padding, MLM targets, and non-padding tokens the
+    teacher knows (all non-padding unless VE-KD marked new tokens)."""
+    real = attention_mask.bool()
+    known = real & ~new_tokens.bool() if new_tokens is not None else real
+    return {"all": real, "masked": labels != IGNORE_INDEX, "known": known}
+
+
+@dataclass(frozen=True)
+class Term:
+    """A recipe term resolved against the models: its (student, teacher) layer pairs and its log name."""
+
+    cfg: TermConfig
+    pairs: Pairs
+    name: str
+    relation_heads: int | None = None
 
 
 @dataclass(frozen=True)
 class TermKind:
-    """A kind of loss term: what it needs and how it is computed."""
+    """A kind of loss term: which features it reads and how it is computed."""
 
     needs_teacher: bool
-    student_request: Callable[[TermConfig], FeatureRequest]
-    teacher_request: Callable[[TermConfig], FeatureRequest]
-    compute: Callable[["Objective", TermConfig, TermInputs], torch.Tensor]
-    logit_positions: Callable[[TermConfig], str | None] = lambda cfg: None
+    features: FeatureKind
+    compute: Callable[["Objective", Term, TermInputs], torch.Tensor]
+
+    def positions(self, cfg: TermConfig) -> str:
+        return "masked" if cfg.loss == "mlm" else cfg.positions
 
 
-def _mlm(objective: "Objective", cfg: TermConfig, x: TermInputs) -> torch.Tensor:
-    return masked_lm_loss(x.student.logits, x.labels[x.positions])
+# ------------------------------------------------------------------------------------------ logit terms
+def _mlm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    rows = x.masks["masked"]
+    return masked_lm_loss(x.student.logits_at(rows), x.labels[rows])
 
 
-def _logit_kl(objective: "Objective", cfg: TermConfig, x: TermInputs) -> torch.Tensor:
-    rows = x.labels[x.positions] != IGNORE_INDEX if cfg.positions == "masked" else slice(None)
-    return soft_kl_loss(x.student.logits[rows], x.teacher.logits[rows], x.temperature)
+def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Student and teacher logits at the term's positions, over the vocabulary both models share."""
+    rows = x.masks[term.cfg.positions]
+    student, teacher = x.student.logits_at(rows), x.teacher.logits_at(rows)
+    if x.shared_vocab is not None:
+        student, teacher = student[:, : x.shared_vocab], teacher[:, : x.shared_vocab]
+    return student, teacher
 
 
-def _hidden_cosine(objective: "Objective", cfg: TermConfig, x: TermInputs) -> torch.Tensor:
-    student = objective.project(cfg, x.student.hidden_at(cfg.student_layer))
-    return cosine_embedding_loss(student, x.teacher.hidden_at(cfg.teacher_layer), x.attention_mask)
+def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    return soft_kl_loss(*_logit_rows(term, x), x.temperature)
 
 
-_NOTHING = lambda cfg: FeatureRequest()  # noqa: E731
+def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    return soft_cross_entropy_loss(*_logit_rows(term, x), x.temperature)
+
+
+def _logit_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    return logit_mse_loss(*_logit_rows(term, x))
+
+
+# ------------------------------------------------------------------------------------------ layer terms
+def _reduce(values: list[torch.Tensor], how: str) -> torch.Tensor:
+    total = torch.stack(values).sum()
+    return total / len(values) if how == "mean" else total
+
+
+def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]):
+    def compute(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+        mask = x.masks[term.cfg.positions]
+        values = [
+            loss(objective.project(term, s, t, x.student.hidden_at(s)), x.teacher.hidden_at(t), mask)
+            for s, t in term.pairs
+        ]
+        return _reduce(values, term.cfg.layer_reduction)
+
+    return compute
+
+
+def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    values = [
+        attention_mse_loss(x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask)
+        for s, t in term.pairs
+    ]
+    return _reduce(values, term.cfg.layer_reduction)
+
+
+def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    values = [
+        attention_kl_loss(
+            x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask, term.cfg.token_reduction
+        )
+        for s, t in term.pairs
+    ]
+    return _reduce(values, term.cfg.layer_reduction)
+
+
+def _minilm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    ((s, t),) = term.pairs
+    return minilm_relations_loss(
+        x.student.qkv_at(s), x.teacher.qkv_at(t), x.attention_mask, term.relation_heads, term.cfg.relations
+    )
+
+
 TERM_KINDS: dict[str, TermKind] = {
-    "mlm": TermKind(False, lambda cfg: FeatureRequest(logits=True), _NOTHING, _mlm, lambda cfg: "masked"),
-    "logit_kl": TermKind(
-        True, lambda cfg: FeatureRequest(logits=True), lambda cfg: FeatureRequest(logits=True), _logit_kl,
-        lambda cfg: cfg.positions,
-    ),
-    "hidden_cosine": TermKind(
-        True,
-        lambda cfg: FeatureRequest(hidden={cfg.student_layer}),
-        lambda cfg: FeatureRequest(hidden={cfg.teacher_layer}),
-        _hidden_cosine,
-    ),
+    "mlm": TermKind(False, "logits", _mlm),
+    "logit_kl": TermKind(True, "logits", _logit_kl),
+    "soft_ce": TermKind(True, "logits", _soft_ce),
+    "logit_mse": TermKind(True, "logits", _logit_mse),
+    "hidden_cosine": TermKind(True, "hidden", _hidden(cosine_embedding_loss)),
+    "hidden_mse": TermKind(True, "hidden", _hidden(hidden_mse_loss)),
+    "attention_mse": TermKind(True, "attention", _attention_mse),
+    "attention_kl": TermKind(True, "attention", _attention_kl),
+    "minilm_relations": TermKind(True, "qkv", _minilm),
 }
+_REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
 
 
 class Objective(nn.Module):
@@ -80,63 +174,138 @@ class Objective(nn.Module):
     def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel, teacher: PreTrainedModel | None):
         super().__init__()
         self.cfg = cfg
-        self.terms = list(cfg.terms)
-        if teacher is None and any(TERM_KINDS[t.loss].needs_teacher for t in self.terms):
-            needing = [t.loss for t in self.terms if TERM_KINDS[t.loss].needs_teacher]
+        needing = [t.loss for t in cfg.terms if TERM_KINDS[t.loss].needs_teacher]
+        if teacher is None and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
+        self.terms: list[Term] = []
+        for term_cfg in cfg.terms:
+            self.terms.append(_resolve(term_cfg, student, teacher, {t.name for t in self.terms}))
         self.projections = nn.ModuleDict()
         for term in self.terms:
-            if term.loss == "hidden_cosine":
-                self._add_projection(term, student, teacher)
+            if TERM_KINDS[term.cfg.loss].features == "hidden":
+                self._add_projections(term, student, teacher)
 
-    def _add_projection(self, term: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
-        normalise_layer(term.student_layer, num_layers(student.config))
-        normalise_layer(term.teacher_layer, num_layers(teacher.config))
+    def _add_projections(self, term: Term, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
+        """W_h (and W_e for the embeddings) per mapped layer pair, only when the widths differ."""
         d_student, d_teacher = hidden_size(student.config), hidden_size(teacher.config)
-        if d_student != d_teacher:
-            self.projections[self._projection_key(term)] = nn.Linear(d_student, d_teacher)
+        if d_student == d_teacher:
+            return
+        for s, t in term.pairs:
+            key = self._projection_key(term, s, t)
+            if key not in self.projections:
+                self.projections[key] = nn.Linear(d_student, d_teacher)
 
     @staticmethod
-    def _projection_key(term: TermConfig) -> str:
-        return f"{term.loss}_s{term.student_layer}_t{term.teacher_layer}".replace("-", "m")
+    def _projection_key(term: Term, student_layer: int, teacher_layer: int) -> str:
+        if term.cfg.layer_map is None:  # a single pair keeps the recipe's own indices (as in older checkpoints)
+            student_layer, teacher_layer = term.cfg.student_layer, term.cfg.teacher_layer
+        return f"{term.cfg.loss}_s{student_layer}_t{teacher_layer}".replace("-", "m")
 
-    def project(self, term: TermConfig, student_hidden: torch.Tensor) -> torch.Tensor:
-        key = self._projection_key(term)
-        return self.projections[key](student_hidden) if key in self.projections else student_hidden
+    def project(self, term: Term, student_layer: int, teacher_layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """h_S·W (+ b) for the pair's projection, or h_S unchanged when the widths match."""
+        key = self._projection_key(term, student_layer, teacher_layer)
+        return self.projections[key](hidden) if key in self.projections else hidden
 
     @property
     def needs_teacher(self) -> bool:
-        return any(TERM_KINDS[t.loss].needs_teacher for t in self.terms)
+        return any(TERM_KINDS[t.cfg.loss].needs_teacher for t in self.terms)
 
     def student_request(self) -> FeatureRequest:
-        return _merged(TERM_KINDS[t.loss].student_request(t) for t in self.terms)
+        return _merged(_request(t, teacher=False) for t in self.terms)
 
     def teacher_request(self) -> FeatureRequest:
-        return _merged(TERM_KINDS[t.loss].teacher_request(t) for t in self.terms if TERM_KINDS[t.loss].needs_teacher)
+        return _merged(_request(t, teacher=True) for t in self.terms if TERM_KINDS[t.cfg.loss].needs_teacher)
 
-    def logit_positions(self, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """All non-padding positions if any term wants them, else only the MLM targets."""
-        wanted = {TERM_KINDS[t.loss].logit_positions(t) for t in self.terms}
-        return attention_mask.bool() if "all" in wanted else labels != IGNORE_INDEX
+    def logit_positions(self, masks: dict[str, torch.Tensor], teacher: bool = False) -> torch.Tensor | None:
+        """Union of the positions of the terms that read this model's logits (None when none does)."""
+        chosen = None
+        for term in self.terms:
+            kind = TERM_KINDS[term.cfg.loss]
+            if kind.features != "logits" or (teacher and not kind.needs_teacher):
+                continue
+            mask = masks[kind.positions(term.cfg)]
+            chosen = mask if chosen is None else chosen | mask
+        return chosen
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         total = torch.zeros((), device=inputs.attention_mask.device)
         logs = {}
         for term in self.terms:
-            value = TERM_KINDS[term.loss].compute(self, term, inputs)
-            logs[_log_name(term, logs)] = value.detach()
-            total = total + term.weight * value
+            value = TERM_KINDS[term.cfg.loss].compute(self, term, inputs)
+            if term.cfg.epsilon is not None:
+                logs[f"{term.name}_raw"] = value.detach()
+                value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)
+            logs[term.name] = value.detach()
+            total = total + term.cfg.weight * value
         return total, logs
 
 
-def _merged(requests) -> FeatureRequest:
+def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel | None, taken: set[str]) -> Term:
+    """Layer pairs, relation heads and a unique log name for one recipe term; recipe errors are named."""
+    kind = TERM_KINDS[cfg.loss]
+    name = _log_name(cfg, taken)
+    if kind.features == "logits":
+        return Term(cfg, (), name)
+    assert teacher is not None
+    try:
+        pairs = _pairs(cfg, kind.features, num_layers(student.config), num_layers(teacher.config))
+    except (IndexError, BiodistilError) as err:
+        raise BiodistilError(f"Objective term {cfg.loss}: {err}") from None
+    if kind.features == "attention" and num_heads(student.config) != num_heads(teacher.config):
+        raise BiodistilError(
+            f"Objective term {cfg.loss} compares attention maps head by head, but the student has "
+            f"{num_heads(student.config)} heads and the teacher {num_heads(teacher.config)}"
+        )
+    heads = None
+    if kind.features == "qkv":
+        heads = cfg.num_relation_heads or num_heads(teacher.config)
+        _check_relation_heads(heads, student, pairs[0][0], teacher, pairs[0][1])
+    return Term(cfg, pairs, name, heads)
+
+
+def _pairs(cfg: TermConfig, features: FeatureKind, student_layers: int, teacher_layers: int) -> Pairs:
+    if cfg.layer_map is not None:
+        if cfg.layer_map == "uniform":
+            full = uniform_layer_map(student_layers, teacher_layers)
+        else:
+            full = explicit_layer_map(cfg.layer_map, teacher_layers)
+        if len(full) != student_layers + 2:
+            raise BiodistilError(
+                f"layer_map lists {len(full) - 2} teacher layers, but the student has {student_layers} layers"
+            )
+        return tuple((layer, full[layer]) for layer in range(1, student_layers + 1))
+    normalise = normalise_layer if features == "hidden" else normalise_block
+    return ((normalise(cfg.student_layer, student_layers), normalise(cfg.teacher_layer, teacher_layers)),)
+
+
+def _check_relation_heads(
+    heads: int, student: PreTrainedModel, student_layer: int, teacher: PreTrainedModel, teacher_layer: int
+) -> None:
+    for who, model, layer in (("student", student, student_layer), ("teacher", teacher, teacher_layer)):
+        widths = {module.out_features for module in qkv_modules(model, layer)}
+        if any(width % heads for width in widths):
+            raise BiodistilError(
+                f"minilm_relations: num_relation_heads={heads} does not divide the {who}'s Q/K/V width "
+                f"{sorted(widths)} at layer {layer}; choose a common divisor of the student and teacher widths"
+            )
+
+
+def _request(term: Term, teacher: bool) -> FeatureRequest:
+    kind = TERM_KINDS[term.cfg.loss]
+    if kind.features == "logits":
+        return FeatureRequest(logits=True)
+    layers = {pair[1] if teacher else pair[0] for pair in term.pairs}
+    return FeatureRequest(**{_REQUEST_FIELD[kind.features]: layers})
+
+
+def _merged(requests: Iterable[FeatureRequest]) -> FeatureRequest:
     merged = FeatureRequest()
     for request in requests:
         merged = merged.merge(request)
     return merged
 
 
-def _log_name(term: TermConfig, taken: dict) -> str:
+def _log_name(term: TermConfig, taken: set[str]) -> str:
     name, suffix = f"loss_{term.loss}", 2
     while name in taken:
         name, suffix = f"loss_{term.loss}_{suffix}", suffix + 1

@@ -1,4 +1,5 @@
-"""What differs between encoder families: where the layers live and how the MLM head is applied.
+"""What differs between encoder families: where the layers live, how the MLM head is applied, and where each
+layer's query/key/value projections are (for attention losses under fast attention kernels).
 
 Supporting a new family means adding one `Family` entry here.
 """
@@ -21,6 +22,9 @@ class Family:
     layers_path: str  # the ModuleList of transformer layers, relative to the masked-LM model
     layers_config_key: str  # config field holding the number of layers
     head: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]  # hidden states -> vocabulary logits
+    # query, key and value nn.Linear modules, relative to one transformer layer
+    qkv_paths: tuple[str, str, str] = ("attention.self.query", "attention.self.key", "attention.self.value")
+    heads_config_key: str = "num_attention_heads"  # config field holding the number of attention heads
 
 
 def _distilbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
@@ -32,7 +36,11 @@ FAMILIES: dict[str, Family] = {
     "bert": Family("bert", "bert.encoder.layer", "num_hidden_layers", lambda m, h: m.cls(h)),
     "roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", lambda m, h: m.lm_head(h)),
     "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", lambda m, h: m.lm_head(h)),
-    "distilbert": Family("distilbert", "distilbert.transformer.layer", "n_layers", _distilbert_head),
+    "distilbert": Family(
+        "distilbert", "distilbert.transformer.layer", "n_layers", _distilbert_head,
+        qkv_paths=("attention.q_lin", "attention.k_lin", "attention.v_lin"), heads_config_key="n_heads",
+    ),
+    "mobilebert": Family("mobilebert", "mobilebert.encoder.layer", "num_hidden_layers", lambda m, h: m.cls(h)),
 }
 
 
@@ -54,6 +62,22 @@ def layer_list(model: PreTrainedModel) -> nn.ModuleList:
 
 def num_layers(config: PretrainedConfig) -> int:
     return int(getattr(config, family_of(config).layers_config_key))
+
+
+def num_heads(config: PretrainedConfig) -> int:
+    return int(getattr(config, family_of(config).heads_config_key))
+
+
+def qkv_modules(model: PreTrainedModel, layer: int) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+    """The query, key and value projections of transformer layer `layer` (1-based, as in hidden_states)."""
+    block: nn.Module = layer_list(model)[layer - 1]
+    found = []
+    for path in family_of(model.config).qkv_paths:
+        module = block
+        for name in path.split("."):
+            module = getattr(module, name)
+        found.append(module)
+    return found[0], found[1], found[2]
 
 
 def hidden_size(config: PretrainedConfig) -> int:

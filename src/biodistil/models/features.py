@@ -2,6 +2,8 @@
 
 Vocabulary logits are computed only at the requested positions: over a 30k vocabulary the MLM head at
 every position is most of a small student's cost, and the MLM and soft-MLM losses only use some positions.
+Attention probabilities and Q/K/V come from hooks on the layers that are inspected only (see
+`biodistil.models.attention`), so the model keeps its fast attention kernel everywhere.
 """
 
 from dataclasses import dataclass, field
@@ -9,30 +11,58 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.families import encoder_of, mlm_logits, num_layers
+from biodistil.models.attention import attention_probabilities, capture_qkv
+from biodistil.models.families import encoder_of, mlm_logits, num_heads, num_layers
 
 
 @dataclass
 class FeatureRequest:
-    """Which tensors a loss needs from one model."""
+    """Which tensors a loss needs from one model.
 
-    hidden: set[int] = field(default_factory=set)  # hidden-state indices: 0 = embeddings, L or -1 = last layer
+    `hidden` uses hidden-state indices (0 = embeddings, L or -1 = last layer); `attentions` and `qkv` use
+    transformer-layer indices 1..L (-1 = last): layer l is the block whose output is hidden state l.
+    """
+
+    hidden: set[int] = field(default_factory=set)
     logits: bool = False
+    attentions: set[int] = field(default_factory=set)
+    qkv: set[int] = field(default_factory=set)
 
     def merge(self, other: "FeatureRequest") -> "FeatureRequest":
-        return FeatureRequest(self.hidden | other.hidden, self.logits or other.logits)
+        return FeatureRequest(
+            self.hidden | other.hidden, self.logits or other.logits,
+            self.attentions | other.attentions, self.qkv | other.qkv,
+        )
 
 
 @dataclass
 class Features:
-    """What a forward pass returned: hidden states by (non-negative) index, logits at the chosen positions."""
+    """What a forward pass returned, keyed by non-negative layer index.
+
+    `logits` has one row per True entry of `positions` ([B, L] bool, row-major order).
+    """
 
     hidden: dict[int, torch.Tensor]
-    logits: torch.Tensor | None  # [N, V], one row per True entry of the positions mask (row-major order)
+    logits: torch.Tensor | None
     num_layers: int
+    attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] probabilities
+    qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # {"q", "k", "v"} -> [B, L, H·d]
+    positions: torch.Tensor | None = None
 
     def hidden_at(self, index: int) -> torch.Tensor:
         return self.hidden[normalise_layer(index, self.num_layers)]
+
+    def attention_at(self, index: int) -> torch.Tensor:
+        return self.attentions[normalise_block(index, self.num_layers)]
+
+    def qkv_at(self, index: int) -> dict[str, torch.Tensor]:
+        return self.qkv[normalise_block(index, self.num_layers)]
+
+    def logits_at(self, mask: torch.Tensor) -> torch.Tensor:
+        """Logit rows at the True entries of `mask` [B, L], which must lie within `positions`."""
+        if self.logits is None or self.positions is None:
+            raise ValueError("no logits were computed")
+        return self.logits[mask[self.positions]]
 
 
 def normalise_layer(index: int, layers: int) -> int:
@@ -43,24 +73,43 @@ def normalise_layer(index: int, layers: int) -> int:
     return resolved
 
 
+def normalise_block(index: int, layers: int) -> int:
+    """Transformer-layer index in 1..layers (-1 = last); the embeddings (0) have no attention."""
+    resolved = index + layers + 1 if index < 0 else index
+    if not 1 <= resolved <= layers:
+        raise IndexError(f"transformer layer {index} is outside 1..{layers} (or -{layers}..-1)")
+    return resolved
+
+
 def extract_features(
     model: PreTrainedModel, batch: dict[str, torch.Tensor], request: FeatureRequest, positions: torch.Tensor | None
 ) -> Features:
-    """Run `model` once and return the requested hidden states and logits at `positions` ([B, L] bool)."""
+    """Run `model` once; return the requested hidden states, attention, Q/K/V and logits at `positions`."""
     layers = num_layers(model.config)
     wanted = {normalise_layer(i, layers) for i in request.hidden}
+    attention_layers = {normalise_block(i, layers) for i in request.attentions}
+    qkv_layers = {normalise_block(i, layers) for i in request.qkv}
     need_all = bool(wanted - {layers})
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     if "token_type_ids" in batch:
         inputs["token_type_ids"] = batch["token_type_ids"]
-    output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
+    with capture_qkv(model, attention_layers | qkv_layers) as captured:
+        output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
     if layers in wanted:
         hidden[layers] = last
+    mask = batch["attention_mask"].bool()
+    heads = num_heads(model.config)
+    attentions = {
+        i: attention_probabilities(captured[i]["q"], captured[i]["k"], mask, heads) for i in attention_layers
+    }
     logits = None
     if request.logits:
         if positions is None:
             raise ValueError("logits requested without positions")
         logits = mlm_logits(model, last[positions])
-    return Features(hidden=hidden, logits=logits, num_layers=layers)
+    return Features(
+        hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
+        qkv={i: captured[i] for i in qkv_layers}, positions=positions if request.logits else None,
+    )

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from safetensors.torch import load_model, save_model
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
@@ -33,7 +34,7 @@ from transformers import get_scheduler
 from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
 from biodistil.training import checkpoint as ckpt
-from biodistil.training.io import atomic_write_text
+from biodistil.training.io import atomic_directory, atomic_write_text
 
 Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
@@ -48,6 +49,24 @@ class TrainResult:
     tokens_per_second: float
     final_train: dict[str, float]
     final_eval: dict[str, float]
+    best_step: int | None = None
+    best_score: float | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Model selection on held-out evaluations: keep the best weights; optionally stop early.
+
+    `metric` is a key of the evaluation results; after `patience` evaluations without improvement the run
+    stops. At the end the module holds the best weights seen (kept in `<run>/best/` across resumes).
+    """
+
+    metric: str
+    mode: Literal["max", "min"] = "max"
+    patience: int | None = None
+
+    def better(self, value: float, best: float | None) -> bool:
+        return best is None or (value > best if self.mode == "max" else value < best)
 
 
 def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False) -> Accelerator:
@@ -73,6 +92,7 @@ class Engine:
         self.seed = seed
         self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard)
         self.state = ckpt.TrainerState()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- public
     def fit(
@@ -84,9 +104,13 @@ class Engine:
         prepare_batch: PrepareBatch | None = None,
         resume: bool = False,
         stop_after: int | None = None,
+        evaluate_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+        selection: Selection | None = None,
     ) -> TrainResult:
         """Train; with `resume`, continue from the run folder's latest checkpoint. `stop_after` ends the
-        run early at that step (after a checkpoint), as a job with a time slot would."""
+        run early at that step (after a checkpoint), as a job with a time slot would. `evaluate_fn(module)`
+        replaces the default held-out evaluation (mean of the module's logs on `eval_data`), e.g. to score
+        a dev set with the task metric; `selection` keeps the best weights and stops early."""
         acc = self.accelerator
         self._check_data(train_data)
         optimizer = self._optimizer(module)
@@ -119,25 +143,65 @@ class Engine:
                 last_train = {k: sum(v) / len(v) for k, v in window.items()}
                 self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
                 window.clear()
-            if eval_data is not None and self._due(self.cfg.eval_every):
-                last_eval = self.evaluate(model, eval_data, collate, prepare)
-                self._log("eval", last_eval)
             stopping = stop_after is not None and self.state.step >= stop_after
+            if (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every):
+                last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
+                self._log("eval", last_eval)
+                if selection is not None:
+                    stopping = self._select(module, last_eval, selection) or stopping
             if self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping:
                 self._save(module, optimizer, scheduler)
             if stopping:
                 break
         bar.close()
-        if eval_data is not None and self.cfg.eval_every and not last_eval:
-            last_eval = self.evaluate(model, eval_data, collate, prepare)
+        if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:
+            last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
             self._log("eval", last_eval)
+            if selection is not None:
+                self._select(module, last_eval, selection)
+        if selection is not None:
+            self._restore_best(module)
         acc.wait_for_everyone()
         if acc.is_main_process and self.cfg.tensorboard:
             acc.end_training()
         seconds = time.perf_counter() - started
         tokens = self.state.tokens_seen - tokens_at_start
         return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),
-                           last_train, last_eval)
+                           last_train, last_eval, self.state.extra.get("best_step"),
+                           self.state.extra.get("best_score"))
+
+    def _held_out(self, model, eval_data, collate, prepare, evaluate_fn) -> dict[str, float]:
+        if evaluate_fn is None:
+            return self.evaluate(model, eval_data, collate, prepare)
+        was_training = model.training
+        model.eval()
+        try:
+            return evaluate_fn(self.accelerator.unwrap_model(model))
+        finally:
+            model.train(was_training)
+
+    def _select(self, module: nn.Module, scores: dict[str, float], selection: Selection) -> bool:
+        """Keep the best weights; return True when patience has run out."""
+        if selection.metric not in scores:
+            raise BiodistilError(f"Selection metric '{selection.metric}' is not among the evaluation results "
+                                 f"{sorted(scores)}")
+        extra = self.state.extra
+        value = scores[selection.metric]
+        if selection.better(value, extra.get("best_score")):
+            extra.update(best_score=value, best_step=self.state.step, evals_without_gain=0)
+            if self.accelerator.is_main_process:
+                unwrapped = self.accelerator.unwrap_model(module)
+                atomic_directory(self.run_dir / "best",
+                                 lambda folder: save_model(unwrapped, str(folder / "trainable.safetensors")))
+            self.accelerator.wait_for_everyone()
+        else:
+            extra["evals_without_gain"] = extra.get("evals_without_gain", 0) + 1
+        return selection.patience is not None and extra["evals_without_gain"] >= selection.patience
+
+    def _restore_best(self, module: nn.Module) -> None:
+        best = self.run_dir / "best" / "trainable.safetensors"
+        if best.is_file():
+            load_model(self.accelerator.unwrap_model(module), str(best))
 
     @torch.no_grad()
     def evaluate(
