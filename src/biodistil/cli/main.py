@@ -3,33 +3,17 @@
 import argparse
 import os
 import sys
-from collections.abc import Callable
 
+from biodistil.cli import eval_commands, task_commands
+from biodistil.cli.common import add_recipe_command, recipe_overrides
 from biodistil.errors import BiodistilError
-
-RECIPE_HELP = "YAML recipe (see recipes/); later `key.sub=value` arguments override its values"
-
-
-def _recipe_command(sub, name: str, help_text: str, runner: Callable[[argparse.Namespace], object]) -> None:
-    parser = sub.add_parser(name, help=help_text, description=help_text)
-    parser.add_argument("recipe", help=RECIPE_HELP)
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="recipe overrides")
-    parser.add_argument("--out", help="run folder (same as run.output_dir=...)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
-    parser.add_argument("--stop-after", type=int, metavar="STEP",
-                        help="checkpoint and stop at this step (resume later with --resume)")
-    parser.set_defaults(run=runner)
-
-
-def _overrides(args: argparse.Namespace) -> list[str]:
-    return [*args.overrides, *([f"run.output_dir={args.out}"] if args.out else [])]
 
 
 def _pretrain(args: argparse.Namespace) -> object:
     from biodistil.config import PretrainRecipe, load_recipe
     from biodistil.methods.task_agnostic import run_pretrain
 
-    recipe = load_recipe(PretrainRecipe, args.recipe, _overrides(args))
+    recipe = load_recipe(PretrainRecipe, args.recipe, recipe_overrides(args))
     return run_pretrain(recipe, resume=args.resume, stop_after=args.stop_after)
 
 
@@ -37,7 +21,7 @@ def _distill(args: argparse.Namespace) -> object:
     from biodistil.config import DistillRecipe, load_recipe
     from biodistil.methods.task_agnostic import run_distill
 
-    recipe = load_recipe(DistillRecipe, args.recipe, _overrides(args))
+    recipe = load_recipe(DistillRecipe, args.recipe, recipe_overrides(args))
     return run_distill(recipe, resume=args.resume, stop_after=args.stop_after)
 
 
@@ -53,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Distil large biomedical language models into small, fast students, and prove they still work.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _recipe_command(sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain)
-    _recipe_command(sub, "distill", "Task-agnostic distillation of a masked-LM teacher into a student", _distill)
+    add_recipe_command(
+        sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain
+    )
+    add_recipe_command(sub, "distill", "Task-agnostic distillation of a masked-LM teacher into a student", _distill)
     demo = sub.add_parser(
         "demo", help="Offline end-to-end demo: pre-train a teacher, distil, fine-tune on NCBI-disease, report",
         description="Offline demo on 2 CPU cores: pre-trains a small teacher on corpus/biomed.txt, distils it into "
@@ -65,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", help="data folder (default: $BIODISTIL_DATA, else ../shared/data beside the repo)")
     demo.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke test, minutes)")
     demo.set_defaults(run=_demo)
+    task_commands.register(sub)
+    eval_commands.register(sub)
     return parser
 
 

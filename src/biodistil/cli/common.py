@@ -1,0 +1,23 @@
+"""Helpers shared by the command modules: the `COMMAND RECIPE.yaml [key=value ...]` shape."""
+
+import argparse
+from collections.abc import Callable
+
+RECIPE_HELP = "YAML recipe (see recipes/); later `key.sub=value` arguments override its values"
+
+
+def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argparse.Namespace], object]) -> None:
+    """A subcommand taking a recipe, overrides, --out, --resume and --stop-after; `runner(args)` runs it."""
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="recipe overrides")
+    parser.add_argument("--out", help="run folder (same as run.output_dir=...)")
+    parser.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    parser.add_argument("--stop-after", type=int, metavar="STEP",
+                        help="checkpoint and stop at this step (resume later with --resume)")
+    parser.set_defaults(run=runner)
+
+
+def recipe_overrides(args: argparse.Namespace) -> list[str]:
+    """The command line's `key.sub=value` overrides, with `--out DIR` as `run.output_dir=DIR`."""
+    return [*args.overrides, *([f"run.output_dir={args.out}"] if args.out else [])]

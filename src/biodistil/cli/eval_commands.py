@@ -1,0 +1,7 @@
+"""Evaluation commands: evaluate, report, bench (registered by `register`)."""
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's subcommands to the `biodistil` parser."""
