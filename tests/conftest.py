@@ -11,12 +11,14 @@ from biodistil.config import ArchitectureConfig
 from biodistil.data.vocab import train_wordpiece
 from biodistil.models.student import model_from_architecture
 
-WORDS = (
-    "the protein kinase gene expression cell tumour patients mutation receptor binding inhibitor "
-    "disease cancer mice induced levels increased decreased activation pathway signalling transcription "
-    "factor apoptosis therapy clinical trial dose response antibody antigen immune infection virus "
-    "bacterial resistance cytokine interleukin tnf p53 brca1 egfr insulin glucose liver renal cardiac"
-).split()
+WORDS = [
+    "the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
+    "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",
+    "activation", "pathway", "signalling", "transcription", "factor", "apoptosis", "therapy", "clinical",
+    "trial", "dose", "response", "antibody", "antigen", "immune", "infection", "virus", "bacterial",
+    "resistance", "cytokine", "interleukin", "tnf", "p53", "brca1", "egfr", "insulin", "glucose", "liver",
+    "renal", "cardiac",
+]
 
 
 def synthetic_corpus(lines: int = 400, seed: int = 0) -> str:

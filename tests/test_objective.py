@@ -3,14 +3,13 @@
 import pytest
 import torch
 
-from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.config import ArchitectureConfig, MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.models.student import model_from_architecture, student_from_teacher_layers
-from biodistil.config import ArchitectureConfig
 
 TRIPLE = ObjectiveConfig(temperature=2.0, terms=[
     TermConfig(loss="mlm", weight=2.0), TermConfig(loss="logit_kl", weight=5.0), TermConfig(loss="hidden_cosine")])

@@ -123,7 +123,8 @@ def _student_recipe(plan: DemoPlan, corpus: Path, out: Path, teacher: Path) -> d
             "student": {"init": "teacher_layers"},  # every other layer: half the depth
             "data": _data(plan, corpus, out),
             "objective": {"temperature": 2.0, "terms": [
-                {"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "all"},
+                # KL at the masked positions only (an option of the recipe): ~2x faster on CPU than at all
+                {"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
                 {"loss": "hidden_cosine", "weight": 1.0}]},
             "train": _train(plan, plan.distill_steps)}
 
@@ -180,7 +181,8 @@ def render_report(report: dict) -> str:
         f"Teacher: {plan['layers']} layers, hidden {plan['hidden']}, vocabulary {plan['vocab_size']}, "
         f"{plan['teacher_steps']} MLM steps. Students: {plan['layers'] // 2} layers; the distilled one starts "
         f"from the teacher's alternate layers and trains {plan['distill_steps']} steps with "
-        "2·MLM + 5·T²·KL + 1·cosine (T = 2); the other starts from random weights and trains the same number "
+        "2·MLM + 5·T²·KL (at the masked positions) + 1·cosine (T = 2); the other starts from random weights "
+        "and trains the same number "
         "of MLM steps without a teacher. All three are fine-tuned with the same settings "
         f"({plan['finetune_epochs']} epochs, batch 32, learning rate {FINETUNE_LR}).",
         "",

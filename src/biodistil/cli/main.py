@@ -25,6 +25,18 @@ def _distill(args: argparse.Namespace) -> object:
     return run_distill(recipe, resume=args.resume, stop_after=args.stop_after)
 
 
+def _pipeline(args: argparse.Namespace) -> object:
+    from pathlib import Path
+
+    from biodistil.config import load_recipe
+    from biodistil.pipeline import PipelineRecipe, run_pipeline
+
+    if args.stop_after is not None:
+        raise BiodistilError("--stop-after applies to single commands; a pipeline resumes stage by stage")
+    recipe = load_recipe(PipelineRecipe, args.recipe, recipe_overrides(args))
+    return run_pipeline(recipe, Path(args.recipe).parent, resume=args.resume)
+
+
 def _demo(args: argparse.Namespace) -> object:
     from biodistil.demo import run_demo
 
@@ -41,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain
     )
     add_recipe_command(sub, "distill", "Task-agnostic distillation of a masked-LM teacher into a student", _distill)
+    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill stages in order", _pipeline)
     demo = sub.add_parser(
         "demo", help="Offline end-to-end demo: pre-train a teacher, distil, fine-tune on NCBI-disease, report",
         description="Offline demo on 2 CPU cores: pre-trains a small teacher on corpus/biomed.txt, distils it into "

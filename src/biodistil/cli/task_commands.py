@@ -1,7 +1,68 @@
-"""Task-specific commands: finetune, kd, transfer (registered by `register`)."""
+"""Task-specific commands: finetune, kd, transfer and study (registered by `register`)."""
 
 import argparse
+
+from biodistil.cli.common import add_recipe_command, recipe_overrides
+
+# sections of kd recipes that `transfer` ignores, so that `biodistil transfer KD_RECIPE` builds the kd run's set
+_NOT_TRANSFER = ("teacher", "student", "kd", "meta", "train", "export")
+
+
+def _finetune(args: argparse.Namespace) -> object:
+    from biodistil.config import load_recipe
+    from biodistil.methods.task_recipe import FinetuneRecipe
+    from biodistil.methods.task_study import run_finetune
+
+    recipe = load_recipe(FinetuneRecipe, args.recipe, recipe_overrides(args))
+    return run_finetune(recipe, resume=args.resume, stop_after=args.stop_after)
+
+
+def _kd(args: argparse.Namespace) -> object:
+    from biodistil.config import load_recipe
+    from biodistil.methods.task_kd import run_kd
+    from biodistil.methods.task_recipe import KDRecipe
+
+    recipe = load_recipe(KDRecipe, args.recipe, recipe_overrides(args))
+    return run_kd(recipe, resume=args.resume, stop_after=args.stop_after)
+
+
+def _transfer(args: argparse.Namespace) -> object:
+    from pydantic import ConfigDict
+
+    from biodistil.config import Section, load_recipe, validate_recipe
+    from biodistil.data.transfer_sets import run_transfer
+    from biodistil.errors import BiodistilError
+    from biodistil.methods.task_recipe import TransferRecipe
+
+    class AnySections(Section):
+        model_config = ConfigDict(extra="allow")
+
+    if args.resume or args.stop_after is not None:
+        raise BiodistilError("transfer builds its set in one go: --resume and --stop-after do not apply")
+    raw = load_recipe(AnySections, args.recipe, recipe_overrides(args)).model_extra or {}
+    kept = {key: value for key, value in raw.items() if key not in _NOT_TRANSFER}
+    return run_transfer(validate_recipe(TransferRecipe, kept, source=str(args.recipe)))
+
+
+def _study(args: argparse.Namespace) -> object:
+    from biodistil.config import load_recipe
+    from biodistil.errors import BiodistilError
+    from biodistil.methods.task_recipe import StudyRecipe
+    from biodistil.methods.task_study import run_study
+
+    if args.stop_after is not None:
+        raise BiodistilError("study: --stop-after does not apply (interrupt it and continue with --resume)")
+    recipe = load_recipe(StudyRecipe, args.recipe, recipe_overrides(args))
+    return run_study(recipe, resume=args.resume)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `biodistil` parser."""
+    add_recipe_command(sub, "finetune", "Fine-tune an encoder on a task of the task registry (teacher, student or "
+                       "baseline); save a Hugging Face model, metrics.json and test predictions", _finetune)
+    add_recipe_command(sub, "kd", "Task-specific distillation: train a student on a fine-tuned teacher's outputs "
+                       "over a transfer set (Hinton, logit MSE, sigmoid, PatientKD, MetaDistil, MetaAdaptiveKD)", _kd)
+    add_recipe_command(sub, "transfer", "Build a transfer set (in-domain, another task, a file, text or randomized) "
+                       "and save it as a datasets folder; accepts a kd recipe", _transfer)
+    add_recipe_command(sub, "study", "Run a study recipe: teachers, finetune/kd arms over seeds, and a summary with "
+                       "mean scores and the gap closed", _study)

@@ -6,6 +6,7 @@ engine, predict per example, score with the task's official metric. Long token s
 windows of whole words or truncated, as the task says; truncation is counted and reported, never silent.
 """
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,6 +306,12 @@ def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskS
 
 
 def _load(task: TaskSpec, split: str, data_root, fold: int | None, limit: int | None) -> list[Example]:
+    """A split, or a fixed random subset of `limit` examples in file order (files are often sorted by label,
+    so the first lines would not be a fair sample); the subset is the same for every model and seed."""
     if split not in task.files:
         return []
-    return task.load_split(split, data_root, fold)[:limit]
+    examples = task.load_split(split, data_root, fold)
+    if limit is None or limit >= len(examples):
+        return examples
+    keep = sorted(random.Random(f"{task.name}/{split}/{fold}").sample(range(len(examples)), limit))
+    return [examples[i] for i in keep]

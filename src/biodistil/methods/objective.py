@@ -86,6 +86,7 @@ class TermKind:
 
 # ------------------------------------------------------------------------------------------ logit terms
 def _mlm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """CE(labels, student) over the MLM targets (over the student's whole vocabulary)."""
     rows = x.masks["masked"]
     return masked_lm_loss(x.student.logits_at(rows), x.labels[rows])
 
@@ -100,24 +101,29 @@ def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions."""
     return soft_kl_loss(*_logit_rows(term, x), x.temperature)
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """TinyBERT output loss −Σ softmax(z_T/T)·log softmax(z_S/T), mean over the term's positions."""
     return soft_cross_entropy_loss(*_logit_rows(term, x), x.temperature)
 
 
 def _logit_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """MSE(z_S, z_T) over the term's positions and the shared vocabulary."""
     return logit_mse_loss(*_logit_rows(term, x))
 
 
 # ------------------------------------------------------------------------------------------ layer terms
 def _reduce(values: list[torch.Tensor], how: str) -> torch.Tensor:
+    """Σ_l L(l), or (1/M)·Σ_l L(l) with how="mean", over the term's layer pairs."""
     total = torch.stack(values).sum()
     return total / len(values) if how == "mean" else total
 
 
 def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]):
+    """A hidden-state term: loss(h_S^l·W_l, h_T^g(l)) at the term's positions, for every layer pair."""
     def compute(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
         mask = x.masks[term.cfg.positions]
         values = [
@@ -130,6 +136,7 @@ def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
 
 
 def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """Σ_l (1/H)·Σ_heads MSE(a_S^l, a_T^g(l)) (TinyBERT)."""
     values = [
         attention_mse_loss(x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask)
         for s, t in term.pairs
@@ -138,6 +145,7 @@ def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.T
 
 
 def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """Σ_l KL(a_S^l ‖ a_T^g(l)) per query row, averaged (CompactBioBERT) or summed (MobileBERT) over tokens."""
     values = [
         attention_kl_loss(
             x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask, term.cfg.token_reduction
@@ -148,6 +156,7 @@ def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Te
 
 
 def _minilm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """MiniLMv2 Σ_r KL(R_T^r ‖ R_S^r) for r in the term's relations (Q-Q, K-K, V-V)."""
     ((s, t),) = term.pairs
     return minilm_relations_loss(
         x.student.qkv_at(s), x.teacher.qkv_at(t), x.attention_mask, term.relation_heads, term.cfg.relations

@@ -16,10 +16,11 @@ from biodistil.data.vocab import train_wordpiece
 from biodistil.export.hf import export_model
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
 from biodistil.methods.objective import Objective
+from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
-from biodistil.training.engine import Engine, TrainResult, make_accelerator
+from biodistil.training.engine import Engine, PrepareBatch, TrainResult, make_accelerator
 from biodistil.training.io import atomic_directory
 from biodistil.training.run import RunFolder
 
@@ -48,13 +49,19 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
     teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
-    student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
-    check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
+    shared_vocab, prepare = None, None
+    if recipe.student.vocab_expansion is not None:  # VE-KD: the student reads an expanded vocabulary
+        student, tokenizer, shared_vocab = expanded_student(recipe, teacher, tokenizer, run.path, accelerator)
+        prepare = VocabExpansionMaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking, shared_vocab)
+        notes.append(f"Vocabulary expanded from {shared_vocab:,} to {len(tokenizer):,} tokens (VE-KD).")
+    else:
+        student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
+        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
     objective = Objective(recipe.objective, student, teacher)
     teacher.to(accelerator.device, dtype=torch.bfloat16 if recipe.teacher.dtype == "bfloat16" else torch.float32)
-    module = MaskedLMModule(student, objective, teacher)
-    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after)
-    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
+    module = MaskedLMModule(student, objective, teacher, shared_vocab)
+    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after, prepare)
     return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
 
 
@@ -70,14 +77,16 @@ def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> Pr
     return load_tokenizer(str(folder))
 
 
-def _train(module, tokenizer, recipe, run: RunFolder, accelerator, resume: bool, stop_after: int | None) -> TrainResult:
+def _train(module, tokenizer, recipe, run: RunFolder, accelerator, resume: bool, stop_after: int | None,
+           prepare: PrepareBatch | None = None) -> TrainResult:
+    """Train on the corpus tokenised with `tokenizer`; `prepare` masks each batch (default: `MaskBatch`)."""
     with accelerator.main_process_first():
         train_blocks, eval_blocks = load_corpus_splits(recipe.data, tokenizer)
     engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
     pad_id = tokenizer.pad_token_id
     return engine.fit(
         module, train_blocks, lambda examples: collate_blocks(examples, pad_id), eval_blocks,
-        prepare_batch=MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking),
+        prepare_batch=prepare or MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking),
         resume=resume, stop_after=stop_after,
     )
 

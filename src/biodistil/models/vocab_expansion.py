@@ -52,7 +52,9 @@ def train_domain_vocabulary(
     return sorted(vocab, key=vocab.__getitem__)
 
 
-def select_new_tokens(domain_tokens: Iterable[str], teacher_tokenizer: PreTrainedTokenizerBase, count: int) -> list[str]:
+def select_new_tokens(
+    domain_tokens: Iterable[str], teacher_tokenizer: PreTrainedTokenizerBase, count: int
+) -> list[str]:
     """The first `count` domain tokens that are neither in the teacher's vocabulary nor special."""
     known = set(teacher_tokenizer.get_vocab()) | set(teacher_tokenizer.all_special_tokens)
     return [token for token in domain_tokens if token not in known][: max(count, 0)]

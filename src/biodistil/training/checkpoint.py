@@ -1,7 +1,8 @@
 """Checkpoints that hold everything needed to continue a run exactly, written atomically as safetensors + JSON.
 
 Layout of `checkpoints/step-000100/`: trainable.safetensors (student and extra trainable modules such as
-projections), optimizer.safetensors + optimizer.json, scheduler.json, rng.safetensors (torch CPU/CUDA states
+projections), optimizer.safetensors + optimizer.json (and optimizer-NAME.* for each extra optimizer, such as a
+pre-step's), scheduler.json, rng.safetensors (torch CPU/CUDA states
 of every process), trainer_state.json (step, data position, Python/NumPy RNG). Nothing is unpickled.
 """
 
@@ -52,12 +53,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def save_checkpoint(
     target: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
     state: TrainerState, rng_states: list[dict[str, torch.Tensor]],
+    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> None:
-    """Write one checkpoint folder atomically (main process only)."""
+    """Write one checkpoint folder atomically (main process only); `extra_optimizers` go to optimizer-NAME.*."""
 
     def fill(folder: Path) -> None:
         save_model(module, str(folder / "trainable.safetensors"))
         _save_optimizer(optimizer, folder)
+        for name, extra in (extra_optimizers or {}).items():
+            _save_optimizer(extra, folder, f"optimizer-{name}")
         (folder / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
         tensors = {f"rank{r}.{k}": v.contiguous() for r, states in enumerate(rng_states) for k, v in states.items()}
         save_file(tensors, str(folder / "rng.safetensors"))
@@ -69,9 +73,10 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int
+    folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
+    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> TrainerState:
-    """Restore module, optimizer, scheduler and this process's RNG states; return the trainer state."""
+    """Restore module, optimizers, scheduler and this process's RNG states; return the trainer state."""
     try:
         missing, unexpected = load_model(module, str(folder / "trainable.safetensors"), strict=False)
     except (OSError, ValueError) as err:
@@ -82,6 +87,8 @@ def load_checkpoint(
             f"unexpected {sorted(unexpected)[:5]}); was the recipe changed since it was written?"
         )
     _load_optimizer(optimizer, folder)
+    for name, extra in (extra_optimizers or {}).items():
+        _load_optimizer(extra, folder, f"optimizer-{name}")
     scheduler.load_state_dict(json.loads((folder / "scheduler.json").read_text()))
     payload = json.loads((folder / "trainer_state.json").read_text())
     random.setstate(_tuples(payload["host_rng"]["python"]))
@@ -114,7 +121,7 @@ def _restore_torch_rng(tensors: dict[str, torch.Tensor], rank: int) -> None:
         torch.cuda.set_rng_state(tensors[prefix + "cuda"])
 
 
-def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
+def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path, stem: str = "optimizer") -> None:
     state = optimizer.state_dict()
     tensors, scalars = {}, {}
     for index, slots in state["state"].items():
@@ -123,14 +130,16 @@ def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
                 tensors[f"{index}.{name}"] = value.contiguous()
             else:
                 scalars[f"{index}.{name}"] = value
-    save_file(tensors, str(folder / "optimizer.safetensors"))
-    (folder / "optimizer.json").write_text(json.dumps({"param_groups": state["param_groups"], "scalars": scalars}))
+    save_file(tensors, str(folder / f"{stem}.safetensors"))
+    (folder / f"{stem}.json").write_text(json.dumps({"param_groups": state["param_groups"], "scalars": scalars}))
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    meta = json.loads((folder / "optimizer.json").read_text())
+def _load_optimizer(optimizer: torch.optim.Optimizer, folder: Path, stem: str = "optimizer") -> None:
+    if not (folder / f"{stem}.json").is_file():
+        raise BiodistilError(f"Checkpoint {folder} has no {stem}.json; was the recipe changed since it was written?")
+    meta = json.loads((folder / f"{stem}.json").read_text())
     slots: dict[int, dict[str, Any]] = {}
-    for key, value in load_file(str(folder / "optimizer.safetensors")).items():
+    for key, value in load_file(str(folder / f"{stem}.safetensors")).items():
         index, name = key.split(".", 1)
         slots.setdefault(int(index), {})[name] = value
     for key, value in meta["scalars"].items():

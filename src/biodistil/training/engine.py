@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -39,6 +39,20 @@ from biodistil.training.io import atomic_directory, atomic_write_text
 Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
 Collate = Callable[[list[Any]], Batch]
+
+
+class PreStep(Protocol):
+    """An extra update run before each optimizer step, on that step's prepared micro-batches.
+
+    It owns `optimizer`, over module parameters that the main optimizer then leaves alone (e.g. a teacher
+    learned by meta-gradients); that optimizer's state is checkpointed with the run and restored on resume.
+    It must leave no gradients on the other parameters. `step` is the number of optimizer steps done so far
+    (use it to seed any sampling, so a resumed run repeats it). Returns floats to log with the step.
+    """
+
+    optimizer: torch.optim.Optimizer
+
+    def __call__(self, model: nn.Module, batches: list[Batch], step: int) -> dict[str, float]: ...
 
 
 @dataclass
@@ -92,6 +106,7 @@ class Engine:
         self.seed = seed
         self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard)
         self.state = ckpt.TrainerState()
+        self.pre_step: PreStep | None = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- public
@@ -106,14 +121,17 @@ class Engine:
         stop_after: int | None = None,
         evaluate_fn: Callable[[nn.Module], dict[str, float]] | None = None,
         selection: Selection | None = None,
+        pre_step: PreStep | None = None,
     ) -> TrainResult:
         """Train; with `resume`, continue from the run folder's latest checkpoint. `stop_after` ends the
         run early at that step (after a checkpoint), as a job with a time slot would. `evaluate_fn(module)`
         replaces the default held-out evaluation (mean of the module's logs on `eval_data`), e.g. to score
-        a dev set with the task metric; `selection` keeps the best weights and stops early."""
+        a dev set with the task metric; `selection` keeps the best weights and stops early. `pre_step` runs
+        an extra update with its own optimizer before every optimizer step (see `PreStep`)."""
         acc = self.accelerator
         self._check_data(train_data)
-        optimizer = self._optimizer(module)
+        self.pre_step = pre_step
+        optimizer = self._optimizer(module, _parameter_ids(pre_step.optimizer) if pre_step else set())
         scheduler = get_scheduler(
             self.cfg.schedule if self.cfg.schedule != "constant" else "constant_with_warmup",
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
@@ -235,12 +253,10 @@ class Engine:
     def _optimizer_step(self, model, optimizer, scheduler, batches: Iterator[Batch], prepare) -> dict[str, float]:
         acc = self.accelerator
         sums: dict[str, float] = defaultdict(float)
-        for micro in range(self.cfg.grad_accumulation):
-            batch = next(batches)
-            generator = torch.Generator().manual_seed(
-                self.seed * 1_000_003 + self.state.micro_step * 7_919 + acc.process_index
-            )
-            batch = prepare(batch, generator)
+        micro_batches = [self._prepared(next(batches), prepare, offset) for offset in range(self.cfg.grad_accumulation)]
+        if self.pre_step is not None:
+            sums.update(self.pre_step(model, micro_batches, self.state.step))
+        for micro, batch in enumerate(micro_batches):
             last = micro == self.cfg.grad_accumulation - 1
             with acc.no_sync(model) if not last and acc.num_processes > 1 else nullcontext():
                 with acc.autocast():
@@ -262,6 +278,13 @@ class Engine:
         optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         return dict(sums)
+
+    def _prepared(self, batch: Batch, prepare: PrepareBatch, offset: int) -> Batch:
+        """Apply the per-batch hook with a generator seeded by (seed, micro-step, process)."""
+        generator = torch.Generator().manual_seed(
+            self.seed * 1_000_003 + (self.state.micro_step + offset) * 7_919 + self.accelerator.process_index
+        )
+        return prepare(batch, generator)
 
     def _batches(self, data: Dataset, collate: Collate) -> Iterator[Batch]:
         """Endless stream of this process's batches, starting at the saved data position."""
@@ -292,10 +315,11 @@ class Engine:
                 "lower train.batch_size or give more data"
             )
 
-    def _optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+    def _optimizer(self, module: nn.Module, exclude: set[int]) -> torch.optim.Optimizer:
+        """AdamW over the module's trainable parameters (those of `exclude`, a pre-step's, left out)."""
         decay, no_decay = [], []
         for _, param in sorted(module.named_parameters(), key=lambda item: item[0]):
-            if param.requires_grad:
+            if param.requires_grad and id(param) not in exclude:
                 (no_decay if param.ndim < 2 else decay).append(param)
         if not decay and not no_decay:
             raise BiodistilError("Nothing to train: the module has no trainable parameters")
@@ -312,7 +336,8 @@ class Engine:
         rng_states = gather_object([ckpt.capture_torch_rng()]) if acc.num_processes > 1 else [ckpt.capture_torch_rng()]
         if acc.is_main_process:
             target = ckpt.checkpoint_dir(self.run_dir, self.state.step)
-            ckpt.save_checkpoint(target, acc.unwrap_model(module), optimizer, scheduler, self.state, rng_states)
+            ckpt.save_checkpoint(target, acc.unwrap_model(module), optimizer, scheduler, self.state, rng_states,
+                                 self._extra_optimizers())
             ckpt.prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)
         acc.wait_for_everyone()
 
@@ -321,11 +346,14 @@ class Engine:
         if folder is None:
             raise BiodistilError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
         self.state = ckpt.load_checkpoint(folder, self.accelerator.unwrap_model(module), optimizer, scheduler,
-                                          self.accelerator.process_index)
+                                          self.accelerator.process_index, self._extra_optimizers())
         if self.accelerator.is_main_process:
             print(f"Resuming from {folder} (step {self.state.step})")
             self._truncate_metrics(self.state.step)
         self.accelerator.wait_for_everyone()
+
+    def _extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"pre_step": self.pre_step.optimizer} if self.pre_step is not None else {}
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric records written after the checkpoint we resume from (they will be written again)."""
@@ -344,6 +372,10 @@ class Engine:
             handle.write(json.dumps(record) + "\n")
         if self.cfg.tensorboard:
             acc.log({f"{split}/{k}": v for k, v in values.items()}, step=self.state.step)
+
+
+def _parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    return {id(param) for group in optimizer.param_groups for param in group["params"]}
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:

@@ -1,0 +1,232 @@
+"""Teacher outputs over a transfer set, computed once and cached on disk for every epoch and run that needs them.
+
+The cache key is sha256(teacher fingerprint, transfer-set fingerprint, task encoding, requested layers):
+a change of the teacher's weights, config or tokenizer, or of the transfer set, gives a new entry. An entry is
+a datasets Arrow folder with one row per *teacher feature* (an example, or one window of a long token
+sequence): `example`, `start` (first word of the window), `logits` ([C] per example, or [W, C] for the W words
+of a token window, taken at each word's first sub-word), `words` (token tasks: the window's word offsets) and,
+for PatientKD, `cls` ([K, D]: the [CLS] vector of each requested teacher layer).
+
+`attach_teacher_outputs` aligns an entry with the *student's* encoding of the same examples (the tokenizers
+may differ): per example for sequence tasks, per word (first sub-word) for token tasks.
+"""
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from biodistil.data.corpus import default_cache_dir
+from biodistil.data.formats import TextExample, TokenExample
+from biodistil.data.transfer_sets import fingerprint_examples
+from biodistil.errors import BiodistilError
+from biodistil.evaluation.tasks import TaskSpec
+from biodistil.methods.finetune import EncodedSplit, FeatureCollator, build_classifier, encode_split
+from biodistil.training.io import atomic_directory
+
+Example = TokenExample | TextExample
+CACHE_VERSION = 1
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
+                "special_tokens_map.json")
+_ARCHITECTURE = {"token_classification": "ForTokenClassification",
+                 "sequence_classification": "ForSequenceClassification",
+                 "multilabel_classification": "ForSequenceClassification"}
+
+
+def teacher_cache_dir(explicit: str | Path | None = None) -> Path:
+    """`kd.cache_dir`, else ~/.cache/biodistil/teacher (or $BIODISTIL_CACHE/teacher)."""
+    return Path(explicit).expanduser() if explicit else default_cache_dir().parent / "teacher"
+
+
+def model_fingerprint(name_or_path: str | Path) -> str:
+    """sha256 of a model folder's weights, config and tokenizer files (a Hub id hashes its name only)."""
+    folder = Path(name_or_path).expanduser()
+    digest = hashlib.sha256(f"model-v{CACHE_VERSION}".encode())
+    if not folder.is_dir():
+        digest.update(str(name_or_path).encode())
+        return digest.hexdigest()
+    files = sorted({*folder.glob("*.safetensors"), *folder.glob("*.bin"), *(folder / n for n in _MODEL_FILES)})
+    for path in files:
+        if path.is_file():
+            digest.update(path.name.encode())
+            with path.open("rb") as handle:
+                for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_teacher_classifier(name_or_path: str | Path, task: TaskSpec) -> PreTrainedModel:
+    """A teacher fine-tuned on `task`: its config must name a classification head with the task's labels."""
+    try:
+        config = AutoConfig.from_pretrained(str(name_or_path))
+    except OSError as err:
+        raise BiodistilError(f"Teacher {name_or_path}: cannot read its config ({err})") from None
+    heads = [name for name in (config.architectures or []) if name.endswith(_ARCHITECTURE[task.kind])]
+    labels = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else []
+    if not heads or labels != task.labels:
+        raise BiodistilError(
+            f"Teacher {name_or_path} is not fine-tuned on task {task.name}: its config has architectures "
+            f"{config.architectures} and labels {labels}; expected a *{_ARCHITECTURE[task.kind]} model with labels "
+            f"{task.labels}. Fine-tune it first with `biodistil finetune`."
+        )
+    model = build_classifier(name_or_path, task)
+    model.eval()
+    return model
+
+
+def with_placeholder_labels(examples: Sequence[Example], task: TaskSpec) -> list[Example]:
+    """Unlabelled examples get the first label (tag "O") so that they can be encoded; callers drop the labels."""
+    out: list[Example] = []
+    for example in examples:
+        if isinstance(example, TokenExample):
+            tags = example.tags or ["O"] * len(example.tokens)
+            out.append(TokenExample(example.id, example.tokens, tags))
+        elif example.label is None:
+            fill: Any = [0] * task.num_labels if task.kind == "multilabel_classification" else task.labels[0]
+            out.append(TextExample(example.id, example.text, example.text_pair, fill))
+        else:
+            out.append(example)
+    return out
+
+
+@dataclass(frozen=True)
+class TeacherRequest:
+    """What to cache: the task (label space, max_length, sub-word policy) and the teacher layers for PatientKD."""
+
+    task: TaskSpec
+    cls_layers: tuple[int, ...] = ()
+    batch_size: int = 64
+
+    def key(self) -> dict[str, Any]:
+        task = self.task
+        return {"task": task.name, "kind": task.kind, "labels": task.labels, "max_length": task.max_length,
+                "truncation": task.truncation, "label_policy": task.label_policy, "cls_layers": list(self.cls_layers)}
+
+
+def cached_teacher_outputs(teacher: str | Path, examples: Sequence[Example], request: TeacherRequest,
+                           cache_dir: str | Path | None = None, device: torch.device | str = "cpu",
+                           ) -> datasets.Dataset:
+    """The teacher's outputs over `examples`: read from the cache, or computed once and stored there."""
+    payload = {"teacher": model_fingerprint(teacher), "transfer": fingerprint_examples(examples),
+               "request": request.key(), "version": CACHE_VERSION}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+    target = teacher_cache_dir(cache_dir) / key
+    if not (target / "dataset_info.json").is_file():
+        atomic_directory(target, lambda tmp: _write_outputs(tmp, teacher, examples, request, device, payload))
+    return datasets.load_from_disk(str(target))
+
+
+def _write_outputs(folder: Path, teacher: str | Path, examples: Sequence[Example], request: TeacherRequest,
+                   device: torch.device | str, payload: dict[str, Any]) -> None:
+    from biodistil.models.loading import load_tokenizer
+
+    model = load_teacher_classifier(teacher, request.task).to(device)
+    tokenizer = load_tokenizer(str(teacher))
+    encoded = encode_split(request.task, with_placeholder_labels(examples, request.task), tokenizer)
+    rows = teacher_rows(model, tokenizer, request, encoded)
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder))
+    (folder / "cache_key.json").write_text(json.dumps(payload, indent=1))
+
+
+@torch.no_grad()
+def teacher_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, request: TeacherRequest,
+                 encoded: EncodedSplit) -> list[dict[str, Any]]:
+    """One row per teacher feature: logits (per example, or per word of a token window) and [CLS] states."""
+    collate = FeatureCollator(tokenizer.pad_token_id, request.task.kind == "token_classification")
+    device = next(model.parameters()).device
+    rows: list[dict[str, Any]] = []
+    for begin in range(0, len(encoded), request.batch_size):
+        features = [encoded.features[i] for i in range(begin, min(begin + request.batch_size, len(encoded)))]
+        batch = {k: v.to(device) for k, v in collate(features).items() if k in MODEL_INPUTS}
+        logits, states = forward_teacher(model, batch, bool(request.cls_layers))
+        for offset in range(len(features)):
+            index = begin + offset
+            example, start = encoded.origins[index]
+            row: dict[str, Any] = {"example": example, "start": start}
+            if request.task.kind == "token_classification":
+                row["words"], row["logits"] = _word_logits(logits[offset], encoded.word_ids[index])
+            else:
+                row["logits"] = logits[offset].float().tolist()
+            if request.cls_layers:
+                row["cls"] = [states[layer][offset, 0].float().tolist() for layer in request.cls_layers]
+            rows.append(row)
+    return rows
+
+
+def forward_teacher(model: PreTrainedModel, batch: dict[str, torch.Tensor], hidden: bool,
+                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """One teacher pass (a separate function so that tests can count how often the teacher runs)."""
+    outputs = model(**batch, output_hidden_states=hidden)
+    return outputs.logits, outputs.hidden_states if hidden else None
+
+
+def _word_logits(logits: torch.Tensor, word_ids: list[int | None]) -> tuple[list[int], list[list[float]]]:
+    """Logits at the first sub-word of each word of a window, with the words' offsets in the window."""
+    words, rows, seen = [], [], set()
+    for position, word in enumerate(word_ids):
+        if word is not None and word not in seen:
+            seen.add(word)
+            words.append(word)
+            rows.append(logits[position].float().tolist())
+    return words, rows
+
+
+def attach_teacher_outputs(encoded: EncodedSplit, table: datasets.Dataset, task: TaskSpec,
+                           kd_positions: list[list[int]] | None) -> list[dict[str, Any]]:
+    """Student features with the cached teacher outputs: `teacher_logits` ([C], or [L, C] per position with
+    `kd_mask` [L] marking the positions that have a teacher word), and `teacher_cls` [K, D] + `pkd_mask`."""
+    token_task = task.kind == "token_classification"
+    per_example, per_word, cls = _index_outputs(table, token_task)
+    features = []
+    for i, feature in enumerate(encoded.features):
+        example, start = encoded.origins[i]
+        out = dict(feature)
+        if token_task:
+            out["teacher_logits"], out["kd_mask"] = _position_logits(
+                per_word, example, start, encoded.word_ids[i], kd_positions[i], task.num_labels)
+        else:
+            out["teacher_logits"] = per_example[example]
+        if "cls" in table.column_names:
+            found = cls.get((example, start))
+            out["pkd_mask"] = int(found is not None)
+            out["teacher_cls"] = found if found is not None else _zeros_like_cls(table)
+        features.append(out)
+    return features
+
+
+def _index_outputs(table: datasets.Dataset, token_task: bool) -> tuple[dict, dict, dict]:
+    per_example: dict[int, list[float]] = {}
+    per_word: dict[tuple[int, int], list[float]] = {}
+    cls: dict[tuple[int, int], list[list[float]]] = {}
+    has_cls = "cls" in table.column_names
+    for row in table:
+        if token_task:
+            for offset, logits in zip(row["words"], row["logits"], strict=True):
+                per_word.setdefault((row["example"], row["start"] + offset), logits)
+        else:
+            per_example[row["example"]] = row["logits"]
+        if has_cls:
+            cls[(row["example"], row["start"])] = row["cls"]
+    return per_example, per_word, cls
+
+
+def _position_logits(per_word: dict, example: int, start: int, word_ids: list[int | None], positions: list[int],
+                     num_labels: int) -> tuple[list[list[float]], list[int]]:
+    logits, mask = [], []
+    for position, word in enumerate(word_ids):
+        found = per_word.get((example, start + word)) if word is not None and positions[position] else None
+        logits.append(found if found is not None else [0.0] * num_labels)
+        mask.append(int(found is not None))
+    return logits, mask
+
+
+def _zeros_like_cls(table: datasets.Dataset) -> list[list[float]]:
+    first = table[0]["cls"]
+    return [[0.0] * len(first[0]) for _ in first]

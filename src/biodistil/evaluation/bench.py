@@ -1,0 +1,346 @@
+"""`biodistil bench`: size, latency, throughput and peak memory of encoders, measured side by side.
+
+Every model is loaded as its bare encoder (`AutoModel`, no MLM or task head) in one process. For each
+sequence length, latency is timed at `latency_batch` (default 1) and throughput at `throughput_batch`
+(default 32) on random token ids: after `warmup` untimed runs per model, the `repeats` timed runs go round
+robin over the models (model A, B, A, B, ...), so that a slow patch of a shared machine hits every model
+alike. Reported: the median and the quartiles. Speedups are against the first model.
+
+Peak memory: on CUDA, `torch.cuda.max_memory_allocated` during one run (weights included); on CPU, the
+increase of the process's resident set (RSS) over its value before the run, i.e. activations and workspace
+(weights excluded), measured with the Linux peak-RSS counter reset (`/proc/self/clear_refs`), else by
+sampling the RSS every millisecond; freed heap memory is handed back first (glibc `malloc_trim`) so that
+memory reused from earlier runs still counts. The output says which method was used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from biodistil.errors import BiodistilError
+from biodistil.evaluation.recipe import BenchConfig
+from biodistil.training.io import atomic_write_json
+
+BENCH_FORMAT = "biodistil-bench/1"
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def load_encoder(path: str) -> torch.nn.Module:
+    """The bare encoder of a model folder or Hub id, in eval mode (heads are not part of the benchmark)."""
+    from transformers import AutoModel
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # "MLM head weights unused" is expected
+    try:
+        return AutoModel.from_pretrained(path).eval()
+    except OSError as err:
+        raise BiodistilError(f"bench: cannot load a model from '{path}' ({str(err).splitlines()[0]}); expected "
+                             "a Hugging Face model folder or a Hub id (offline: download it and pass the folder)"
+                             ) from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+def disk_bytes(path: str) -> int | None:
+    """Bytes of the weight files (safetensors / PyTorch bin) of a local folder or a cached Hub model."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        folder = _cached_snapshot(path)
+        if folder is None:
+            return None
+    files = [f for pattern in ("*.safetensors", "*.bin") for f in folder.glob(pattern)]
+    return sum(f.stat().st_size for f in files) if files else None
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+def max_length(model: torch.nn.Module) -> int:
+    """Longest sequence the model's position embeddings allow (RoBERTa reserves two positions)."""
+    config = model.config
+    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
+    return int(getattr(config, "max_position_embeddings", 512)) - reserved
+
+
+def random_batch(model: torch.nn.Module, batch: int, length: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Token ids drawn from the model's vocabulary (fixed seed), no padding."""
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(batch * 100_003 + length)
+    ids = torch.randint(min(5, vocab - 1), vocab, (batch, length), generator=generator)
+    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids, device=device)}
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_once(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> float:
+    """Seconds of one forward pass."""
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model(**batch)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles, min and max of repeated measurements."""
+    ordered = sorted(values)
+    if len(ordered) > 1:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {"median": statistics.median(ordered), "q1": q1, "q3": q3, "min": ordered[0], "max": ordered[-1]}
+
+
+def round_robin(runs: dict[str, Callable[[], float]], warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Warm every run up, then time them in turn `repeats` times; seconds per run, per key."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {key: [] for key in runs}
+    for _ in range(repeats):
+        for key, run in runs.items():
+            times[key].append(run())
+    return times
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _can_reset_peak() -> bool:
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return _status_kib("VmHWM") is not None
+
+
+def memory_method(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "CUDA max allocated during one run (torch.cuda.max_memory_allocated; weights included)"
+    if _can_reset_peak():
+        return ("CPU: peak RSS increase over the RSS before one run (Linux VmHWM reset via /proc/self/clear_refs, "
+                "freed heap returned first with malloc_trim; activations and workspace, weights excluded)")
+    return "CPU: peak RSS increase over the RSS before one run (RSS sampled every 1 ms; weights excluded)"
+
+
+def _current_rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        kib = _status_kib("VmRSS")
+        if kib is None:
+            raise BiodistilError("bench: cannot read this process's memory on this system") from None
+        return kib * 1024
+
+
+@contextmanager
+def _sampled_peak() -> Iterator[dict[str, int]]:
+    """Peak RSS by sampling in a background thread (where the kernel's peak counter cannot be reset)."""
+    found = {"peak": _current_rss()}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            found["peak"] = max(found["peak"], _current_rss())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        done.set()
+        thread.join()
+        found["peak"] = max(found["peak"], _current_rss())
+
+
+def _release_free_memory() -> None:
+    """Collect garbage and hand freed heap memory back to the system (glibc), so that reused memory counts."""
+    gc.collect()
+    with suppress(OSError, AttributeError):  # not glibc: nothing to hand back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def peak_memory_bytes(run: Callable[[], float], device: torch.device) -> int | None:
+    """Peak memory of one run, as `memory_method(device)` describes."""
+    _release_free_memory()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        return int(torch.cuda.max_memory_allocated(device))
+    if _can_reset_peak():
+        before = _status_kib("VmRSS") or 0
+        run()
+        return max(0, ((_status_kib("VmHWM") or 0) - before) * 1024)
+    before = _current_rss()
+    with _sampled_peak() as found:
+        run()
+    return max(0, found["peak"] - before)
+
+
+# ------------------------------------------------------------------------------------------ the bench
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise BiodistilError("bench: --device cuda asked for, but no CUDA GPU is available")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
+
+
+def _measure(models: dict[str, torch.nn.Module], batch: int, length: int, cfg: BenchConfig,
+             device: torch.device) -> dict[str, dict[str, Any]]:
+    """Times and peak memory of every model at one (batch, length); models too short for it are skipped."""
+    results: dict[str, dict[str, Any]] = {}
+    runs: dict[str, Callable[[], float]] = {}
+    for label, model in models.items():
+        if length > max_length(model):
+            results[label] = {"skipped": f"longer than the model's {max_length(model)} positions"}
+            continue
+        inputs = random_batch(model, batch, length, device)
+        runs[label] = lambda model=model, inputs=inputs: time_once(model, inputs, device)
+    for label, seconds in round_robin(runs, cfg.warmup, cfg.repeats).items():
+        ms = spread([s * 1000 for s in seconds])
+        results[label] = {
+            "batch": batch, "length": length, "runs": len(seconds),
+            **{f"{key}_ms": value for key, value in ms.items()},
+            "sequences_per_s": batch / (ms["median"] / 1000),
+            "tokens_per_s": batch * length / (ms["median"] / 1000),
+            "peak_memory_bytes": peak_memory_bytes(runs[label], device),
+        }
+    return results
+
+
+def _speedups(rows: list[dict[str, Any]], lengths: Sequence[int]) -> None:
+    """Each model's latency and throughput speedup against the first model (>1 = faster), in place."""
+    first = rows[0]
+    for row in rows:
+        row["speedup"] = {}
+        for length in map(str, lengths):
+            for kind in ("latency", "throughput"):
+                mine, ref = row[kind].get(length, {}), first[kind].get(length, {})
+                if "median_ms" in mine and "median_ms" in ref:
+                    row["speedup"][f"{kind}_{length}"] = ref["median_ms"] / mine["median_ms"]
+
+
+def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, Any]:
+    """Benchmark (label, path) models side by side; the result is what `bench.json` holds."""
+    if not models:
+        raise BiodistilError("bench: give at least one model")
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = _device(cfg.device)
+    loaded = {label: load_encoder(path).to(device) for label, path in models}
+    rows: list[dict[str, Any]] = []
+    from biodistil.models.size import count_parameters
+
+    for label, path in models:
+        sizes = count_parameters(loaded[label])
+        rows.append({"label": label, "path": path, "parameters": sizes["total"],
+                     "parameters_without_embeddings": sizes["non_embedding"], "disk_bytes": disk_bytes(path),
+                     "max_length": max_length(loaded[label]), "latency": {}, "throughput": {}})
+    for length in cfg.lengths:
+        print(f"bench: sequence length {length}: latency (batch {cfg.latency_batch}), throughput "
+              f"(batch {cfg.throughput_batch}); {cfg.warmup} warm-up + {cfg.repeats} timed runs each", flush=True)
+        latency = _measure(loaded, cfg.latency_batch, length, cfg, device)
+        throughput = _measure(loaded, cfg.throughput_batch, length, cfg, device)
+        for row in rows:
+            row["latency"][str(length)] = latency[row["label"]]
+            row["throughput"][str(length)] = throughput[row["label"]]
+    _speedups(rows, cfg.lengths)
+    return {"format": BENCH_FORMAT, "device": _device_name(device), "torch": torch.__version__,
+            "dtype": str(next(iter(loaded.values())).dtype).replace("torch.", ""),
+            "memory_method": memory_method(device), "reference": rows[0]["label"],
+            "settings": cfg.model_dump(mode="json", exclude={"enabled"}), "models": rows}
+
+
+def write_bench(result: dict[str, Any], path: Path) -> Path:
+    atomic_write_json(Path(path), result)
+    return Path(path)
+
+
+# ------------------------------------------------------------------------------------------ printing
+
+
+def _mb(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f} MB"
+
+
+def _timing(entry: dict[str, Any], kind: str) -> str:
+    if "median_ms" not in entry:
+        return f"n/a ({entry.get('skipped', 'not measured')})"
+    spread_ms = f"[{entry['q1_ms']:.2f}–{entry['q3_ms']:.2f}]"
+    if kind == "latency":
+        return f"{entry['median_ms']:.2f} ms {spread_ms}, peak {_mb(entry['peak_memory_bytes'])}"
+    return (f"{entry['sequences_per_s']:,.1f} seq/s ({entry['median_ms']:.1f} ms {spread_ms} per batch), "
+            f"peak {_mb(entry['peak_memory_bytes'])}")
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    """A plain-text summary of a bench result, for the terminal."""
+    settings = result["settings"]
+    lines = [f"Device: {result['device']}; torch {result['torch']}; {result['dtype']}; medians of "
+             f"{settings['repeats']} runs after {settings['warmup']} warm-up runs, [quartiles].",
+             f"Peak memory: {result['memory_method']}.", ""]
+    for row in result["models"]:
+        lines.append(f"{row['label']} ({row['path']}): {row['parameters']:,} parameters "
+                     f"({row['parameters_without_embeddings']:,} without embeddings), weights on disk "
+                     f"{_mb(row['disk_bytes'])}, max length {row['max_length']}")
+        for length in map(str, settings["lengths"]):
+            lines.append(f"  length {length}: latency (batch {settings['latency_batch']}) "
+                         f"{_timing(row['latency'][length], 'latency')}")
+            lines.append(f"  length {length}: throughput (batch {settings['throughput_batch']}) "
+                         f"{_timing(row['throughput'][length], 'throughput')}")
+        speed = ", ".join(f"{key} ×{value:.2f}" for key, value in row["speedup"].items() if math.isfinite(value))
+        lines.append(f"  speedup vs {result['reference']}: {speed or 'n/a'}")
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""Typed recipes of the task-specific commands: `finetune`, `transfer`, `kd` and `study`.
+
+Every class subclasses `biodistil.config.Section` (unknown keys are errors naming the valid ones) and reuses
+`RunConfig`, `TrainConfig` and `ExportConfig`; load one with `biodistil.config.load_recipe`.
+docs/task-specific.md explains each section with the equations of the losses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from biodistil.config import ExportConfig, RunConfig, Section, TrainConfig
+from biodistil.data.transfer import DEFAULT_STARTERS
+
+
+class ModelConfig(Section):
+    """An encoder given as a local Hugging Face folder or a Hub id."""
+
+    name_or_path: str = Field(min_length=1)
+
+
+class TaskConfig(Section):
+    """The task of the task registry (`evaluation/builtin_tasks.yaml`, or a task YAML file) and its data."""
+
+    name: str = Field(min_length=1, description="built-in task name or path of a task YAML file")
+    data_dir: str | None = Field(None, description="data folder; default $BIODISTIL_DATA, else ../shared/data")
+    fold: int | None = Field(None, ge=1, description="cross-validation tasks: the fold (1..cv_folds)")
+    max_length: int | None = Field(None, ge=8, description="override the task's max_length (sub-words)")
+    max_examples: int | None = Field(None, ge=1, description="read only the first N examples of each split")
+
+
+class FinetuneOptions(Section):
+    """How long to fine-tune and whether to score the untrained model (S_init of the gap closed)."""
+
+    epochs: float | None = Field(None, gt=0, description="set train.max_steps from the training-set size")
+    patience: int | None = Field(None, ge=1, description="dev evaluations without gain before stopping")
+    score_init: bool = Field(True, description="also score the model before training on the test set")
+
+
+class FinetuneRecipe(Section):
+    """`biodistil finetune`: fine-tune an encoder on a task; save a Hugging Face model, metrics, predictions."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig
+    task: TaskConfig
+    finetune: FinetuneOptions = Field(default_factory=FinetuneOptions)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+
+SourceKind = Literal["in_domain", "task", "file", "text", "saved"]
+
+
+class SourceConfig(Section):
+    """Where transfer (or quiz) examples come from.
+
+    in_domain: the target task's own split; task: a split of another registry task (e.g. pubmedqa);
+    file: a task file of a known format (e.g. boolq_jsonl); text: plain text, one paragraph per line (split
+    into sentences); saved: a transfer set written by `biodistil transfer`. Relative paths are under the data
+    folder (saved: relative to the working directory).
+    """
+
+    kind: SourceKind = "in_domain"
+    task: str | None = Field(None, description="kind=task: registry task name or task YAML")
+    split: Literal["train", "dev", "test"] = "train"
+    path: str | None = Field(None, description="kind=file/text/saved")
+    format: str | None = Field(None, description="kind=file: a reader of biodistil.data.formats, e.g. boolq_jsonl")
+    reader_options: dict[str, Any] = Field(default_factory=dict)
+    max_examples: int | None = Field(None, ge=1, description="keep the first N examples (texts) of the source")
+    sentences: bool = Field(True, description="kind=text: split paragraphs into sentences")
+
+    @model_validator(mode="after")
+    def _kind_has_its_inputs(self) -> SourceConfig:
+        needs = {"task": ["task"], "file": ["path", "format"], "text": ["path"], "saved": ["path"]}
+        missing = [name for name in needs.get(self.kind, []) if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"source kind '{self.kind}' needs {', '.join(missing)}")
+        return self
+
+
+class RandomConfig(Section):
+    """Randomized text: a unigram model of the source passages; passages sampled word by word from it,
+    questions = a starter word + words drawn uniformly from the vocabulary (pair tasks get both)."""
+
+    size: int = Field(1000, ge=1, description="number of random examples")
+    question_length: tuple[int, int] = Field((5, 12), description="words after the starter, inclusive range")
+    passage_length: tuple[int, int] = Field((40, 120), description="words per passage, inclusive range")
+    starters: list[str] = Field(default_factory=lambda: list(DEFAULT_STARTERS), min_length=1)
+    lowercase: bool = True
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _ranges(self) -> RandomConfig:
+        for name in ("question_length", "passage_length"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} must be [min, max] with 1 <= min <= max, got {[low, high]}")
+        return self
+
+
+class TransferConfig(Section):
+    """The transfer set the student learns the teacher's outputs on."""
+
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    random: RandomConfig | None = Field(None, description="randomize: the source only feeds the unigram model")
+    keep_labels: bool = Field(False, description="keep the source's gold labels (CE term, fine-tune baseline)")
+    label_map: dict[str, str | None] = Field(
+        default_factory=dict, description="source label -> task label; null drops those examples (keep_labels)"
+    )
+    pairs: bool | None = Field(None, description="text pairs? default: as the task's training data")
+
+    @model_validator(mode="after")
+    def _labels(self) -> TransferConfig:
+        if self.random is not None and self.keep_labels:
+            raise ValueError("a random transfer set has no labels; set keep_labels: false")
+        return self
+
+
+class PatientConfig(Section):
+    """PatientKD: L += γ·Σ_i MSE(normalised [CLS] of student layer i, normalised [CLS] of teacher layer g(i))."""
+
+    gamma: float = Field(100.0, ge=0)
+    layer_map: Literal["skip", "last"] = Field("skip", description="PKD-Skip (every k-th layer) or PKD-Last")
+
+
+class KDOptions(Section):
+    """The distillation loss: L = α·soft + β·CE(y, z_S) (+ γ·PatientKD)."""
+
+    soft_loss: Literal["hinton", "logit_mse", "sigmoid", "none"] = Field(
+        "hinton", description="hinton: T²·KL; logit_mse; sigmoid: label-free binary KD; none: gold labels only"
+    )
+    alpha: float = Field(1.0, ge=0)
+    beta: float = Field(0.0, ge=0, description="weight of the CE with gold labels (needs transfer.keep_labels)")
+    temperature: float = Field(2.0, gt=0)
+    teacher_outputs: Literal["auto", "cached", "online"] = Field(
+        "auto", description="cached: computed once and stored on disk; online: teacher run every step; "
+        "auto: online for meta-learning, else cached",
+    )
+    cache_dir: str | None = Field(None, description="teacher-output cache; default ~/.cache/biodistil/teacher")
+    epochs: float | None = Field(None, gt=0, description="set train.max_steps from the transfer-set size")
+    patient: PatientConfig | None = None
+    select_on_dev: bool = Field(False, description="score the task's dev split every train.eval_every steps "
+                                                   "and keep the best weights")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KDOptions:
+        if self.soft_loss == "none" and self.beta == 0:
+            raise ValueError("soft_loss 'none' trains on gold labels only: set beta > 0")
+        if self.soft_loss == "none" and self.patient is not None:
+            raise ValueError("patient needs a teacher; soft_loss 'none' uses none")
+        return self
+
+
+class MetaConfig(Section):
+    """MetaDistil / MetaAdaptiveKD: the teacher (and, adaptive, α and β) learns from a pilot student's quiz loss."""
+
+    mode: Literal["metadistil", "adaptive"] = "metadistil"
+    order: Literal["second", "first"] = Field(
+        "second", description="second: exact meta-gradient through the pilot step; first: finite-difference "
+        "approximation with first-order gradients only",
+    )
+    teacher_learning_rate: float = Field(1e-5, gt=0)
+    weights_learning_rate: float = Field(1e-2, gt=0, description="adaptive: learning rate of α and β")
+    pilot_learning_rate: float | None = Field(None, gt=0, description="pilot SGD step; default train.learning_rate")
+    pilot_batches: int | None = Field(
+        None, ge=1, description="training batches per pilot step (must divide train.grad_accumulation); "
+        "default all of the step's batches",
+    )
+    quiz: SourceConfig | None = Field(None, description="held-out quiz set; default split from the training data")
+    quiz_fraction: float = Field(0.1, gt=0, lt=1)
+    quiz_batch_size: int | None = Field(None, ge=1, description="default train.batch_size")
+    finite_difference: float = Field(0.01, gt=0, description="order=first: ε of the finite difference")
+
+
+class KDRecipe(Section):
+    """`biodistil kd`: train a student on a fine-tuned teacher's outputs over a transfer set."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    teacher: ModelConfig
+    student: ModelConfig
+    task: TaskConfig
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+    kd: KDOptions = Field(default_factory=KDOptions)
+    meta: MetaConfig | None = None
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KDRecipe:
+        if (self.kd.beta > 0 or self.kd.soft_loss == "none") and not self.transfer.keep_labels:
+            raise ValueError("kd.beta > 0 (or soft_loss none) needs gold labels: set transfer.keep_labels: true")
+        if self.meta is not None:
+            if self.meta.mode == "adaptive" and (self.kd.beta <= 0 or self.kd.alpha <= 0):
+                raise ValueError("meta.mode adaptive learns α and β from positive starting values: set kd.alpha > 0 "
+                                 "and kd.beta > 0 (with transfer.keep_labels: true)")
+            if self.kd.teacher_outputs == "cached":
+                raise ValueError("meta-learning updates the teacher: kd.teacher_outputs must be online or auto")
+            if self.kd.soft_loss == "none":
+                raise ValueError("meta-learning needs a teacher: kd.soft_loss must not be 'none'")
+            if self.meta.quiz is None and not self.transfer.keep_labels:
+                raise ValueError("meta.quiz is empty, so the quiz set is split from the training data, which then "
+                                 "needs labels: set transfer.keep_labels: true or give meta.quiz")
+            pilot = self.meta.pilot_batches
+            if pilot is not None and self.train.grad_accumulation % pilot:
+                raise ValueError(f"meta.pilot_batches {pilot} must divide train.grad_accumulation "
+                                 f"{self.train.grad_accumulation}")
+        return self
+
+    def outputs_mode(self) -> Literal["cached", "online"]:
+        """Where teacher outputs come from: `auto` is online for meta-learning, cached otherwise."""
+        if self.kd.teacher_outputs != "auto":
+            return self.kd.teacher_outputs
+        return "online" if self.meta is not None else "cached"
+
+
+class TransferRecipe(Section):
+    """`biodistil transfer`: build a transfer set for a task and save it as a datasets Arrow folder."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    task: TaskConfig
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+
+
+class StudyTask(Section):
+    """One evaluation task of a study and its teacher: a fine-tuned folder, or fine-tuned by the study."""
+
+    name: str
+    teacher: str | None = Field(None, description="a teacher already fine-tuned on the task (folder or Hub id)")
+    teacher_init: str | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
+                                                       "(default: the study's teacher_init)")
+    teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
+
+
+class StudyArm(Section):
+    """One row of a study: a `finetune` or `kd` run per seed, from the defaults plus `overrides`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    command: Literal["finetune", "kd"] = "kd"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class StudyRecipe(Section):
+    """`biodistil study`: teacher(s), then every arm × seed as a normal run folder, then a summary table with
+    the mean score and the gap closed (S − S_init)/(T − S_init)."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    data_dir: str | None = None
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    metric: str | None = Field(None, description="key of the task metric to report; default the headline")
+    student: str = Field(description="the student encoder every arm starts from (folder or Hub id)")
+    teacher_init: str | None = Field(None, description="encoder fine-tuned into each task's teacher, unless the "
+                                                       "task names a fine-tuned teacher")
+    tasks: list[StudyTask] = Field(min_length=1)
+    defaults: dict[Literal["finetune", "kd"], dict[str, Any]] = Field(
+        default_factory=dict, description="recipe values shared by all finetune / kd runs"
+    )
+    arms: list[StudyArm] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_arms(self) -> StudyRecipe:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names) or "teacher" in names:
+            raise ValueError(f"arm names must be unique and not 'teacher'; got {names}")
+        for task in self.tasks:
+            if task.teacher is None and (task.teacher_init or self.teacher_init) is None:
+                raise ValueError(f"task {task.name}: give its teacher (fine-tuned) or a teacher_init to fine-tune")
+        return self

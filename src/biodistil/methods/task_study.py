@@ -1,0 +1,208 @@
+"""`biodistil finetune` and `biodistil study`: task fine-tuning runs, and studies made of many runs.
+
+A study is a pipeline of ordinary run folders: for each task, the teacher (fine-tuned by the study unless a
+fine-tuned one is named), then every arm × seed as a `finetune` or `kd` run, then a summary table with the
+mean test score over seeds and the gap closed (S − S_init)/(T − S_init), where S_init is the student's
+initialisation scored with no training, T the teacher and S the trained student, all on the same test set.
+An interrupted study continues with --resume: finished runs are reused, interrupted kd runs resume.
+"""
+
+import json
+import shutil
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from biodistil.config import validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.methods.task_kd import (
+    gap_closed,
+    jsonable,
+    load_task_split,
+    number,
+    run_kd,
+    score_model,
+    task_spec,
+    teacher_test_scores,
+    write_predictions,
+)
+from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe, StudyRecipe, StudyTask, TaskConfig
+from biodistil.training.io import atomic_write_json, atomic_write_text
+
+# ------------------------------------------------------------------------------------------ finetune
+
+
+def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Fine-tune the recipe's encoder on its task: model selection on dev, scores and predictions on test,
+    the untrained model's test scores (S_init), and the model exported in Hugging Face format."""
+    from accelerate.utils import set_seed
+
+    from biodistil.export.hf import export_model
+    from biodistil.methods.finetune import build_classifier, finetune_on_task, fit_length_to_model
+    from biodistil.models.loading import load_tokenizer
+    from biodistil.training.run import RunFolder
+
+    if resume or stop_after is not None:
+        raise BiodistilError("finetune runs start afresh: --resume and --stop-after are not supported (choose a new "
+                             "run.output_dir, or remove the old one)")
+    run = RunFolder(recipe.run.output_dir, recipe)
+    path = recipe.model.name_or_path
+    task = fit_length_to_model(task_spec(recipe.task), path)
+    init: dict[str, float] = {}
+    if recipe.finetune.score_init:
+        set_seed(recipe.run.seed)
+        test = load_task_split(task, recipe.task, "test")
+        init = score_model(build_classifier(path, task), task, test, load_tokenizer(path))[0] if test else {}
+    outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
+                               recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
+                               recipe.task.max_examples)
+    metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
+                        "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
+                        "truncated_examples": outcome.truncated})
+    if recipe.export.enabled:
+        export_model(outcome.model, outcome.tokenizer, run.model_dir)
+        metrics["model_dir"] = str(run.model_dir)
+    write_predictions(run.path / "test_predictions.jsonl", outcome.test_examples, outcome.test_predictions)
+    atomic_write_json(run.path / "metrics.json", metrics)
+    run.write_summary(metrics)
+    rows = {"task / metric": f"{task.name} / {task.headline_key}", "steps": outcome.train.steps,
+            **{name: ", ".join(f"{k} {number(v):.4f}" for k, v in metrics[name].items())
+               for name in ("dev", "test", "init") if metrics[name]},
+            "model": f"`{run.model_dir}`" if recipe.export.enabled else "not exported"}
+    run.write_report(f"Fine-tuning on {task.name}", rows)
+    return run.model_dir
+
+
+# ------------------------------------------------------------------------------------------ study
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, section by section (nested mappings are merged, other values replaced)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
+    """Run every task's teacher, arms and seeds; write `summary.json` and `report.md` in the study folder."""
+    from biodistil.training.run import RunFolder
+
+    run = RunFolder(recipe.run.output_dir, recipe, resume)
+    runs: list[dict[str, Any]] = []
+    teachers: dict[str, dict[str, Any]] = {}
+    for study_task in recipe.tasks:
+        teacher = study_task.teacher or _teacher_stage(recipe, study_task, run.path)
+        teachers[study_task.name] = {"model": teacher, "test": _teacher_scores(recipe, study_task, teacher, run.path)}
+        for arm in recipe.arms:
+            for seed in recipe.seeds:
+                folder = run.path / study_task.name / arm.name / f"seed-{seed}"
+                raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, run.path)
+                metrics = _stage(arm.command, raw, folder)
+                runs.append({"task": study_task.name, "arm": arm.name, "command": arm.command, "seed": seed,
+                             "folder": str(folder), "test": metrics.get("test", {}), "init": metrics.get("init", {})})
+    summary = {"rows": summarise(runs, teachers, recipe.metric), "teachers": teachers, "runs": runs,
+               "seeds": recipe.seeds}
+    atomic_write_json(run.path / "summary.json", jsonable(summary))
+    atomic_write_text(run.path / "report.md", render_study(summary, run.path))
+    return run.path / "report.md"
+
+
+def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
+    return {"data_dir": recipe.data_dir} if recipe.data_dir else {}
+
+
+def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> str:
+    folder = root / study_task.name / "teacher"
+    raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), study_task.teacher_overrides), {
+        "model": {"name_or_path": study_task.teacher_init or recipe.teacher_init},
+        "run": {"output_dir": str(folder), "seed": recipe.seeds[0]},
+        "task": {"name": study_task.name, **_data_dir(recipe)}})
+    raw.setdefault("export", {})["enabled"] = True
+    _stage("finetune", raw, folder)
+    return str(folder / "model")
+
+
+def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[str, Any], teacher: str,
+                folder: Path, seed: int, root: Path) -> dict[str, Any]:
+    """The raw recipe of one arm × seed: defaults, the study's student, the arm's overrides, then the fixed parts."""
+    base = recipe.defaults.get(command, {})
+    if command == "kd":
+        base = deep_merge(base, {"student": {"name_or_path": recipe.student}})
+        base = deep_merge({"kd": {"cache_dir": str(root / "cache")}}, base)
+        fixed = {"teacher": {"name_or_path": teacher}}
+    else:
+        base = deep_merge(base, {"model": {"name_or_path": recipe.student}})
+        fixed = {}
+    fixed.update(run={"output_dir": str(folder), "seed": seed}, task={"name": task, **_data_dir(recipe)})
+    return deep_merge(deep_merge(base, overrides), fixed)
+
+
+def _stage(command: str, raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Run one study run unless it finished before; an interrupted kd run resumes from its checkpoint."""
+    from biodistil.training.checkpoint import latest_checkpoint
+
+    done = folder / "metrics.json"
+    if done.is_file() and json.loads(done.read_text()).get("finished", True):
+        return json.loads(done.read_text())
+    resume = command == "kd" and latest_checkpoint(folder) is not None
+    if folder.exists() and not resume:
+        shutil.rmtree(folder)
+    recipe_cls, runner = (KDRecipe, run_kd) if command == "kd" else (FinetuneRecipe, run_finetune)
+    runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
+    return json.loads(done.read_text())
+
+
+def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:
+    """T: the teacher on the test set the arms are scored on (the kd defaults' task settings)."""
+    from biodistil.methods.finetune import fit_length_to_model
+
+    section = recipe.defaults.get("kd", recipe.defaults.get("finetune", {})).get("task", {})
+    cfg = TaskConfig.model_validate({**section, "name": study_task.name, **_data_dir(recipe)})
+    task = fit_length_to_model(task_spec(cfg), teacher)
+    test = load_task_split(task, cfg, "test")
+    cache = recipe.defaults.get("kd", {}).get("kd", {}).get("cache_dir") or str(root / "cache")
+    return teacher_test_scores(teacher, task, test, cache)
+
+
+def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], metric: str | None,
+              ) -> list[dict[str, Any]]:
+    """One row per task × arm: mean ± sd of the metric over seeds, mean S_init, T and the gap closed."""
+    rows = []
+    for task, arm in dict.fromkeys((r["task"], r["arm"]) for r in runs):
+        group = [r for r in runs if r["task"] == task and r["arm"] == arm]
+        teacher = teachers[task]["test"]
+        key = metric or _headline(task)
+        if any(key not in r["test"] for r in group) or key not in teacher:
+            raise BiodistilError(f"Study metric '{key}' is not among the scores of task {task} "
+                                 f"({sorted(teacher)}); set the study's metric")
+        scores = [number(r["test"][key]) for r in group]
+        inits = [number(r["init"].get(key)) for r in group]
+        mean, init = statistics.fmean(scores), statistics.fmean(inits)
+        rows.append({"task": task, "arm": arm, "command": group[0]["command"], "metric": key, "seeds": len(group),
+                     "mean": mean, "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "scores": scores,
+                     "init": init, "teacher": number(teacher[key]),
+                     "gap_closed": gap_closed({key: mean}, {key: init}, {key: number(teacher[key])})[key]})
+    return rows
+
+
+def _headline(task: str) -> str:
+    from biodistil.evaluation.tasks import get_task
+
+    return get_task(task).headline_key
+
+
+def render_study(summary: dict[str, Any], root: Path) -> str:
+    lines = ["# Study", "", f"Folder `{root}`; seeds {summary['seeds']}. Scores are test-set means over seeds; "
+             "gap closed = (S − S_init)/(T − S_init) with S the trained student, S_init its initialisation scored "
+             "with no training, T the teacher.", "",
+             "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
+                     f"{row['sd']:.4f} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
+    return "\n".join(lines) + "\n"

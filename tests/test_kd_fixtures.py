@@ -1,0 +1,100 @@
+"""Helpers (no tests) for the task-specific distillation tests: tiny tasks, a "fine-tuned" teacher, a student."""
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForMaskedLM
+
+from biodistil.config import ArchitectureConfig
+from biodistil.evaluation.tasks import TaskSpec, get_task
+from biodistil.methods.finetune import build_classifier
+from biodistil.models.loading import load_tokenizer
+from biodistil.models.student import model_from_architecture
+
+POSITIVE = ("protein", "kinase", "gene", "receptor", "binding")
+OTHER = ("cell", "tumour", "patients", "mutation", "disease", "cancer", "mice", "levels", "therapy", "dose")
+
+
+def write_pair_task(folder: Path, sizes: dict[str, int] | None = None, seed: int = 0) -> Path:
+    """A yes/no question + passage task in BLURB JSON lines; "yes" when the passage holds a POSITIVE word."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, size in (sizes or {"train": 48, "dev": 16, "test": 24}).items():
+        rows = []
+        for index in range(size):
+            answer = index % 2 == 0
+            words = [rng.choice(OTHER) for _ in range(rng.randint(6, 12))]
+            if answer:
+                words.insert(rng.randrange(len(words)), rng.choice(POSITIVE))
+            question = "is " + " ".join(rng.choice(OTHER) for _ in range(3))
+            rows.append({"id": f"{split}-{index}", "sentence1": question, "sentence2": " ".join(words),
+                         "label": "yes" if answer else "no"})
+        path = folder / f"{split}.json"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        files[split] = str(path)
+    spec = folder / "tiny_qa.yaml"
+    spec.write_text(json.dumps({"name": "tiny_qa", "kind": "sequence_classification", "format": "blurb_jsonl",
+                                "files": files, "labels": ["yes", "no"], "metric": "accuracy_auroc",
+                                "metric_options": {"positive": "yes"}, "max_length": 48}), encoding="utf-8")
+    return spec
+
+
+def write_token_task(folder: Path, seed: int = 0) -> Path:
+    """A tiny NER task (BioBERT TSV): POSITIVE words are entities (B, and I when two follow each other)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, size in {"train": 24, "test": 12}.items():
+        lines = []
+        for _ in range(size):
+            previous = "O"
+            for _ in range(rng.randint(5, 30)):
+                word = rng.choice(POSITIVE + OTHER)
+                tag = ("I" if previous != "O" else "B") if word in POSITIVE else "O"
+                lines.append(f"{word}\t{tag}")
+                previous = tag
+            lines.append("")
+        path = folder / f"{split}.tsv"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files[split] = str(path)
+    spec = folder / "tiny_ner.yaml"
+    spec.write_text(json.dumps({"name": "tiny_ner", "kind": "token_classification", "format": "biobert_ner_tsv",
+                                "files": files, "labels": ["O", "B", "I"], "metric": "entity_f1",
+                                "max_length": 16, "truncation": "split"}), encoding="utf-8")
+    return spec
+
+
+def save_teacher(teacher_dir: Path, task: TaskSpec, target: Path, seed: int = 0) -> Path:
+    """A classifier with the task's head on the tiny teacher (random head: enough to test the mechanics)."""
+    torch.manual_seed(seed)
+    model = build_classifier(teacher_dir, task)
+    model.save_pretrained(target)
+    load_tokenizer(str(teacher_dir)).save_pretrained(target)
+    return target
+
+
+def save_student(tokenizer, target: Path, layers: int = 2, dropout: float = 0.1) -> Path:
+    """A 2-layer, 32-wide BERT encoder with the teacher's tokenizer."""
+    torch.manual_seed(1)
+    arch = ArchitectureConfig(num_layers=layers, hidden_size=32, num_heads=2, intermediate_size=64,
+                              max_position_embeddings=64, dropout=dropout)
+    model = model_from_architecture(arch, tokenizer)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def no_dropout_copy(folder: Path, target: Path) -> Path:
+    """The model of `folder` with dropout 0 (for exact gradient comparisons)."""
+    model = AutoModelForMaskedLM.from_pretrained(folder)
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = 0.0
+    model.save_pretrained(target)
+    load_tokenizer(str(folder)).save_pretrained(target)
+    return target
+
+
+def tiny_task(path: Path) -> TaskSpec:
+    return get_task(str(path))
