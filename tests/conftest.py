@@ -11,6 +11,10 @@ from biodistil.config import ArchitectureConfig
 from biodistil.data.vocab import train_wordpiece
 from biodistil.models.student import model_from_architecture
 
+# Tiny models are dominated by per-operation overhead, which extra threads only add to (and on a busy
+# 2-core machine thread hand-offs make them many times slower).
+torch.set_num_threads(1)
+
 WORDS = [
     "the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
     "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",

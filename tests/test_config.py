@@ -38,6 +38,13 @@ def test_overrides_are_typed_and_nested(tmp_path):
     assert recipe.train.tensorboard is False and recipe.run.output_dir == "x"
 
 
+def test_no_is_a_word_for_precision(tmp_path):
+    recipe = load_recipe(DistillRecipe, write(tmp_path, {**BASE, "train": {"precision": False}}), [])
+    assert recipe.train.precision == "no"
+    assert load_recipe(DistillRecipe, write(tmp_path, BASE), ["train.precision=no"]).train.precision == "no"
+    assert load_recipe(DistillRecipe, write(tmp_path, BASE), ["train.tensorboard=false"]).train.tensorboard is False
+
+
 def test_unknown_key_names_it_and_lists_valid_keys(tmp_path):
     bad = {**BASE, "train": {"learnin_rate": 1e-4}}
     with pytest.raises(BiodistilError) as err:

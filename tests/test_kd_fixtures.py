@@ -76,11 +76,11 @@ def save_teacher(teacher_dir: Path, task: TaskSpec, target: Path, seed: int = 0)
     return target
 
 
-def save_student(tokenizer, target: Path, layers: int = 2, dropout: float = 0.1) -> Path:
-    """A 2-layer, 32-wide BERT encoder with the teacher's tokenizer."""
+def save_student(tokenizer, target: Path, layers: int = 2, dropout: float = 0.1, positions: int = 64) -> Path:
+    """A 2-layer (by default), 32-wide BERT encoder with the teacher's tokenizer."""
     torch.manual_seed(1)
     arch = ArchitectureConfig(num_layers=layers, hidden_size=32, num_heads=2, intermediate_size=64,
-                              max_position_embeddings=64, dropout=dropout)
+                              max_position_embeddings=positions, dropout=dropout)
     model = model_from_architecture(arch, tokenizer)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)

@@ -75,11 +75,15 @@ def test_tinybert_terms_equal_the_equation_with_eager_attention(teacher, tokeniz
 def test_compact_and_mobile_terms_with_explicit_map_and_mean(teacher, tokenizer):
     teacher.eval()
     student = student_from_teacher_layers(teacher, [0, 2]).eval()
+    torch.manual_seed(2)
+    with torch.no_grad():  # move the student away from the teacher, so that every term is far from zero
+        for param in student.parameters():
+            param.add_(0.2 * torch.randn_like(param))
     cfg = ObjectiveConfig(temperature=2.0, terms=[
-        TermConfig(loss="hidden_cosine", layer_map=[1, 3], weight=3.0),
-        TermConfig(loss="attention_kl", layer_map=[1, 3], weight=3.0),
-        TermConfig(loss="hidden_mse", layer_map=[1, 3], layer_reduction="mean"),
-        TermConfig(loss="attention_kl", layer_map=[1, 3], layer_reduction="mean", token_reduction="sum"),
+        TermConfig(loss="hidden_cosine", layer_map=[2, 4], weight=3.0),
+        TermConfig(loss="attention_kl", layer_map=[2, 4], weight=3.0),
+        TermConfig(loss="hidden_mse", layer_map=[2, 4], layer_reduction="mean"),
+        TermConfig(loss="attention_kl", layer_map=[2, 4], layer_reduction="mean", token_reduction="sum"),
         TermConfig(loss="logit_kl", positions="masked"),
     ])
     objective = Objective(cfg, student, teacher)
@@ -89,7 +93,7 @@ def test_compact_and_mobile_terms_with_explicit_map_and_mean(teacher, tokenizer)
     _, logs = module(batch)
     s, t = eager_outputs(student, batch), eager_outputs(teacher, batch)
     mask = batch["attention_mask"].bool()
-    pairs = [(1, 1), (2, 3)]
+    pairs = [(1, 2), (2, 4)]
     cos = sum(cosine_embedding_loss(s.hidden_states[a], t.hidden_states[b], mask) for a, b in pairs)
     kl = sum(attention_kl_loss(s.attentions[a - 1], t.attentions[b - 1], mask) for a, b in pairs)
     mse = sum(hidden_mse_loss(s.hidden_states[a], t.hidden_states[b], mask) for a, b in pairs) / 2
@@ -99,7 +103,8 @@ def test_compact_and_mobile_terms_with_explicit_map_and_mean(teacher, tokenizer)
     expected = {"loss_hidden_cosine": cos, "loss_attention_kl": kl, "loss_hidden_mse": mse,
                 "loss_attention_kl_2": kl_sum, "loss_logit_kl": soft}
     for name, value in expected.items():
-        assert logs[name].item() == pytest.approx(value.item(), rel=1e-4, abs=1e-7), name
+        assert logs[name].item() == pytest.approx(value.item(), rel=1e-4), name
+        assert value.item() > 1e-3, name
 
 
 def test_minilm_relations_across_widths_and_heads(teacher, tokenizer):

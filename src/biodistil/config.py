@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from biodistil.errors import BiodistilError
 
@@ -52,6 +52,11 @@ class TrainConfig(Section):
     log_every: int = Field(10, ge=1)
     tensorboard: bool = True
     progress_bar: bool = True
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _yaml_no_is_a_word(cls, value: Any) -> Any:
+        return "no" if value is False else value  # `precision: no` in YAML arrives as False
 
     def resolved_warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else int(self.max_steps * self.warmup_ratio)
@@ -318,6 +323,8 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
         value = text
+    if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+        value = text  # YAML 1.1 reads yes/no/on/off as booleans; on the command line they are words
     node = raw
     parts = key.split(".")
     for part in parts[:-1]:

@@ -12,6 +12,7 @@ A saved set is a datasets Arrow folder `data/` plus `transfer.json` (what it is,
 
 import hashlib
 import json
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,19 +61,39 @@ def build_transfer_set(cfg: TransferConfig, task: TaskSpec, data_root: str | Pat
 def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | None,
                 fold: int | None = None) -> list[Example]:
     """The raw examples of a source, in file order, capped at `max_examples`."""
+    limit = source.max_examples
     if source.kind == "in_domain":
-        examples = task.load_split(source.split, data_root, fold)
+        examples = load_capped_split(task, source.split, data_root, fold, limit)
     elif source.kind == "task":
-        examples = get_task(source.task).load_split(source.split, data_root)
-    elif source.kind == "file":
-        examples = read_examples(source.format, _data_file(source.path, data_root), **source.reader_options)
+        examples = load_capped_split(get_task(source.task), source.split, data_root, None, limit)
     elif source.kind == "text":
-        examples = read_text_units(_data_file(source.path, data_root), source.sentences, source.max_examples)
+        examples = read_text_units(_data_file(source.path, data_root), source.sentences, limit)
     else:
-        examples = load_transfer_set(source.path)
+        if source.kind == "file":
+            examples = read_examples(source.format, _data_file(source.path, data_root), **source.reader_options)
+        else:
+            examples = load_transfer_set(source.path)
+        examples = fair_subset(examples, limit, describe_source(source))
     if not examples:
         raise BiodistilError(f"Transfer source {describe_source(source)} holds no examples")
-    return list(examples[: source.max_examples])
+    return list(examples)
+
+
+def load_capped_split(task: TaskSpec, split: str, data_root: str | Path | None, fold: int | None,
+                      limit: int | None) -> list[Example]:
+    """A task split capped at `limit` examples with fine-tuning's fixed subset (the same for every model and seed,
+    so that fine-tuned, distilled and evaluated models meet the same examples); [] without such a split."""
+    from biodistil.methods.finetune import _load
+
+    return _load(task, split, data_root, fold, limit)
+
+
+def fair_subset(examples: Sequence[Example], limit: int | None, key: str) -> list[Example]:
+    """`limit` examples drawn once for `key`, kept in file order (files are often sorted by label)."""
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    keep = sorted(random.Random(key).sample(range(len(examples)), limit))
+    return [examples[i] for i in keep]
 
 
 def describe_source(source: SourceConfig) -> str:

@@ -15,6 +15,9 @@ Before every student step (the engine's `pre_step`), for each group of k trainin
        ≈ −η·[∇φ L_KD(θ + ε·v, φ) − ∇φ L_KD(θ − ε·v, φ)] / (2ε),  v = ∇θ' L_task(θ'),  ε = ε₀/‖v‖;
 3. the engine then updates the real student with L_KD of the updated teacher (`KDModule.forward`).
 
+The second-order pass runs attention with PyTorch's math kernel: the fused (flash / memory-efficient) kernels
+have no double backward.
+
 The teacher and the raw α, β belong to the KD module (checkpointed with it) but are optimised only here, by
 this object's Adam optimizer, which the engine checkpoints with the run. Quiz batches are drawn with a
 generator seeded by (seed, step), so a resumed run draws the same ones. α, β and the quiz loss of every step
@@ -27,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from biodistil.config import TrainConfig
 from biodistil.methods.task_kd import KDModule, task_loss
@@ -108,11 +112,12 @@ class MetaTeacherUpdate:
     def _second_order(self, named, buffers, pilot, quiz, targets):
         """∇φ L_task(θ − η·∇θ L_KD(θ; φ)) by autograd through the pilot step."""
         names, params = [n for n, _ in named], [p for _, p in named]
-        loss = self.pilot_loss({**dict(named), **buffers}, pilot)
-        grads = torch.autograd.grad(loss, params, create_graph=True)
-        fast = {n: p - self.pilot_lr * g for n, p, g in zip(names, params, grads, strict=True)}
-        quiz_loss = self.quiz_loss({**fast, **buffers}, quiz)
-        return torch.autograd.grad(quiz_loss, targets, allow_unused=True), quiz_loss.detach()
+        with sdpa_kernel(SDPBackend.MATH):  # the fused attention kernels have no double backward
+            loss = self.pilot_loss({**dict(named), **buffers}, pilot)
+            grads = torch.autograd.grad(loss, params, create_graph=True)
+            fast = {n: p - self.pilot_lr * g for n, p, g in zip(names, params, grads, strict=True)}
+            quiz_loss = self.quiz_loss({**fast, **buffers}, quiz)
+            return torch.autograd.grad(quiz_loss, targets, allow_unused=True), quiz_loss.detach()
 
     def _finite_difference(self, named, buffers, pilot, quiz, targets):
         """−η·[∇φ L_KD(θ + εv, φ) − ∇φ L_KD(θ − εv, φ)]/(2ε) with v = ∇θ' L_task(θ'): first-order gradients only."""

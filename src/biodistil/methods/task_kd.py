@@ -45,6 +45,7 @@ from biodistil.data.transfer_sets import (
     describe_source,
     fingerprint_examples,
     is_labelled,
+    load_capped_split,
     load_transfer_set,
     map_labels,
     read_source,
@@ -86,10 +87,9 @@ def task_spec(cfg: TaskConfig) -> TaskSpec:
 
 
 def load_task_split(task: TaskSpec, cfg: TaskConfig, split: str) -> list[Example]:
-    """A split of the task capped at `max_examples`; [] when the task has no such split."""
-    if split not in task.files:
-        return []
-    return task.load_split(split, cfg.data_dir, cfg.fold)[: cfg.max_examples]
+    """A split of the task, capped at `max_examples` with the same fixed subset fine-tuning uses; [] when the task
+    has no such split."""
+    return load_capped_split(task, split, cfg.data_dir, cfg.fold, cfg.max_examples)
 
 
 def score_model(model: PreTrainedModel, task: TaskSpec, examples: list[Example],
@@ -390,9 +390,13 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     test = load_task_split(task, recipe.task, "test")
     set_seed(recipe.run.seed)
     student = build_classifier(student_path, task)
-    init_scores = _init_scores(run.path, student, task, test, tokenizer, recipe.train.batch_size * 2)
-    module, features, pre_step = build_training(recipe, task, student, tokenizer, train_examples, quiz_examples,
-                                                accelerator.device, run.path)
+    if recipe.meta is not None and accelerator.num_processes > 1:
+        raise BiodistilError("Meta-learning (meta: ...) runs in one process: its teacher update is not distributed")
+    init_scores = (_init_scores(run.path, student, task, test, tokenizer, recipe.train.batch_size * 2)
+                   if accelerator.is_main_process else {})
+    with accelerator.main_process_first():
+        module, features, pre_step = build_training(recipe, task, student, tokenizer, train_examples, quiz_examples,
+                                                    accelerator.device, run.path)
     cfg = recipe.train
     if recipe.kd.epochs is not None:
         per_step = cfg.batch_size * cfg.grad_accumulation * accelerator.num_processes

@@ -28,7 +28,8 @@ class TaskConfig(Section):
     data_dir: str | None = Field(None, description="data folder; default $BIODISTIL_DATA, else ../shared/data")
     fold: int | None = Field(None, ge=1, description="cross-validation tasks: the fold (1..cv_folds)")
     max_length: int | None = Field(None, ge=8, description="override the task's max_length (sub-words)")
-    max_examples: int | None = Field(None, ge=1, description="read only the first N examples of each split")
+    max_examples: int | None = Field(None, ge=1, description="use N examples of each split (a fixed random subset "
+                                                               "in file order, the same as fine-tuning's)")
 
 
 class FinetuneOptions(Section):
@@ -68,7 +69,8 @@ class SourceConfig(Section):
     path: str | None = Field(None, description="kind=file/text/saved")
     format: str | None = Field(None, description="kind=file: a reader of biodistil.data.formats, e.g. boolq_jsonl")
     reader_options: dict[str, Any] = Field(default_factory=dict)
-    max_examples: int | None = Field(None, ge=1, description="keep the first N examples (texts) of the source")
+    max_examples: int | None = Field(None, ge=1, description="keep N examples: a fixed random subset in file order "
+                                                               "(kind=text: the first N texts)")
     sentences: bool = Field(True, description="kind=text: split paragraphs into sentences")
 
     @model_validator(mode="after")

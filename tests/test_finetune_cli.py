@@ -1,0 +1,142 @@
+"""The task-specific commands end to end: `finetune` on a tiny task, and a tiny run of every recipe of the two
+studies (finetune-*, kd-*, transfer-study*, meta-study*) on a small slice of the real data folder."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from test_kd_fixtures import save_student, save_teacher, write_pair_task
+
+from biodistil.cli.main import main
+from biodistil.config import load_recipe
+from biodistil.data.paths import resolve_data_root
+from biodistil.data.vocab import train_wordpiece
+from biodistil.errors import BiodistilError
+from biodistil.evaluation.tasks import get_task
+from biodistil.methods.task_recipe import StudyRecipe
+from biodistil.methods.task_study import run_study
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
+
+
+def data_root() -> Path | None:
+    try:
+        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
+    except BiodistilError:
+        return None
+
+
+needs_data = pytest.mark.skipif(data_root() is None, reason="no biodistil data folder (../shared/data)")
+
+
+def test_finetune_command_saves_model_metrics_and_predictions(tmp_path, teacher_dir):
+    task_file = write_pair_task(tmp_path / "task")
+    out = tmp_path / "run"
+    code = main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
+                 f"task.name={task_file}", "finetune.epochs=1", "train.learning_rate=1e-3", *QUIET, "--out", str(out)])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["test"]) == {"accuracy", "auroc"} and set(metrics["init"]) == {"accuracy", "auroc"}
+    assert metrics["dev"] and metrics["train"]["steps"] == 6
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {"0": "yes",
+                                                                                                  "1": "no"}
+    predictions = [json.loads(line) for line in (out / "test_predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 24 and predictions[0]["predicted"] in ("yes", "no")
+    assert main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), "--out", str(out), "--resume"]) == 2
+
+
+@pytest.fixture(scope="module")
+def real_text_models(tmp_path_factory):
+    """Tiny models with a WordPiece vocabulary of the data folder's corpora (so that real questions stay short):
+    a 4-layer encoder (teacher initialisation), "fine-tuned" teachers for BioASQ and GAD, a 2-layer student."""
+    root = tmp_path_factory.mktemp("recipe_models")
+    lines = []
+    for name in ("corpus/biomed.txt", "corpus/general.txt"):
+        with (data_root() / name).open(encoding="utf-8") as handle:
+            lines += [next(handle) for _ in range(1500)]
+    tokenizer = train_wordpiece(lines, vocab_size=1500, min_frequency=2)
+    init = save_student(tokenizer, root / "init", layers=4, positions=128)
+    teachers = {name: save_teacher(init, get_task(name), root / f"teacher-{name}") for name in ("bioasq", "gad")}
+    return init, teachers, save_student(tokenizer, root / "student", positions=128)
+
+
+def kd_overrides(recipe: str, teachers: dict[str, Path], student: Path, tmp_path: Path) -> list[str]:
+    task = "bioasq" if "bioasq" in recipe else "gad"
+    extra = ["transfer.random.size=24"] if "random" in recipe else []
+    return [f"teacher.name_or_path={teachers[task]}", f"student.name_or_path={student}", "task.max_examples=16",
+            "task.max_length=128",
+            "transfer.source.max_examples=24", "kd.epochs=1", f"kd.cache_dir={tmp_path / 'cache'}", *QUIET, *extra]
+
+
+@pytest.mark.slow
+@needs_data
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("kd-*.yaml")))
+def test_kd_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
+    _, teachers, student = real_text_models
+    out = tmp_path / "run"
+    assert main(["kd", str(RECIPES / recipe), *kd_overrides(recipe, teachers, student, tmp_path),
+                 "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["finished"] and {"test", "init", "teacher", "gap_closed"} <= set(metrics)
+    if "meta" in recipe:
+        assert (out / "meta.jsonl").read_text().count("\n") == metrics["steps"]
+
+
+@pytest.mark.slow
+@needs_data
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("finetune-*.yaml")))
+def test_finetune_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
+    out = tmp_path / "run"
+    init = real_text_models[0]
+    assert main(["finetune", str(RECIPES / recipe), f"model.name_or_path={init}", "task.max_examples=16",
+                 "task.max_length=128",
+                 "finetune.epochs=1", *QUIET, "--out", str(out)]) == 0
+    assert (out / "model" / "config.json").is_file()
+
+
+def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> StudyRecipe:
+    overrides = [f"student={student}", f"teacher_init={teacher_init}", "seeds=[1]", f"run.output_dir={out}"]
+    for command in ("finetune", "kd"):
+        overrides += [f"defaults.{command}.task.max_examples=16", f"defaults.{command}.train.batch_size=8",
+                      f"defaults.{command}.task.max_length=128",
+                      f"defaults.{command}.train.progress_bar=false", f"defaults.{command}.train.tensorboard=false"]
+    overrides += ["defaults.finetune.finetune.epochs=1", "defaults.kd.kd.epochs=1",
+                  "defaults.kd.transfer.source.max_examples=24"]
+    recipe = load_recipe(StudyRecipe, path, overrides)
+    for study_task in recipe.tasks:
+        study_task.teacher_overrides = {}
+    for arm in recipe.arms:
+        if "random" in arm.overrides.get("transfer", {}):
+            arm.overrides["transfer"]["random"]["size"] = 24
+    return recipe
+
+
+@pytest.mark.slow
+@needs_data
+@pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml"])
+def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
+    init, _, student = real_text_models
+    out = tmp_path / "study"
+    report = run_study(tiny_study(RECIPES / recipe, student, init, out))
+    summary = json.loads((out / "summary.json").read_text())
+    expected = yaml.safe_load((RECIPES / recipe).read_text())
+    arms = [arm["name"] for arm in expected["arms"]]
+    assert [(row["task"], row["arm"]) for row in summary["rows"]] == [
+        (task["name"], arm) for task in expected["tasks"] for arm in arms]
+    assert all(row["seeds"] == 1 and "gap_closed" in row for row in summary["rows"])
+    assert "gap closed" in report.read_text()
+    first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
+    before = first.stat().st_mtime_ns
+    run_study(tiny_study(RECIPES / recipe, student, init, out), resume=True)
+    assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
+
+
+def test_small_study_recipes_validate():
+    for name in ("transfer-study-small.yaml", "meta-study-small.yaml"):
+        recipe = load_recipe(StudyRecipe, RECIPES / name, ["student=s", "teacher_init=t"])
+        assert len(recipe.seeds) == 2 and recipe.arms
