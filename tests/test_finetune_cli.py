@@ -139,4 +139,4 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
 def test_small_study_recipes_validate():
     for name in ("transfer-study-small.yaml", "meta-study-small.yaml"):
         recipe = load_recipe(StudyRecipe, RECIPES / name, ["student=s", "teacher_init=t"])
-        assert len(recipe.seeds) == 2 and recipe.arms
+        assert 1 <= len(recipe.seeds) <= 2 and recipe.arms

@@ -176,3 +176,14 @@ def test_teacher_cache_serves_every_epoch_and_is_rebuilt_when_the_transfer_set_c
     assert sum(calls) == 40, "a changed transfer set gets fresh teacher outputs"
     assert (tmp_path / "third" / "model" / "config.json").is_file()
     assert (tmp_path / "third" / "test_predictions.jsonl").read_text().count("\n") == 24
+
+
+def test_teacher_fingerprint_follows_the_weights(kd_models, pair_task, tmp_path):
+    teacher_path, _ = kd_models
+    changed = load_teacher_classifier(teacher_path, pair_task)
+    with torch.no_grad():
+        changed.classifier.bias.add_(1.0)
+    changed.save_pretrained(tmp_path / "changed")
+    load_tokenizer(str(teacher_path)).save_pretrained(tmp_path / "changed")
+    assert teacher_cache.model_fingerprint(teacher_path) == teacher_cache.model_fingerprint(teacher_path)
+    assert teacher_cache.model_fingerprint(tmp_path / "changed") != teacher_cache.model_fingerprint(teacher_path)
