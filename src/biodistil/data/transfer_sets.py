@@ -83,9 +83,9 @@ def load_capped_split(task: TaskSpec, split: str, data_root: str | Path | None, 
                       limit: int | None) -> list[Example]:
     """A task split capped at `limit` examples with fine-tuning's fixed subset (the same for every model and seed,
     so that fine-tuned, distilled and evaluated models meet the same examples); [] without such a split."""
-    from biodistil.methods.finetune import _load
+    from biodistil.methods.finetune import read_split
 
-    return _load(task, split, data_root, fold, limit)
+    return read_split(task, split, data_root, fold, limit)
 
 
 def fair_subset(examples: Sequence[Example], limit: int | None, key: str) -> list[Example]:

@@ -93,8 +93,8 @@ def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) ->
         full = tokenizer(example.text, example.text_pair, truncation=False)
         if len(full["input_ids"]) > task.max_length:
             encoded.truncated_examples += 1
-        strategy = "only_second" if example.text_pair else "longest_first"
-        enc = tokenizer(example.text, example.text_pair, truncation=strategy, max_length=task.max_length)
+        # longest_first cuts the longer segment (the passage of a QA pair) first, and never fails on a long question
+        enc = tokenizer(example.text, example.text_pair, truncation="longest_first", max_length=task.max_length)
         feature = {k: list(v) for k, v in enc.items()}
         feature["labels"] = _target(task, example)
         encoded.features.append(feature)
@@ -251,12 +251,15 @@ def finetune_on_task(
     epochs: float | None = None,
     patience: int | None = None,
     max_examples: int | None = None,
+    select_metric: str | None = None,
 ) -> FinetuneOutcome:
     """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
 
     `epochs` sets cfg.max_steps from the training-set size; with a dev split, the dev score is computed every
     `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
     `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
+    `select_metric` chooses the dev score used for selection (default: the task's headline, e.g. accuracy for
+    BioASQ; the transfer study selects on AUROC).
     """
     from accelerate.utils import set_seed
 
@@ -266,7 +269,7 @@ def finetune_on_task(
     set_seed(seed)
     tokenizer = load_tokenizer(str(model_name_or_path))
     task = fit_length_to_model(task, model_name_or_path)
-    splits = {name: _load(task, name, data_root, fold, max_examples) for name in ("train", "dev", "test")}
+    splits = {name: read_split(task, name, data_root, fold, max_examples) for name in ("train", "dev", "test")}
     if not splits["train"] or not splits["test"]:
         raise BiodistilError(f"Task {task.name}: the train and test splits are needed (fold={fold})")
     encoded = {name: encode_split(task, examples, tokenizer) for name, examples in splits.items() if examples}
@@ -286,7 +289,7 @@ def finetune_on_task(
             found = predict(module.model, task, splits["dev"], encoded["dev"], collate, cfg.batch_size * 2)
             return score(task, splits["dev"], found)
 
-        selection = Selection(metric=task.headline_key, mode="max", patience=patience)
+        selection = Selection(metric=select_metric or task.headline_key, mode="max", patience=patience)
     trained = engine.fit(ClassifierModule(model), encoded["train"], collate, evaluate_fn=evaluate_fn,
                          selection=selection)
     model.to(engine.accelerator.device)
@@ -305,7 +308,9 @@ def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskS
     return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})
 
 
-def _load(task: TaskSpec, split: str, data_root, fold: int | None, limit: int | None) -> list[Example]:
+def read_split(
+    task: TaskSpec, split: str, data_root, fold: int | None = None, limit: int | None = None
+) -> list[Example]:
     """A split, or a fixed random subset of `limit` examples in file order (files are often sorted by label,
     so the first lines would not be a fair sample); the subset is the same for every model and seed."""
     if split not in task.files:
