@@ -1,17 +1,27 @@
 """The task registry: built-in definitions, user YAML tasks, split loading (synthetic and real data)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from biodistil.data.formats import TextExample, TokenExample
+from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation import tasks as tasks_module
 from biodistil.evaluation.metrics import METRICS
 from biodistil.evaluation.tasks import TaskSpec, get_task, list_tasks
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+def _data_root() -> Path:
+    try:
+        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
+    except BiodistilError:
+        return Path("/nonexistent")
+
+
+SHARED_DATA = _data_root()  # $BIODISTIL_DATA, else ../shared/data beside the repository
 needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared data folder not present")
 
 EXPECTED_TASKS = {
