@@ -21,3 +21,11 @@ def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argpars
 def recipe_overrides(args: argparse.Namespace) -> list[str]:
     """The command line's `key.sub=value` overrides, with `--out DIR` as `run.output_dir=DIR`."""
     return [*args.overrides, *([f"run.output_dir={args.out}"] if args.out else [])]
+
+
+def run_recipe(recipe_cls: type, runner: Callable[..., object], args: argparse.Namespace) -> object:
+    """Load the command's recipe (with overrides) and run it with the shared --resume / --stop-after flags."""
+    from biodistil.config import load_recipe
+
+    recipe = load_recipe(recipe_cls, args.recipe, recipe_overrides(args))
+    return runner(recipe, resume=args.resume, stop_after=args.stop_after)

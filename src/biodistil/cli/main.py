@@ -5,24 +5,22 @@ import os
 import sys
 
 from biodistil.cli import eval_commands, task_commands
-from biodistil.cli.common import add_recipe_command, recipe_overrides
+from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
 from biodistil.errors import BiodistilError
 
 
 def _pretrain(args: argparse.Namespace) -> object:
-    from biodistil.config import PretrainRecipe, load_recipe
+    from biodistil.config import PretrainRecipe
     from biodistil.methods.task_agnostic import run_pretrain
 
-    recipe = load_recipe(PretrainRecipe, args.recipe, recipe_overrides(args))
-    return run_pretrain(recipe, resume=args.resume, stop_after=args.stop_after)
+    return run_recipe(PretrainRecipe, run_pretrain, args)
 
 
 def _distill(args: argparse.Namespace) -> object:
-    from biodistil.config import DistillRecipe, load_recipe
+    from biodistil.config import DistillRecipe
     from biodistil.methods.task_agnostic import run_distill
 
-    recipe = load_recipe(DistillRecipe, args.recipe, recipe_overrides(args))
-    return run_distill(recipe, resume=args.resume, stop_after=args.stop_after)
+    return run_recipe(DistillRecipe, run_distill, args)
 
 
 def _pipeline(args: argparse.Namespace) -> object:

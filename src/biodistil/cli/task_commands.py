@@ -2,28 +2,24 @@
 
 import argparse
 
-from biodistil.cli.common import add_recipe_command, recipe_overrides
+from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
 
 # sections of kd recipes that `transfer` ignores, so that `biodistil transfer KD_RECIPE` builds the kd run's set
 _NOT_TRANSFER = ("teacher", "student", "kd", "meta", "train", "export")
 
 
 def _finetune(args: argparse.Namespace) -> object:
-    from biodistil.config import load_recipe
     from biodistil.methods.task_recipe import FinetuneRecipe
     from biodistil.methods.task_study import run_finetune
 
-    recipe = load_recipe(FinetuneRecipe, args.recipe, recipe_overrides(args))
-    return run_finetune(recipe, resume=args.resume, stop_after=args.stop_after)
+    return run_recipe(FinetuneRecipe, run_finetune, args)
 
 
 def _kd(args: argparse.Namespace) -> object:
-    from biodistil.config import load_recipe
     from biodistil.methods.task_kd import run_kd
     from biodistil.methods.task_recipe import KDRecipe
 
-    recipe = load_recipe(KDRecipe, args.recipe, recipe_overrides(args))
-    return run_kd(recipe, resume=args.resume, stop_after=args.stop_after)
+    return run_recipe(KDRecipe, run_kd, args)
 
 
 def _transfer(args: argparse.Namespace) -> object:
