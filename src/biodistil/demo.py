@@ -11,6 +11,7 @@ hyper-parameters below were fixed before looking at any test score.
 """
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -87,8 +88,6 @@ def _stage(folder: Path, recipe_cls, runner, raw: dict[str, Any]) -> Path:
         return model_dir
     resume = latest_checkpoint(folder) is not None
     if not resume and folder.exists():
-        import shutil
-
         shutil.rmtree(folder)  # started but no checkpoint yet: start again
     runner(validate_recipe(recipe_cls, raw, source=f"demo stage {folder.name}"), resume=resume)
     return model_dir
@@ -151,8 +150,6 @@ def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: Demo
                       learning_rate=FINETUNE_LR, warmup_ratio=0.1, eval_every=0, save_every=0,
                       log_every=20, tensorboard=False)
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     trained = train_classifier(model, train, collate, cfg, folder, seed=13)
