@@ -25,15 +25,21 @@ def soft_kl_loss(
     Logits are [N, V] rows already restricted to the positions that count; the KL is summed over the
     vocabulary and averaged over rows. The T² factor keeps gradient size independent of T.
     """
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}")
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
-    t = float(temperature)
-    log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
-    log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
     kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
-    return kl.mean() * t * t
+    return kl.mean() * temperature * temperature
+
+
+def tempered_log_probs(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax(z_S/T), log softmax(z_T/T)) in float32, after checking the two shapes agree."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}")
+    t = float(temperature)
+    return F.log_softmax(student_logits.float() / t, dim=-1), F.log_softmax(teacher_logits.float() / t, dim=-1)
 
 
 def cosine_embedding_loss(

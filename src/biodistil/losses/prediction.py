@@ -1,7 +1,8 @@
 """Prediction-layer losses on vocabulary logits (TinyBERT's output loss)."""
 
 import torch
-import torch.nn.functional as F
+
+from biodistil.losses.distillation import tempered_log_probs
 
 
 def soft_cross_entropy_loss(
@@ -13,11 +14,7 @@ def soft_cross_entropy_loss(
     the teacher's entropy (it differs from the KL by a constant in the student) and has no T² factor,
     as in TinyBERT. Returns 0 (with a graph) for no rows.
     """
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}")
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
-    t = float(temperature)
-    p_teacher = F.softmax(teacher_logits.float() / t, dim=-1)
-    log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
-    return -(p_teacher * log_p_student).sum(-1).mean()
+    log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
+    return -(log_p_teacher.exp() * log_p_student).sum(-1).mean()
