@@ -24,7 +24,7 @@ from biodistil.data.formats import TextExample, TokenExample, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.data.transfer import UnigramModel, random_pairs, random_passages
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec, get_task
+from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.methods.task_recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
 from biodistil.training.io import atomic_directory, atomic_write_json
 
@@ -63,9 +63,9 @@ def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | No
     """The raw examples of a source, in file order, capped at `max_examples`."""
     limit = source.max_examples
     if source.kind == "in_domain":
-        examples = load_capped_split(task, source.split, data_root, fold, limit)
+        examples = read_split(task, source.split, data_root, fold, limit)
     elif source.kind == "task":
-        examples = load_capped_split(get_task(source.task), source.split, data_root, None, limit)
+        examples = read_split(get_task(source.task), source.split, data_root, None, limit)
     elif source.kind == "text":
         examples = read_text_units(_data_file(source.path, data_root), source.sentences, limit)
     else:
@@ -77,15 +77,6 @@ def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | No
     if not examples:
         raise BiodistilError(f"Transfer source {describe_source(source)} holds no examples")
     return list(examples)
-
-
-def load_capped_split(task: TaskSpec, split: str, data_root: str | Path | None, fold: int | None,
-                      limit: int | None) -> list[Example]:
-    """A task split capped at `limit` examples with fine-tuning's fixed subset (the same for every model and seed,
-    so that fine-tuned, distilled and evaluated models meet the same examples); [] without such a split."""
-    from biodistil.methods.finetune import read_split
-
-    return read_split(task, split, data_root, fold, limit)
 
 
 def fair_subset(examples: Sequence[Example], limit: int | None, key: str) -> list[Example]:

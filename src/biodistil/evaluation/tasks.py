@@ -14,6 +14,7 @@ and put `{fold}` in their paths (folds are numbered 1..N); `load_split("train", 
 """
 
 import functools
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -437,3 +438,17 @@ def get_task(name_or_yaml_path: str | Path) -> TaskSpec:
         f"Unknown task '{key}'; built-in tasks: {', '.join(sorted(builtin))} "
         "(or pass the path of a task YAML file)"
     )
+
+
+def read_split(
+    task: TaskSpec, split: str, data_root: str | Path | None, fold: int | None = None, limit: int | None = None
+) -> list[Example]:
+    """A split, or a fixed random subset of `limit` examples in file order (files are often sorted by label,
+    so the first lines would not be a fair sample); the subset is the same for every model and seed."""
+    if split not in task.files:
+        return []
+    examples = task.load_split(split, data_root, fold)
+    if limit is None or limit >= len(examples):
+        return examples
+    keep = sorted(random.Random(f"{task.name}/{split}/{fold}").sample(range(len(examples)), limit))
+    return [examples[i] for i in keep]

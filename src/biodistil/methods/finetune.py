@@ -6,7 +6,6 @@ engine, predict per example, score with the task's official metric. Long token s
 windows of whole words or truncated, as the task says; truncation is counted and reported, never silent.
 """
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from biodistil.config import TrainConfig
 from biodistil.data.alignment import align_labels, chunk_words, word_predictions
 from biodistil.data.formats import TextExample, TokenExample
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec
+from biodistil.evaluation.tasks import TaskSpec, read_split
 from biodistil.training.engine import Engine, TrainResult
 
 Example = TokenExample | TextExample
@@ -306,17 +305,3 @@ def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskS
     reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0  # RoBERTa offsets positions by pad+1
     limit = int(getattr(config, "max_position_embeddings", task.max_length)) - reserved
     return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})
-
-
-def read_split(
-    task: TaskSpec, split: str, data_root, fold: int | None = None, limit: int | None = None
-) -> list[Example]:
-    """A split, or a fixed random subset of `limit` examples in file order (files are often sorted by label,
-    so the first lines would not be a fair sample); the subset is the same for every model and seed."""
-    if split not in task.files:
-        return []
-    examples = task.load_split(split, data_root, fold)
-    if limit is None or limit >= len(examples):
-        return examples
-    keep = sorted(random.Random(f"{task.name}/{split}/{fold}").sample(range(len(examples)), limit))
-    return [examples[i] for i in keep]

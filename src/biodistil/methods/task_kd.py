@@ -45,7 +45,6 @@ from biodistil.data.transfer_sets import (
     describe_source,
     fingerprint_examples,
     is_labelled,
-    load_capped_split,
     load_transfer_set,
     map_labels,
     read_source,
@@ -53,7 +52,7 @@ from biodistil.data.transfer_sets import (
     shape_for_task,
 )
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec, get_task
+from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.losses.distillation import masked_lm_loss
 from biodistil.losses.task import hinton_kd_loss, logit_mse_loss, patient_kd_loss, sigmoid_kd_loss
 from biodistil.methods.finetune import (
@@ -89,7 +88,7 @@ def task_spec(cfg: TaskConfig) -> TaskSpec:
 def load_task_split(task: TaskSpec, cfg: TaskConfig, split: str) -> list[Example]:
     """A split of the task, capped at `max_examples` with the same fixed subset fine-tuning uses; [] when the task
     has no such split."""
-    return load_capped_split(task, split, cfg.data_dir, cfg.fold, cfg.max_examples)
+    return read_split(task, split, cfg.data_dir, cfg.fold, cfg.max_examples)
 
 
 def score_model(model: PreTrainedModel, task: TaskSpec, examples: list[Example],
