@@ -7,14 +7,17 @@ the offending key and the valid choices in the message; the resolved recipe is s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from biodistil.errors import BiodistilError
+from biodistil.models.embedded import resolve_model_name
 
 Precision = Literal["auto", "no", "bf16", "fp16"]
+# A model folder, a Hub id, or the short name of an embedded model (e.g. minilm-l6), resolved to its folder
+ModelRef = Annotated[str, AfterValidator(resolve_model_name)]
 
 
 class Section(BaseModel):
@@ -118,7 +121,7 @@ class ArchitectureConfig(Section):
 class TeacherConfig(Section):
     """The frozen teacher: a Hub id or a local folder with a masked-LM model and its tokenizer."""
 
-    name_or_path: str
+    name_or_path: ModelRef
     dtype: Literal["float32", "bfloat16"] = "float32"
     trust_remote_code: bool = False
 
@@ -138,7 +141,7 @@ class StudentConfig(Section):
     init: Literal["teacher_layers", "architecture", "pretrained"] = "teacher_layers"
     layers: list[int] | None = Field(None, description="teacher layers to copy; default every other layer")
     architecture: ArchitectureConfig | None = None
-    name_or_path: str | None = None
+    name_or_path: ModelRef | None = None
     trust_remote_code: bool = False
     vocab_expansion: VocabExpansionConfig | None = Field(
         None, description="VE-KD: expand the student's vocabulary with domain tokens (init=teacher_layers only)"
@@ -230,10 +233,10 @@ class PretrainModelConfig(Section):
     """MLM pre-training: from scratch (architecture + trained vocabulary) or continual (existing model)."""
 
     init: Literal["scratch", "continual"] = "scratch"
-    name_or_path: str | None = None
+    name_or_path: ModelRef | None = None
     architecture: ArchitectureConfig | None = None
     tokenizer: TokenizerTrainingConfig | None = None
-    tokenizer_name_or_path: str | None = Field(
+    tokenizer_name_or_path: ModelRef | None = Field(
         None, description="scratch: reuse this tokenizer (Hub id or folder) instead of training one"
     )
     trust_remote_code: bool = False

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.data.corpus import default_cache_dir
@@ -135,29 +137,40 @@ def _write_outputs(folder: Path, teacher: str | Path, examples: Sequence[Example
     (folder / "cache_key.json").write_text(json.dumps(payload, indent=1))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def teacher_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, request: TeacherRequest,
                  encoded: EncodedSplit) -> list[dict[str, Any]]:
-    """One row per teacher feature: logits (per example, or per word of a token window) and [CLS] states."""
+    """One row per teacher feature, in feature order: logits (per example, or per word of a token window) and
+    [CLS] states. Features are batched by length (little padding) and the teacher runs in inference mode."""
     collate = FeatureCollator(tokenizer.pad_token_id, request.task.kind == "token_classification")
     device = next(model.parameters()).device
-    rows: list[dict[str, Any]] = []
-    for begin in range(0, len(encoded), request.batch_size):
-        features = [encoded.features[i] for i in range(begin, min(begin + request.batch_size, len(encoded)))]
-        batch = {k: v.to(device) for k, v in collate(features).items() if k in MODEL_INPUTS}
-        logits, states = forward_teacher(model, batch, bool(request.cls_layers))
-        for offset in range(len(features)):
-            index = begin + offset
-            example, start = encoded.origins[index]
-            row: dict[str, Any] = {"example": example, "start": start}
-            if request.task.kind == "token_classification":
-                row["words"], row["logits"] = _word_logits(logits[offset], encoded.word_ids[index])
-            else:
-                row["logits"] = logits[offset].float().tolist()
-            if request.cls_layers:
-                row["cls"] = [states[layer][offset, 0].float().tolist() for layer in request.cls_layers]
-            rows.append(row)
+    by_length = sorted(range(len(encoded)), key=lambda i: len(encoded.features[i]["input_ids"]))
+    batches = [by_length[begin:begin + request.batch_size] for begin in range(0, len(by_length), request.batch_size)]
+    rows: list[dict[str, Any]] = [{} for _ in range(len(encoded))]
+    with tqdm(total=len(encoded), desc="teacher outputs", unit="ex", disable=None) as bar:
+        for indices in batches:
+            batch = {k: v.to(device) for k, v in collate([encoded.features[i] for i in indices]).items()
+                     if k in MODEL_INPUTS}
+            logits, states = forward_teacher(model, batch, bool(request.cls_layers))
+            logits = logits.float().cpu().numpy()
+            cls = [states[layer][:, 0].float().cpu().numpy() for layer in request.cls_layers]
+            for offset, index in enumerate(indices):
+                rows[index] = _teacher_row(request, encoded, index, logits[offset], [c[offset] for c in cls])
+            bar.update(len(indices))
     return rows
+
+
+def _teacher_row(request: TeacherRequest, encoded: EncodedSplit, index: int, logits: np.ndarray,
+                 cls: list[np.ndarray]) -> dict[str, Any]:
+    example, start = encoded.origins[index]
+    row: dict[str, Any] = {"example": example, "start": start}
+    if request.task.kind == "token_classification":
+        row["words"], row["logits"] = _word_logits(logits, encoded.word_ids[index])
+    else:
+        row["logits"] = logits.tolist()
+    if cls:
+        row["cls"] = [state.tolist() for state in cls]
+    return row
 
 
 def forward_teacher(model: PreTrainedModel, batch: dict[str, torch.Tensor], hidden: bool,
@@ -167,15 +180,15 @@ def forward_teacher(model: PreTrainedModel, batch: dict[str, torch.Tensor], hidd
     return outputs.logits, outputs.hidden_states if hidden else None
 
 
-def _word_logits(logits: torch.Tensor, word_ids: list[int | None]) -> tuple[list[int], list[list[float]]]:
+def _word_logits(logits: np.ndarray, word_ids: list[int | None]) -> tuple[list[int], list[list[float]]]:
     """Logits at the first sub-word of each word of a window, with the words' offsets in the window."""
-    words, rows, seen = [], [], set()
+    words, positions, seen = [], [], set()
     for position, word in enumerate(word_ids):
         if word is not None and word not in seen:
             seen.add(word)
             words.append(word)
-            rows.append(logits[position].float().tolist())
-    return words, rows
+            positions.append(position)
+    return words, logits[positions].tolist()
 
 
 def attach_teacher_outputs(encoded: EncodedSplit, table: datasets.Dataset, task: TaskSpec,

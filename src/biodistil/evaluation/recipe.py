@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from biodistil.config import RunConfig, Section, TrainConfig
+from biodistil.config import ModelRef, RunConfig, Section, TrainConfig
+from biodistil.models.embedded import EMBEDDED
 
 Family = Literal["ner", "relation_extraction", "document_classification", "question_answering", "pico"]
 FAMILIES: tuple[str, ...] = ("ner", "pico", "relation_extraction", "document_classification", "question_answering")
@@ -44,8 +45,15 @@ _LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 class ModelEntry(Section):
     """A model to evaluate: a Hub id or a local folder, and the short name used in folders and reports."""
 
-    path: str = Field(min_length=1, description="Hub id or local model folder")
+    path: ModelRef = Field(min_length=1, description="Hub id, local model folder or embedded model name")
     name: str | None = Field(None, description="short name (default: derived from the path)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedded_models_keep_their_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("name") is None and data.get("path") in EMBEDDED:
+            return {**data, "name": data["path"]}
+        return data
 
     @field_validator("name")
     @classmethod

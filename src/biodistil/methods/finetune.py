@@ -171,8 +171,10 @@ class Predictions:
 @torch.no_grad()
 def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
             collate: FeatureCollator, batch_size: int = 64) -> Predictions:
+    """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
+    returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`)."""
     model.eval()
-    device = next(model.parameters()).device
+    device = model.device
     loader = DataLoader(encoded.features, batch_size=batch_size, collate_fn=collate)
     outputs: list[np.ndarray] = []
     for batch in loader:
@@ -297,6 +299,23 @@ def finetune_on_task(
     truncated = {name: split.truncated_examples for name, split in encoded.items()}
     return FinetuneOutcome(model, tokenizer, trained, dev_scores, score(task, splits["test"], predictions),
                            predictions, splits["test"], truncated)
+
+
+def init_model_path(name_or_path: str, layers: list[int] | None, run_dir: Path) -> str:
+    """The model a run starts from: `name_or_path`, or with `layers` a shallower copy of its encoder made of those
+    layers (0-based; e.g. a student from a teacher's alternate pre-trained layers), written once to
+    `<run>/init_model` with the tokenizer."""
+    if layers is None:
+        return str(name_or_path)
+    from biodistil.export.hf import export_model
+    from biodistil.models.loading import load_encoder, load_tokenizer
+    from biodistil.models.student import student_from_teacher_layers
+
+    target = run_dir / "init_model"
+    if not (target / "config.json").is_file():
+        encoder = student_from_teacher_layers(load_encoder(name_or_path), layers)
+        export_model(encoder, load_tokenizer(name_or_path), target)
+    return str(target)
 
 
 def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:

@@ -34,6 +34,7 @@ from biodistil.losses.task import logit_mse_loss
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.models.families import hidden_size, num_heads, num_layers, qkv_modules
 from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
+from biodistil.models.loading import untrained_head_weights
 
 Pairs = tuple[tuple[int, int], ...]
 FeatureKind = Literal["logits", "hidden", "attention", "qkv"]
@@ -186,6 +187,8 @@ class Objective(nn.Module):
         needing = [t.loss for t in cfg.terms if TERM_KINDS[t.loss].needs_teacher]
         if teacher is None and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
+        if teacher is not None:
+            _check_teacher_head(cfg, teacher)
         self.terms: list[Term] = []
         for term_cfg in cfg.terms:
             self.terms.append(_resolve(term_cfg, student, teacher, {t.name for t in self.terms}))
@@ -247,6 +250,21 @@ class Objective(nn.Module):
             logs[term.name] = value.detach()
             total = total + term.cfg.weight * value
         return total, logs
+
+
+def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:
+    """Pre-flight: terms that read the teacher's vocabulary logits need a teacher whose MLM head was trained."""
+    untrained = untrained_head_weights(teacher)
+    kinds = {t.loss: TERM_KINDS[t.loss] for t in cfg.terms}
+    reading = [name for name, kind in kinds.items() if kind.needs_teacher and kind.features == "logits"]
+    if untrained and reading:
+        raise BiodistilError(
+            f"Objective terms {reading} read the teacher's vocabulary logits, but the teacher has no trained MLM head "
+            f"(its checkpoint lacks {', '.join(untrained[:4])}{', ...' if len(untrained) > 4 else ''}; those weights "
+            "would be random). Use terms that read hidden states, attention or Q/K/V relations (hidden_cosine, "
+            "hidden_mse, attention_mse, attention_kl, minilm_relations), or give the teacher an MLM head first "
+            "(biodistil pretrain with model.init=continual)."
+        )
 
 
 def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel | None, taken: set[str]) -> Term:

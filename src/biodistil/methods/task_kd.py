@@ -17,6 +17,7 @@ gap it closes, (S − S_init)/(T − S_init), is reported.
 import inspect
 import json
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from biodistil.methods.finetune import (
     collator_for,
     encode_split,
     fit_length_to_model,
+    init_model_path,
     predict,
     score,
     steps_for_epochs,
@@ -377,9 +379,12 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     from biodistil.training.engine import Engine, make_accelerator
     from biodistil.training.run import RunFolder
 
+    started = time.perf_counter()
     accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
-    teacher_path, student_path = recipe.teacher.name_or_path, recipe.student.name_or_path
+    teacher_path = recipe.teacher.name_or_path
+    with accelerator.main_process_first():
+        student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run.path)
     task = fit_length_to_model(fit_length_to_model(task_spec(recipe.task), student_path), teacher_path)
     check_loss_fits_task(recipe.kd, task)
     with accelerator.main_process_first():
@@ -422,6 +427,7 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
             report["model_dir"] = str(run.model_dir)
     if pre_step is not None:
         report["meta"] = pre_step.final_values()
+    report["wall_seconds"] = round(time.perf_counter() - started, 1)  # this invocation (a resumed run: since resume)
     report = jsonable(report)
     atomic_write_json(run.path / "metrics.json", report)
     run.write_summary(report)

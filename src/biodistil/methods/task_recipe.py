@@ -11,14 +11,18 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from biodistil.config import ExportConfig, RunConfig, Section, TrainConfig
+from biodistil.config import ExportConfig, ModelRef, RunConfig, Section, TrainConfig
 from biodistil.data.transfer import DEFAULT_STARTERS
 
 
 class ModelConfig(Section):
-    """An encoder given as a local Hugging Face folder or a Hub id."""
+    """An encoder given as a local Hugging Face folder, a Hub id or an embedded model name (e.g. minilm-l6)."""
 
-    name_or_path: str = Field(min_length=1)
+    name_or_path: ModelRef = Field(min_length=1)
+    layers: list[int] | None = Field(
+        None, description="keep only these transformer layers (0-based), e.g. [0, 2, 4]: a student made of a "
+        "pre-trained model's alternate layers (written once to <run>/init_model)",
+    )
 
 
 class TaskConfig(Section):
@@ -191,6 +195,8 @@ class KDRecipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> KDRecipe:
+        if self.teacher.layers is not None:
+            raise ValueError("teacher.layers: the teacher is used whole; layers applies to the student")
         if (self.kd.beta > 0 or self.kd.soft_loss == "none") and not self.transfer.keep_labels:
             raise ValueError("kd.beta > 0 (or soft_loss none) needs gold labels: set transfer.keep_labels: true")
         if self.meta is not None:
@@ -229,8 +235,8 @@ class StudyTask(Section):
     """One evaluation task of a study and its teacher: a fine-tuned folder, or fine-tuned by the study."""
 
     name: str
-    teacher: str | None = Field(None, description="a teacher already fine-tuned on the task (folder or Hub id)")
-    teacher_init: str | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
+    teacher: ModelRef | None = Field(None, description="a teacher already fine-tuned on the task (folder or Hub id)")
+    teacher_init: ModelRef | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
                                                        "(default: the study's teacher_init)")
     teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
 
@@ -251,9 +257,12 @@ class StudyRecipe(Section):
     data_dir: str | None = None
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
     metric: str | None = Field(None, description="key of the task metric to report; default the headline")
-    student: str = Field(description="the student encoder every arm starts from (folder or Hub id)")
-    teacher_init: str | None = Field(None, description="encoder fine-tuned into each task's teacher, unless the "
-                                                       "task names a fine-tuned teacher")
+    student: ModelRef = Field(description="the student encoder every arm starts from (folder, Hub id or embedded "
+                                          "model name)")
+    student_layers: list[int] | None = Field(None, description="build the student from these layers (0-based) of "
+                                                               "`student`, e.g. [0, 2, 4]")
+    teacher_init: ModelRef | None = Field(None, description="encoder fine-tuned into each task's teacher, unless "
+                                                            "the task names a fine-tuned teacher")
     tasks: list[StudyTask] = Field(min_length=1)
     defaults: dict[Literal["finetune", "kd"], dict[str, Any]] = Field(
         default_factory=dict, description="recipe values shared by all finetune / kd runs"

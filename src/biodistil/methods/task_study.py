@@ -10,6 +10,7 @@ An interrupted study continues with --resume: finished runs are reused, interrup
 import json
 import shutil
 import statistics
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,15 +40,16 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     from accelerate.utils import set_seed
 
     from biodistil.export.hf import export_model
-    from biodistil.methods.finetune import build_classifier, finetune_on_task, fit_length_to_model
+    from biodistil.methods.finetune import build_classifier, finetune_on_task, fit_length_to_model, init_model_path
     from biodistil.models.loading import load_tokenizer
     from biodistil.training.run import RunFolder
 
     if resume or stop_after is not None:
         raise BiodistilError("finetune runs start afresh: --resume and --stop-after are not supported (choose a new "
                              "run.output_dir, or remove the old one)")
+    started = time.perf_counter()
     run = RunFolder(recipe.run.output_dir, recipe)
-    path = recipe.model.name_or_path
+    path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
     task = fit_length_to_model(task_spec(recipe.task), path)
     init: dict[str, float] = {}
     if recipe.finetune.score_init:
@@ -59,7 +61,8 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
                                recipe.task.max_examples)
     metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
                         "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
-                        "truncated_examples": outcome.truncated})
+                        "truncated_examples": outcome.truncated,
+                        "wall_seconds": round(time.perf_counter() - started, 1)})
     if recipe.export.enabled:
         export_model(outcome.model, outcome.tokenizer, run.model_dir)
         metrics["model_dir"] = str(run.model_dir)
@@ -90,9 +93,12 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` and `report.md` in the study folder."""
+    from biodistil.methods.finetune import init_model_path
     from biodistil.training.run import RunFolder
 
     run = RunFolder(recipe.run.output_dir, recipe, resume)
+    student = init_model_path(recipe.student, recipe.student_layers, run.path)  # one copy for every arm
+    recipe = recipe.model_copy(update={"student": student, "student_layers": None})
     runs: list[dict[str, Any]] = []
     teachers: dict[str, dict[str, Any]] = {}
     for study_task in recipe.tasks:

@@ -53,9 +53,18 @@ def family_of(config: PretrainedConfig) -> Family:
     return family
 
 
+def layers_path(model: PreTrainedModel) -> str:
+    """Where the transformer layers are inside `model`: a masked LM or classifier holds the bare encoder under
+    `encoder_attr` (bert.encoder.layer); a bare encoder holds them directly (encoder.layer)."""
+    family = family_of(model.config)
+    if hasattr(model, family.encoder_attr):
+        return family.layers_path
+    return family.layers_path.removeprefix(f"{family.encoder_attr}.")
+
+
 def layer_list(model: PreTrainedModel) -> nn.ModuleList:
     module: nn.Module = model
-    for name in family_of(model.config).layers_path.split("."):
+    for name in layers_path(model).split("."):
         module = getattr(module, name)
     return module  # type: ignore[return-value]
 

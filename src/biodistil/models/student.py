@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from biodistil.config import ArchitectureConfig, StudentConfig
 from biodistil.errors import BiodistilError
-from biodistil.models.families import family_of, num_layers
+from biodistil.models.families import family_of, layers_path, num_layers
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 
 
@@ -33,7 +33,10 @@ def alternate_layers(num_teacher_layers: int) -> list[int]:
 
 
 def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | None = None) -> PreTrainedModel:
-    """A shallower copy of the teacher: its embeddings, MLM head and the chosen layers (0-based) in order."""
+    """A shallower copy of the teacher: its embeddings, heads and the chosen layers (0-based) in order.
+
+    Works on any model class of a family (masked LM, bare encoder, classifier): the copy has the teacher's class.
+    """
     total = num_layers(teacher.config)
     layers = alternate_layers(total) if layers is None else list(layers)
     bad = [i for i in layers if not 0 <= i < total]
@@ -44,8 +47,8 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
     family = family_of(teacher.config)
     config = copy.deepcopy(teacher.config)
     setattr(config, family.layers_config_key, len(layers))
-    student = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    pattern = re.compile(rf"^{re.escape(family.layers_path)}\.(\d+)\.(.*)$")
+    student = type(teacher)._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    pattern = re.compile(rf"^{re.escape(layers_path(teacher))}\.(\d+)\.(.*)$")
     position = {teacher_index: student_index for student_index, teacher_index in enumerate(layers)}
     state = {}
     for key, value in teacher.state_dict().items():
@@ -53,7 +56,7 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
         if match is None:
             state[key] = value.float()
         elif int(match.group(1)) in position:
-            state[f"{family.layers_path}.{position[int(match.group(1))]}.{match.group(2)}"] = value.float()
+            state[f"{layers_path(teacher)}.{position[int(match.group(1))]}.{match.group(2)}"] = value.float()
     student.load_state_dict(state, strict=True)
     return student
 
