@@ -17,6 +17,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.tasks import get_task
 from biodistil.methods.task_recipe import StudyRecipe
 from biodistil.methods.task_study import run_study
+from biodistil.models.embedded import EMBEDDED, embedded_model_folder
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
@@ -136,7 +137,9 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
 
 
-def test_small_study_recipes_validate():
+def test_small_study_recipes_run_on_the_embedded_teacher_out_of_the_box():
+    minilm = str(embedded_model_folder(EMBEDDED["minilm-l6"]))
     for name in ("transfer-study-small.yaml", "meta-study-small.yaml"):
-        recipe = load_recipe(StudyRecipe, RECIPES / name, ["student=s", "teacher_init=t"])
+        recipe = load_recipe(StudyRecipe, RECIPES / name)
         assert 1 <= len(recipe.seeds) <= 2 and recipe.arms
+        assert recipe.teacher_init == recipe.student == minilm and recipe.student_layers == [0, 2, 4]

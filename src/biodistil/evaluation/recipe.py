@@ -47,6 +47,8 @@ class ModelEntry(Section):
 
     path: ModelRef = Field(min_length=1, description="Hub id, local model folder or embedded model name")
     name: str | None = Field(None, description="short name (default: derived from the path)")
+    layers: list[int] | None = Field(None, description="evaluate a shallower copy made of these layers (0-based) "
+                                                       "of the model, e.g. [0, 2, 4]")
 
     @model_validator(mode="before")
     @classmethod
