@@ -1,0 +1,151 @@
+"""Running an ONNX export with ONNX Runtime behind the call interface of the Hugging Face model it came from.
+
+`OnnxModel(**batch).logits` is what `model(**batch).logits` is for the PyTorch model, so prediction, scoring
+and benchmarking code takes either. The ONNX packages are an optional extra, imported only when used.
+
+An export folder (written by `biodistil export`) holds:
+
+    model.onnx          fp32 graph (inputs: input_ids, attention_mask[, token_type_ids]; output: logits)
+    model.int8.onnx     the same graph with dynamically quantised int8 weights (with --int8)
+    export.json         inputs, outputs, labels, the checks' figures and the accuracy side by side
+    config.json, tokenizer files
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from biodistil.errors import BiodistilError
+
+EXPORT_FORMAT = "biodistil-onnx/1"
+DESCRIPTION_FILE = "export.json"
+VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+EXTRA_HINT = 'pip install -e ".[export]" (or pip install onnx onnxruntime onnxscript)'
+
+
+def require_onnx(purpose: str = "ONNX export") -> None:
+    """Import the optional ONNX packages, or say which extra installs them."""
+    missing = []
+    for name in ("onnx", "onnxruntime", "onnxscript"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise BiodistilError(f"{purpose} needs the optional extra 'export' ({', '.join(missing)} not installed): "
+                             f"{EXTRA_HINT}")
+
+
+def is_export_folder(path: str | Path) -> bool:
+    return (Path(path) / DESCRIPTION_FILE).is_file()
+
+
+def read_description(folder: str | Path) -> dict[str, Any]:
+    """The export.json of an export folder, checked to be one."""
+    path = Path(folder) / DESCRIPTION_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise BiodistilError(f"{path}: cannot read the export description ({err}); expected a folder written by "
+                             "`biodistil export`") from None
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise BiodistilError(f"{path}: not a biodistil ONNX export (expected format {EXPORT_FORMAT})")
+    return data
+
+
+def variant_of(onnx_file: str | Path) -> str:
+    """'fp32' or 'int8' from the file name of an export's graph."""
+    name = Path(onnx_file).name
+    for variant, file_name in VARIANT_FILES.items():
+        if name == file_name:
+            return variant
+    raise BiodistilError(f"{onnx_file}: not a graph of a biodistil export (expected "
+                         f"{' or '.join(VARIANT_FILES.values())} in a folder written by `biodistil export`)")
+
+
+@dataclass
+class OnnxOutput:
+    """What the Hugging Face model returns, as far as prediction needs it."""
+
+    logits: torch.Tensor
+
+
+class OnnxModel:
+    """An ONNX graph in an ONNX Runtime CPU session, called like the PyTorch model: `model(**batch).logits`.
+
+    Inputs may be torch tensors or numpy arrays; `token_type_ids`, when the graph takes it and the batch lacks
+    it, is all zeros (what the PyTorch model assumes). Keys the graph does not take are ignored.
+    """
+
+    def __init__(self, onnx_file: str | Path, threads: int | None = None, memory_arena: bool = True):
+        require_onnx("Running an ONNX model")
+        import onnxruntime as ort
+        from transformers import AutoConfig
+
+        self.path = Path(onnx_file)
+        if not self.path.is_file():
+            raise BiodistilError(f"ONNX model {self.path} not found (expected a folder written by `biodistil "
+                                 "export`, or a .onnx file in one)")
+        self.folder = self.path.parent
+        self.variant = variant_of(self.path)
+        self.config = AutoConfig.from_pretrained(str(self.folder))  # written beside the graph by the export
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = memory_arena
+        self.threads = threads
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def from_export(cls, folder: str | Path, variant: str = "fp32", **kwargs: Any) -> OnnxModel:
+        if variant not in VARIANT_FILES:
+            raise BiodistilError(f"Unknown ONNX variant '{variant}'; choose one of {sorted(VARIANT_FILES)}")
+        return cls(Path(folder) / VARIANT_FILES[variant], **kwargs)
+
+    @property
+    def runtime(self) -> str:
+        import onnxruntime as ort
+
+        threads = f", {self.threads} thread{'s' * (self.threads != 1)}" if self.threads else ""
+        return f"onnxruntime {ort.__version__} CPU ({self.variant}{threads})"
+
+    @property
+    def parameters_count(self) -> dict[str, int]:
+        """Parameters of the encoder the graph was exported from (as counted for PyTorch models)."""
+        return dict(read_description(self.folder)["parameters"])
+
+    def eval(self) -> OnnxModel:
+        return self
+
+    def to(self, device: torch.device | str) -> OnnxModel:
+        if torch.device(device).type != "cpu":
+            raise BiodistilError(f"{self.path}: ONNX models run on the CPU here (ONNX Runtime's CPU provider); "
+                                 f"asked for {device}")
+        return self
+
+    def __call__(self, **inputs: Any) -> OnnxOutput:
+        feed = {}
+        for name in self.input_names:
+            if name in inputs:
+                feed[name] = _int64(inputs[name])
+            elif name == "token_type_ids" and "input_ids" in inputs:
+                feed[name] = np.zeros_like(_int64(inputs["input_ids"]))
+            else:
+                raise BiodistilError(f"{self.path}: the graph needs input '{name}' (inputs: {self.input_names})")
+        (logits,) = self.session.run(["logits"], feed)
+        return OnnxOutput(torch.from_numpy(logits))
+
+
+def _int64(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.ascontiguousarray(value, dtype=np.int64)
