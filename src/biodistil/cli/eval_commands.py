@@ -8,6 +8,11 @@ from biodistil.errors import BiodistilError
 
 
 def _evaluate(args: argparse.Namespace) -> object:
+    if args.finetuned:
+        return _score_finetuned(args)
+    if not args.recipe:
+        raise BiodistilError("evaluate: give a RECIPE.yaml, or --finetuned MODEL... --task NAME to score models "
+                             "without training")
     from biodistil.config import load_recipe
     from biodistil.evaluation.recipe import EvaluateRecipe
     from biodistil.evaluation.runner import run_evaluate
@@ -15,6 +20,26 @@ def _evaluate(args: argparse.Namespace) -> object:
     overrides = recipe_overrides(args) + ([f"data.root={args.data}"] if args.data else [])
     recipe = load_recipe(EvaluateRecipe, args.recipe, overrides)
     return run_evaluate(recipe, resume=args.resume)
+
+
+def _score_finetuned(args: argparse.Namespace) -> object:
+    """`evaluate --finetuned`: score fine-tuned models and their ONNX exports without training."""
+    from biodistil.config import validate_recipe
+    from biodistil.evaluation.deployed import ScoringPlan, run_scoring
+    from biodistil.evaluation.recipe import BenchConfig
+
+    if args.recipe or args.overrides or args.resume:
+        raise BiodistilError("evaluate --finetuned scores models without training: it takes no recipe, overrides "
+                             "or --resume")
+    if not args.task or not args.out:
+        raise BiodistilError("evaluate --finetuned needs --task NAME and --out DIR")
+    plan = ScoringPlan(task=args.task, split=args.split, fold=args.fold, max_examples=args.max_examples,
+                       data_root=args.data)
+    bench = None
+    if args.bench:
+        bench = validate_recipe(BenchConfig, {"device": "cpu", "threads": args.threads}, source="evaluate --bench")
+    report = run_scoring([parse_model_spec(s) for s in args.finetuned], plan, Path(args.out), bench)
+    return f"Wrote {report}"
 
 
 def _report(args: argparse.Namespace) -> object:
@@ -37,32 +62,43 @@ def parse_model_spec(spec: str) -> tuple[str | None, str]:
 def _bench(args: argparse.Namespace) -> object:
     from biodistil.config import validate_recipe
     from biodistil.evaluation.bench import format_bench, run_bench, write_bench
-    from biodistil.evaluation.recipe import BenchConfig, unique_labels
+    from biodistil.evaluation.deployed import expand_models
+    from biodistil.evaluation.recipe import BenchConfig
 
-    specs = [parse_model_spec(s) for s in args.models]
-    try:
-        labels = unique_labels(specs)
-    except ValueError as err:
-        raise BiodistilError(f"bench: {err} (use NAME=PATH)") from None
+    models = [(item.label, str(item.path)) for item in expand_models([parse_model_spec(s) for s in args.models])]
     raw = {"lengths": args.lengths, "latency_batch": args.latency_batch, "throughput_batch": args.throughput_batch,
            "warmup": args.warmup, "repeats": args.repeats, "device": args.device, "threads": args.threads}
     cfg = validate_recipe(BenchConfig, raw, source="bench options")
-    result = run_bench(list(zip(labels, [path for _, path in specs], strict=True)), cfg)
+    result = run_bench(models, cfg)
     path = write_bench(result, Path(args.out))
     return f"{format_bench(result)}\n\nWrote {path} (pass it to `biodistil report RUN --bench {path}`)."
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     text = ("Fine-tune every model of the recipe on every task for N seeds (early stopping on dev), write "
-            "predictions and metrics per (model, task, seed[, fold]), then the report")
-    parser = sub.add_parser("evaluate", help=text, description=text + ". Example: biodistil evaluate "
-                            "recipes/eval-quick.yaml models=[runs/demo/teacher/model,runs/demo/student/model]")
-    parser.add_argument("recipe", help=RECIPE_HELP)
+            "predictions and metrics per (model, task, seed[, fold]), then the report; or, with --finetuned, score "
+            "already fine-tuned models and their ONNX exports on a task without training")
+    parser = sub.add_parser("evaluate", help=text, description=text + ". Examples: biodistil evaluate "
+                            "recipes/eval-quick.yaml models=[runs/demo/teacher/model,runs/demo/student/model]; "
+                            "biodistil evaluate --finetuned student=runs/ner/model student-onnx=runs/ner/onnx "
+                            "--task ncbi_disease --out runs/deployed --bench")
+    parser.add_argument("recipe", nargs="?", help=RECIPE_HELP)
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="recipe overrides, e.g. models=[a,b] tasks=[gad] num_seeds=1")
     parser.add_argument("--out", help="run folder (same as run.output_dir=...)")
     parser.add_argument("--data", help="data folder (same as data.root=...)")
     parser.add_argument("--resume", action="store_true", help="continue a run folder: finished cells are skipped")
+    scoring = parser.add_argument_group("scoring fine-tuned models without training (--finetuned)")
+    scoring.add_argument("--finetuned", nargs="+", metavar="MODEL",
+                         help="fine-tuned model folders (PyTorch fp32), ONNX export folders (their fp32 and int8 "
+                         "graphs; the int8 one named NAME-int8) or .onnx files of an export; NAME=PATH names one")
+    scoring.add_argument("--task", help="the task they were fine-tuned on (built-in name or task YAML)")
+    scoring.add_argument("--split", choices=["dev", "test"], default="test", help="split to score (test)")
+    scoring.add_argument("--fold", type=int, help="cross-validation tasks: the fold")
+    scoring.add_argument("--max-examples", type=int, help="score a fixed subset of the split (quick checks)")
+    scoring.add_argument("--bench", action="store_true", help="also benchmark them on the CPU (bench.json; the "
+                         "report plots score against latency)")
+    scoring.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: torch's)")
     parser.set_defaults(run=_evaluate)
 
 
@@ -81,7 +117,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
             "in one process")
     parser = sub.add_parser("bench", help=text, description=text + ". The first model is the reference of the "
                             "speedups.")
-    parser.add_argument("models", nargs="+", metavar="MODEL", help="model folder or Hub id, or NAME=PATH")
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="model folder or Hub id, ONNX export folder (fp32 and int8 graphs) or .onnx file, "
+                        "or NAME=PATH")
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 512], help="sequence lengths (128 512)")
     parser.add_argument("--latency-batch", type=int, default=1, help="batch size of the latency runs (1)")
     parser.add_argument("--throughput-batch", type=int, default=32, help="batch size of the throughput runs (32)")

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from biodistil.cli import eval_commands, task_commands
+from biodistil.cli import eval_commands, export_commands, task_commands
 from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
 from biodistil.errors import BiodistilError
 
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     task_commands.register(sub)
     eval_commands.register(sub)
+    export_commands.register(sub)
     return parser
 
 

@@ -1,6 +1,8 @@
 """`biodistil bench`: size, latency, throughput and peak memory of encoders, measured side by side.
 
-Every model is loaded as its bare encoder (`AutoModel`, no MLM or task head) in one process. For each
+Every model is loaded as its bare encoder (`AutoModel`, no MLM or task head) in one process; a `.onnx` graph
+of a `biodistil export` (fp32 or int8) runs in ONNX Runtime's CPU provider with as many intra-op threads as
+torch has, and includes its head (a classifier's head costs next to nothing; a masked LM's does). For each
 sequence length, latency is timed at `latency_batch` (default 1) and throughput at `throughput_batch`
 (default 32) on random token ids: after `warmup` untimed runs per model, the `repeats` timed runs go round
 robin over the models (model A, B, A, B, ...), so that a slow patch of a shared machine hits every model
@@ -31,6 +33,7 @@ import torch
 
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import BenchConfig
+from biodistil.export.runtime import OnnxModel
 from biodistil.training.io import atomic_write_json
 
 BENCH_FORMAT = "biodistil-bench/1"
@@ -58,9 +61,19 @@ def load_encoder(path: str) -> torch.nn.Module:
         transformers_logging.set_verbosity(verbosity)
 
 
+def load_benched(path: str, threads: int) -> torch.nn.Module | OnnxModel:
+    """The bare encoder of a model folder or Hub id, or an exported ONNX graph (a `.onnx` file of an export)."""
+    if path.endswith(".onnx"):
+        return OnnxModel(path, threads=threads, memory_arena=False)  # no arena: freed memory is returned, as torch
+    return load_encoder(path)
+
+
 def disk_bytes(path: str) -> int | None:
-    """Bytes of the weight files (safetensors / PyTorch bin) of a local folder or a cached Hub model."""
+    """Bytes of the weight files (safetensors / PyTorch bin) of a local folder or a cached Hub model, or of a
+    .onnx graph."""
     folder = Path(path).expanduser()
+    if folder.is_file():
+        return folder.stat().st_size
     if not folder.is_dir():
         folder = _cached_snapshot(path)
         if folder is None:
@@ -78,14 +91,15 @@ def _cached_snapshot(repo_id: str) -> Path | None:
         return None
 
 
-def max_length(model: torch.nn.Module) -> int:
+def max_length(model: torch.nn.Module | OnnxModel) -> int:
     """Longest sequence the model's position embeddings allow (RoBERTa reserves two positions)."""
     config = model.config
     reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
     return int(getattr(config, "max_position_embeddings", 512)) - reserved
 
 
-def random_batch(model: torch.nn.Module, batch: int, length: int, device: torch.device) -> dict[str, torch.Tensor]:
+def random_batch(model: torch.nn.Module | OnnxModel, batch: int, length: int,
+                 device: torch.device) -> dict[str, torch.Tensor]:
     """Token ids drawn from the model's vocabulary (fixed seed), no padding."""
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(batch * 100_003 + length)
@@ -101,7 +115,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_once(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> float:
+def time_once(model: torch.nn.Module | OnnxModel, batch: dict[str, torch.Tensor], device: torch.device) -> float:
     """Seconds of one forward pass."""
     _sync(device)
     start = time.perf_counter()
@@ -238,7 +252,7 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
-def _measure(models: dict[str, torch.nn.Module], batch: int, length: int, cfg: BenchConfig,
+def _measure(models: dict[str, torch.nn.Module | OnnxModel], batch: int, length: int, cfg: BenchConfig,
              device: torch.device) -> dict[str, dict[str, Any]]:
     """Times and peak memory of every model at one (batch, length); models too short for it are skipped."""
     results: dict[str, dict[str, Any]] = {}
@@ -280,13 +294,14 @@ def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = _device(cfg.device)
-    loaded = {label: load_encoder(path).to(device) for label, path in models}
+    loaded = {label: load_benched(path, torch.get_num_threads()).to(device) for label, path in models}
     rows: list[dict[str, Any]] = []
     from biodistil.models.size import count_parameters
 
     for label, path in models:
-        sizes = count_parameters(loaded[label])
-        rows.append({"label": label, "path": path, "parameters": sizes["total"],
+        model = loaded[label]
+        sizes = model.parameters_count if isinstance(model, OnnxModel) else count_parameters(model)
+        rows.append({"label": label, "path": path, "runtime": _runtime(model), "parameters": sizes["total"],
                      "parameters_without_embeddings": sizes["non_embedding"], "disk_bytes": disk_bytes(path),
                      "max_length": max_length(loaded[label]), "latency": {}, "throughput": {}})
     for length in cfg.lengths:
@@ -298,10 +313,18 @@ def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, 
             row["latency"][str(length)] = latency[row["label"]]
             row["throughput"][str(length)] = throughput[row["label"]]
     _speedups(rows, cfg.lengths)
+    torch_models = [m for m in loaded.values() if isinstance(m, torch.nn.Module)]
     return {"format": BENCH_FORMAT, "device": _device_name(device), "torch": torch.__version__,
-            "dtype": str(next(iter(loaded.values())).dtype).replace("torch.", ""),
+            "dtype": str(torch_models[0].dtype if torch_models else torch.float32).replace("torch.", ""),
             "memory_method": memory_method(device), "reference": rows[0]["label"],
             "settings": cfg.model_dump(mode="json", exclude={"enabled"}), "models": rows}
+
+
+def _runtime(model: torch.nn.Module | OnnxModel) -> str:
+    if isinstance(model, OnnxModel):
+        return model.runtime
+    threads, dtype = torch.get_num_threads(), str(model.dtype).replace("torch.", "")
+    return f"PyTorch {torch.__version__} ({dtype}, {threads} thread{'s' * (threads != 1)})"
 
 
 def write_bench(result: dict[str, Any], path: Path) -> Path:
@@ -333,7 +356,8 @@ def format_bench(result: dict[str, Any]) -> str:
              f"{settings['repeats']} runs after {settings['warmup']} warm-up runs, [quartiles].",
              f"Peak memory: {result['memory_method']}.", ""]
     for row in result["models"]:
-        lines.append(f"{row['label']} ({row['path']}): {row['parameters']:,} parameters "
+        lines.append(f"{row['label']} ({row['path']}; {row.get('runtime', 'PyTorch')}): "
+                     f"{row['parameters']:,} parameters "
                      f"({row['parameters_without_embeddings']:,} without embeddings), weights on disk "
                      f"{_mb(row['disk_bytes'])}, max length {row['max_length']}")
         for length in map(str, settings["lengths"]):

@@ -84,6 +84,7 @@ def _merge_run(data: ReportData, run: Path, results: dict[str, Any]) -> None:
         model.parameters = model.parameters or entry.get("parameters")
     if not results.get("complete", True):
         data.notes.append(f"{run} is not finished (cells are missing); its table shows the cells done so far.")
+    data.notes += [f"{run}: {note}" for note in results.get("notes", [])]
     for skipped in results.get("skipped_tasks", []):
         data.notes.append(f"Task {skipped['task']} skipped in {run}: {skipped['reason']}.")
 
@@ -218,13 +219,20 @@ def family_table(data: ReportData) -> list[list[str]]:
     return rows
 
 
+def _setting(value: Any) -> str:
+    """A fine-tuning setting; '–' where none applies (models scored without training)."""
+    return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def settings_table(data: ReportData) -> list[list[str]]:
     rows = [["task", "family", "metric (headline)", "learning rate", "batch", "epochs", "patience", "label policy",
              "long inputs", "folds", "max examples"]]
     for name, task in data.tasks.items():
+        trained = task["learning_rate"] is not None
         rows.append([name, FAMILY_TITLES.get(task["family"], task["family"]),
-                     f"{task['metric']} ({task['headline']})", f"{task['learning_rate']:g}", str(task['batch_size']),
-                     f"{task['epochs']:g}", str(task["early_stopping_patience"] or "off"),
+                     f"{task['metric']} ({task['headline']})", _setting(task["learning_rate"]),
+                     _setting(task["batch_size"]), _setting(task["epochs"]),
+                     str(task["early_stopping_patience"] or "off") if trained else "–",
                      task["label_policy"] if task["metric"] in ("entity_f1", "token_macro_f1") else "–",
                      f"{task['truncation']} at {task['max_length']}", str(task["n_folds"] or "–"),
                      str(task["max_examples"] or "all")])
@@ -263,13 +271,14 @@ def bench_table(data: ReportData) -> list[list[str]]:
     settings = data.bench_info[0]["settings"]
     lengths = [str(n) for n in settings["lengths"]]
     lat, thr = settings["latency_batch"], settings["throughput_batch"]
-    header = ["model", "parameters (M)", "without embeddings (M)", "weights on disk (MB)"]
+    header = ["model", "runtime", "parameters (M)", "without embeddings (M)", "weights on disk (MB)"]
     for n in lengths:
         header += [f"latency ms, batch {lat}, length {n} [quartiles]", f"seq/s, batch {thr}, length {n}",
                    f"peak memory MB, batch {thr}, length {n}", f"speedup latency / throughput, length {n}"]
     rows = [header]
     for label, row in data.bench.items():
-        cells = [label, _millions(row["parameters"]), _millions(row["parameters_without_embeddings"]),
+        cells = [label, row.get("runtime", "PyTorch"), _millions(row["parameters"]),
+                 _millions(row["parameters_without_embeddings"]),
                  "–" if row["disk_bytes"] is None else f"{row['disk_bytes'] / 2**20:,.1f}"]
         for n in lengths:
             speed = row.get("speedup", {})
@@ -384,7 +393,8 @@ def _blocks(data: ReportData, figures: list[tuple[Path, str]]) -> list[Block]:
     if data.bench:
         info = data.bench_info[0]
         blocks += [("h2", "Efficiency"),
-                   ("p", f"Bare encoders (no head), {info['dtype']}, on {info['device']}; torch {info['torch']}. "
+                   ("p", f"PyTorch: bare encoders (no head), {info['dtype']}; ONNX Runtime (exports): the graph "
+                         f"with its head. On {info['device']}; torch {info['torch']}. "
                          f"Medians of {info['settings']['repeats']} timed runs after {info['settings']['warmup']} "
                          f"warm-up runs, models measured in turn in one process. Speedups are against "
                          f"{next(iter(data.bench))} (>1 = faster). Peak memory: {info['memory_method']}."),

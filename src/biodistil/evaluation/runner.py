@@ -207,11 +207,10 @@ def _finished(cell: Cell, out: Path, settings: dict[str, Any]) -> dict[str, Any]
     return record
 
 
-def _prediction_rows(task: TaskSpec, outcome: Any) -> list[dict[str, Any]]:
-    """One JSON record per test example: id, gold, prediction (and tokens or class probabilities)."""
-    predictions = outcome.test_predictions
+def prediction_rows(task: TaskSpec, examples: Sequence[Any], predictions: Any) -> list[dict[str, Any]]:
+    """One JSON record per example: id, gold, prediction (and tokens or class probabilities)."""
     rows = []
-    for index, example in enumerate(outcome.test_examples):
+    for index, example in enumerate(examples):
         row: dict[str, Any] = {"id": example.id}
         if isinstance(example, TokenExample):
             row.update(tokens=example.tokens, gold=example.tags, prediction=predictions.labels[index])
@@ -242,7 +241,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
     outcome = finetune_on_task(cell.path, task.spec, recipe.data.root, cfg, folder / "train", cell.seed,
                                fold=cell.fold, epochs=task.epochs, patience=task.patience,
                                max_examples=task.max_examples)
-    rows = _prediction_rows(task.spec, outcome)
+    rows = prediction_rows(task.spec, outcome.test_examples, outcome.test_predictions)
     atomic_write_text(folder / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     if recipe.save_models:
         from biodistil.export.hf import export_model

@@ -1,0 +1,43 @@
+"""`biodistil export MODEL --out DIR`: ONNX graphs (fp32, int8) of a fine-tuned model or a masked LM."""
+
+import argparse
+from pathlib import Path
+
+
+def _export(args: argparse.Namespace) -> object:
+    from biodistil.evaluation.onnx_export import ExportOptions, format_export, run_export
+
+    options = ExportOptions(int8=args.int8, per_channel=args.per_channel, atol=args.atol, task=args.task,
+                            split=args.split, fold=args.fold, max_examples=args.max_examples, data_root=args.data,
+                            max_int8_drop=args.max_int8_drop)
+    return format_export(Path(args.out), run_export(args.model, args.out, options))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `export` subcommand to the `biodistil` parser."""
+    text = "Export a fine-tuned model (or a masked LM) to ONNX, optionally int8, checked against PyTorch"
+    parser = sub.add_parser(
+        "export", help=text,
+        description=text + ". The fp32 graph's outputs must match PyTorch's at several lengths before anything is "
+        "written; with --task, PyTorch fp32, ONNX fp32 and ONNX int8 are scored side by side. Needs the optional "
+        "extra: pip install -e \".[export]\". Example: biodistil export runs/ner-student/model --out "
+        "runs/ner-student/onnx --int8 --task ncbi_disease --max-int8-drop 0.01",
+    )
+    parser.add_argument("model", help="fine-tuned model folder (token, sequence or multi-label classifier) or a "
+                        "masked-LM folder")
+    parser.add_argument("--out", required=True, help="export folder (written atomically; an earlier export there is "
+                        "replaced)")
+    parser.add_argument("--int8", action="store_true", help="also write model.int8.onnx (dynamic int8 quantisation)")
+    parser.add_argument("--per-channel", action="store_true", help="int8: one scale per weight column")
+    parser.add_argument("--atol", type=float, default=1e-3,
+                        help="bound on the largest |ONNX fp32 - PyTorch| logit difference (1e-3)")
+    parser.add_argument("--task", help="score PyTorch fp32, ONNX fp32 and ONNX int8 on this task (built-in name or "
+                        "task YAML)")
+    parser.add_argument("--split", choices=["dev", "test"], default="test", help="the task's split (test)")
+    parser.add_argument("--fold", type=int, help="cross-validation tasks: the fold")
+    parser.add_argument("--max-examples", type=int, help="score a fixed subset of the split (quick checks)")
+    parser.add_argument("--data", help="data folder (default: $BIODISTIL_DATA, else ../shared/data)")
+    parser.add_argument("--max-int8-drop", type=float, metavar="DROP",
+                        help="fail, writing nothing, when int8 scores more than DROP below PyTorch fp32 on the task "
+                        "(headline metric, 0-1 scale: 0.01 = 1 point)")
+    parser.set_defaults(run=_export)
