@@ -1,15 +1,18 @@
-"""`biodistil bench` on two tiny models with tiny lengths (no assertion on timings)."""
+"""`biodistil bench` on two tiny models with tiny lengths (no assertion on timings); peak memory of a run that
+allocates a known amount."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForMaskedLM
 
 from biodistil.cli.eval_commands import parse_model_spec
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.bench import format_bench, round_robin, run_bench, spread
+from biodistil.evaluation.bench import format_bench, peak_memory_bytes, round_robin, run_bench, spread
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.models.student import student_from_teacher_layers
 
@@ -47,13 +50,31 @@ def test_bench_two_tiny_models(teacher_dir, small_dir):
     assert teacher["disk_bytes"] > small["disk_bytes"] > 0 and teacher["max_length"] == 64
     entry = small["throughput"]["8"]
     assert entry["runs"] == 2 and entry["q1_ms"] <= entry["median_ms"] <= entry["q3_ms"]
-    assert entry["sequences_per_s"] > 0 and entry["peak_memory_bytes"] >= 0
+    assert entry["sequences_per_s"] == pytest.approx(4 / (entry["median_ms"] / 1000))  # batch 4 per median run
+    assert entry["tokens_per_s"] == pytest.approx(8 * entry["sequences_per_s"])  # length 8
+    assert isinstance(entry["peak_memory_bytes"], int)  # its size: test_peak_memory_counts_what_a_run_allocates
     assert "skipped" in small["latency"]["100"]  # longer than the 64 positions of the tiny models
     assert teacher["speedup"] == {"latency_8": 1.0, "throughput_8": 1.0} and set(small["speedup"]) == {
         "latency_8", "throughput_8"}
     assert "CPU" in result["memory_method"] or "CUDA" in result["memory_method"]
     text = format_bench(result)
     assert "speedup vs teacher" in text and "n/a (longer than the model's 64 positions)" in text
+
+
+def test_peak_memory_counts_what_a_run_allocates():
+    # a run that holds 64 MiB of float32 (every page written) for 50 ms — long enough for the 1 ms sampler used
+    # where the kernel's peak counter cannot be reset — raises the peak by about that much; a run that
+    # allocates nothing by far less
+    size = 64 * 2**20
+
+    def allocate() -> float:
+        block = torch.ones(size // 4)
+        time.sleep(0.05)
+        return float(block[-1])
+
+    cpu = torch.device("cpu")
+    assert 0.9 * size <= peak_memory_bytes(allocate, cpu) < 2 * size
+    assert peak_memory_bytes(lambda: 0.0, cpu) < size / 4
 
 
 def test_bench_cli_writes_json(teacher_dir, small_dir, tmp_path, capsys):

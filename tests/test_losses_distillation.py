@@ -13,7 +13,7 @@ def test_masked_lm_loss_is_mean_negative_log_likelihood_of_targets():
     logits = torch.tensor([[0.0, math.log(3)], [5.0, -5.0], [math.log(2), 0.0]])
     labels = torch.tensor([1, -100, 0])
     expected = -(math.log(3 / 4) + math.log(2 / 3)) / 2
-    assert masked_lm_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
+    assert masked_lm_loss(logits, labels).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_masked_lm_loss_without_targets_is_zero_and_differentiable():
@@ -29,15 +29,15 @@ def test_soft_kl_matches_hand_computation_with_temperature():
     teacher = torch.tensor([[2 * math.log(3), 0.0]])
     student = torch.tensor([[0.0, 0.0]])
     expected = 4 * (0.75 * math.log(1.5) + 0.25 * math.log(0.5))
-    assert soft_kl_loss(student, teacher, temperature=2.0).item() == pytest.approx(expected, rel=1e-6)
+    assert soft_kl_loss(student, teacher, temperature=2.0).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_soft_kl_is_averaged_over_rows_and_zero_for_equal_distributions():
     teacher = torch.tensor([[math.log(3), 0.0], [1.0, 1.0]])
     student = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
     row0 = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
-    assert soft_kl_loss(student, teacher, temperature=1.0).item() == pytest.approx(row0 / 2, rel=1e-6)
-    assert soft_kl_loss(teacher, teacher, temperature=3.0).item() == pytest.approx(0.0, abs=1e-7)
+    assert soft_kl_loss(student, teacher, temperature=1.0).item() == pytest.approx(row0 / 2, rel=1e-5)
+    assert soft_kl_loss(teacher, teacher, temperature=3.0).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_cosine_loss_averages_over_unmasked_tokens_only():

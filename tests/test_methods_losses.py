@@ -15,14 +15,14 @@ def test_soft_cross_entropy_by_hand() -> None:
     student = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])
     teacher = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])
     expected = (0.5 * math.log(16.0 / 3.0) + math.log(2.0)) / 2
-    assert soft_cross_entropy_loss(student, teacher).item() == pytest.approx(expected, rel=1e-6)
+    assert soft_cross_entropy_loss(student, teacher).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_soft_cross_entropy_temperature_divides_logits_without_t_squared() -> None:
     # T = 2: teacher (0, 2·ln 3)/2 → p_T = (1/4, 3/4); student (0, 0) → −¼·ln ½ − ¾·ln ½ = ln 2
     student = torch.zeros(1, 2)
     teacher = torch.tensor([[0.0, 2 * math.log(3.0)]])
-    assert soft_cross_entropy_loss(student, teacher, temperature=2.0).item() == pytest.approx(math.log(2.0))
+    assert soft_cross_entropy_loss(student, teacher, temperature=2.0).item() == pytest.approx(math.log(2.0), rel=1e-5)
 
 
 def test_soft_cross_entropy_is_kl_plus_teacher_entropy_and_has_gradient() -> None:

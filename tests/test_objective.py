@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from numerics import CLOSE, perturbed
 
 from biodistil.config import ArchitectureConfig, MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary
@@ -30,7 +31,7 @@ def narrow_student(tokenizer):
 
 
 def test_total_is_weighted_sum_of_terms_computed_independently(teacher, tokenizer):
-    student = student_from_teacher_layers(teacher)
+    student = perturbed(student_from_teacher_layers(teacher), seed=6)  # KL and cosine far above rounding noise
     module = MaskedLMModule(student, Objective(TRIPLE, student, teacher), teacher)
     module.eval()
     batch = masked_batch(tokenizer)
@@ -42,14 +43,15 @@ def test_total_is_weighted_sum_of_terms_computed_independently(teacher, tokenize
     mlm = masked_lm_loss(s_out.logits, batch["labels"])
     kl = soft_kl_loss(s_out.logits[attention], t_out.logits[attention], 2.0)
     cos = cosine_embedding_loss(s_out.hidden_states[-1], t_out.hidden_states[-1], attention)
-    assert logs["loss_mlm"].item() == pytest.approx(mlm.item(), rel=1e-5)
-    assert logs["loss_logit_kl"].item() == pytest.approx(kl.item(), rel=1e-4)
-    assert logs["loss_hidden_cosine"].item() == pytest.approx(cos.item(), rel=1e-5)
-    assert loss.item() == pytest.approx(2 * mlm.item() + 5 * kl.item() + cos.item(), rel=1e-5)
+    # logits at chosen positions vs at every position: other matmul shapes, equal up to rounding
+    for name, value in {"loss_mlm": mlm, "loss_logit_kl": kl, "loss_hidden_cosine": cos}.items():
+        assert value.item() > 1e-3, name
+        assert logs[name].item() == pytest.approx(value.item(), **CLOSE), name
+    assert loss.item() == pytest.approx(2 * mlm.item() + 5 * kl.item() + cos.item(), **CLOSE)
 
 
 def test_kl_on_masked_positions_only(teacher, tokenizer):
-    student = student_from_teacher_layers(teacher)
+    student = perturbed(student_from_teacher_layers(teacher), seed=7)
     cfg = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="logit_kl", positions="masked")])
     module = MaskedLMModule(student, Objective(cfg, student, teacher), teacher).eval()
     batch = masked_batch(tokenizer)
@@ -58,7 +60,8 @@ def test_kl_on_masked_positions_only(teacher, tokenizer):
     with torch.no_grad():
         t = teacher(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
         s = student(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
-    assert logs["loss_logit_kl"].item() == pytest.approx(soft_kl_loss(s, t, 1.0).item(), rel=1e-4)
+    expected = soft_kl_loss(s, t, 1.0).item()
+    assert expected > 1e-3 and logs["loss_logit_kl"].item() == pytest.approx(expected, **CLOSE)
 
 
 def test_gradients_reach_student_and_projection_never_teacher(teacher, tokenizer):
@@ -77,13 +80,16 @@ def test_gradients_reach_student_and_projection_never_teacher(teacher, tokenizer
 
 
 def test_padding_does_not_change_the_losses(teacher, tokenizer):
-    student = student_from_teacher_layers(teacher)
+    student = perturbed(student_from_teacher_layers(teacher), seed=8)
     module = MaskedLMModule(student, Objective(TRIPLE, student, teacher), teacher).eval()
     batch = masked_batch(tokenizer)
     assert (batch["attention_mask"] == 0).any()
     changed = dict(batch)
     changed["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7)
-    assert module(batch)[0].item() == pytest.approx(module(changed)[0].item(), rel=1e-5)
+    (_, logs), (_, logs_changed) = module(batch), module(changed)
+    for name, value in logs.items():  # every term, not just the total (which the MLM term dominates)
+        assert value.item() > 1e-3, name
+        assert logs_changed[name].item() == pytest.approx(value.item(), **CLOSE), name
 
 
 def test_teacher_terms_without_teacher_fail(tokenizer):

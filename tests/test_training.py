@@ -122,7 +122,7 @@ def test_two_process_accelerate_launch(tmp_path, teacher_dir, corpus_file):
                "-m", "biodistil", "distill", str(path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "ddp" / "model")
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "ddp" / "model").config.hidden_size == 16
     state = json.loads((tmp_path / "ddp" / "checkpoints" / "step-0000006" / "trainer_state.json").read_text())
     assert state["state"]["step"] == 6
     # two processes each took batches of 8: tokens seen count both
