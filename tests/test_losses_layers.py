@@ -5,12 +5,9 @@ import math
 import pytest
 import torch
 
-from biodistil.losses.distillation import cosine_embedding_loss
 from biodistil.losses.layers import (
     attention_kl_loss,
-    attention_kl_sum_loss,
     attention_mse_loss,
-    hidden_cosine_layer_loss,
     hidden_mse_loss,
     minilm_relation_loss,
     minilm_relations_loss,
@@ -57,15 +54,6 @@ def test_hidden_mse_rejects_different_widths() -> None:
         hidden_mse_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, 4), torch.ones(1, 2, dtype=torch.bool))
 
 
-def test_hidden_cosine_layer_loss_by_hand() -> None:
-    # token 1: (1,0) vs (0,1) → cos 0 → 1; token 2: (1,1) vs (2,2) → cos 1 → 0; mean = 0.5; token 3 padded
-    student = torch.tensor([[[1.0, 0.0], [1.0, 1.0], [5.0, 0.0]]])
-    teacher = torch.tensor([[[0.0, 1.0], [2.0, 2.0], [-5.0, 0.0]]])
-    mask = torch.tensor([[True, True, False]])
-    assert hidden_cosine_layer_loss(student, teacher, mask).item() == pytest.approx(0.5, abs=1e-6)
-    assert hidden_cosine_layer_loss(student, teacher, mask) == cosine_embedding_loss(student, teacher, mask)
-
-
 # ---------------------------------------------------------------- attention MSE
 
 
@@ -76,6 +64,16 @@ def test_attention_mse_by_hand() -> None:
     teacher = torch.tensor([[[[0.5, 0.5], [0.5, 0.5]], [[0.3, 0.7], [0.9, 0.1]]]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     assert attention_mse_loss(student, teacher, mask).item() == pytest.approx(0.0625)
+
+
+def test_attention_mse_on_unnormalised_scores_by_hand_ignores_padded_keys() -> None:
+    # TinyBERT compares scores Q·Kᵀ/√d. One head, 3 tokens, the last one padded.
+    # student scores (real block) [[1, 0], [0, 1]] vs teacher 0 → (1 + 0 + 0 + 1) / 4 real pairs = 0.5;
+    # the padded key column (9, 9) and the padded query row (huge values) never count.
+    student = torch.tensor([[[[1.0, 0.0, 9.0], [0.0, 1.0, 9.0], [1e4, 1e4, 1e4]]]])
+    teacher = torch.zeros(1, 1, 3, 3)
+    mask = torch.tensor([[True, True, False]])
+    assert attention_mse_loss(student, teacher, mask).item() == pytest.approx(0.5, rel=1e-6)
 
 
 def _attention_mse_reference(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> float:
@@ -121,7 +119,7 @@ def test_attention_kl_by_hand_student_first() -> None:
     # mean over the 2 real rows (row 1 has KL 0)
     assert attention_kl_loss(student, teacher, mask).item() == pytest.approx(expected_row0 / 2, rel=1e-5)
     # sum over rows of the sequence, mean over heads (1) and batch (1)
-    assert attention_kl_sum_loss(student, teacher, mask).item() == pytest.approx(expected_row0, rel=1e-5)
+    assert attention_kl_loss(student, teacher, mask, reduction="sum").item() == pytest.approx(expected_row0, rel=1e-5)
     # the reverse direction KL(a_T ‖ a_S) = .25·ln(.5) + .75·ln(1.5) is a different number
     reverse = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
     assert attention_kl_loss(student, teacher, mask).item() != pytest.approx(reverse / 2, rel=1e-3)
@@ -155,7 +153,9 @@ def test_attention_kl_matches_loop_reference_and_ignores_padding() -> None:
     student, teacher = _random_attention(2, 3, 4, seed=4), _random_attention(2, 3, 4, seed=5)
     expected_mean, expected_sum = _attention_kl_reference(student, teacher, MASK_4_2)
     assert attention_kl_loss(student, teacher, MASK_4_2).item() == pytest.approx(expected_mean, rel=1e-5)
-    assert attention_kl_sum_loss(student, teacher, MASK_4_2).item() == pytest.approx(expected_sum, rel=1e-5)
+    assert attention_kl_loss(student, teacher, MASK_4_2, reduction="sum").item() == pytest.approx(
+        expected_sum, rel=1e-5
+    )
     s2, t2 = _scramble_padding(student, MASK_4_2, 6), _scramble_padding(teacher, MASK_4_2, 7)
     assert attention_kl_loss(s2, t2, MASK_4_2).item() == pytest.approx(expected_mean, rel=1e-5)
     assert attention_kl_loss(s2, t2, MASK_4_2, reduction="sum").item() == pytest.approx(

@@ -93,6 +93,27 @@ def test_logit_mse_by_hand() -> None:
     assert logit_mse_loss(student, teacher, mask=torch.tensor([True, False])).item() == pytest.approx(2.5)
 
 
+def test_logit_mse_summed_over_classes_is_vekd_squared_norm_per_row() -> None:
+    # VE-KD: (1/n)·Σ_i ‖z_T(i) − z_S(i)‖². Row 1: 1 + 4 = 5; row 2: 0 + 4 = 4; mean over rows = 4.5 (= C × 2.25)
+    student = torch.tensor([[1.0, 2.0], [1.0, 1.0]])
+    teacher = torch.tensor([[0.0, 0.0], [1.0, 3.0]])
+    assert logit_mse_loss(student, teacher, class_reduction="sum").item() == pytest.approx(4.5)
+    # token logits [B, L, C] with a mask: only row 1 counts → 5; the padded row's garbage never enters
+    tokens_s = torch.tensor([[[1.0, 2.0], [100.0, -100.0]]])
+    tokens_t = torch.zeros(1, 2, 2)
+    keep = torch.tensor([[True, False]])
+    assert logit_mse_loss(tokens_s, tokens_t, keep, class_reduction="sum").item() == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="class_reduction"):
+        logit_mse_loss(student, teacher, class_reduction="max")  # type: ignore[arg-type]
+
+
+def test_logit_mse_of_no_rows_is_zero_with_a_graph() -> None:
+    student = torch.zeros(0, 3, requires_grad=True)
+    loss = logit_mse_loss(student, torch.zeros(0, 3), class_reduction="sum")
+    loss.backward()
+    assert loss.item() == 0.0 and student.grad is not None
+
+
 # ---------------------------------------------------------------- sigmoid KD
 
 

@@ -189,6 +189,14 @@ class TermConfig(Section):
     token_reduction: Literal["mean", "sum"] = Field(
         "mean", description="attention_kl: mean over heads and tokens, or sum over tokens averaged over heads"
     )
+    vocab_reduction: Literal["mean", "sum"] = Field(
+        "mean", description="logit_mse: squared errors averaged over the vocabulary (per-logit MSE) or summed over "
+        "it (VE-KD: (1/n)·Σ_i ‖z_T(i) − z_S(i)‖²); always averaged over positions",
+    )
+    attention_map: Literal["probabilities", "scores"] = Field(
+        "probabilities", description="attention_mse: softmax probabilities, or the unnormalised scores Q·Kᵀ/√d "
+        "(TinyBERT); padded keys are excluded either way",
+    )
     num_relation_heads: int | None = Field(
         None, ge=1, description="minilm_relations: relation heads (default: the teacher's attention heads)"
     )
@@ -200,6 +208,10 @@ class TermConfig(Section):
     def _options_fit_the_loss(self) -> TermConfig:
         if self.layer_map is not None and self.loss not in LAYER_LOSSES:
             raise ValueError(f"layer_map applies to {', '.join(LAYER_LOSSES)}; not to loss={self.loss}")
+        if self.vocab_reduction != "mean" and self.loss != "logit_mse":
+            raise ValueError(f"vocab_reduction applies to logit_mse; not to loss={self.loss}")
+        if self.attention_map != "probabilities" and self.loss != "attention_mse":
+            raise ValueError(f"attention_map: scores applies to attention_mse; not to loss={self.loss}")
         if self.hinge_weight != 1.0 and self.epsilon is None:
             raise ValueError("hinge_weight needs epsilon (the tolerance hinge is max(hinge_weight·L − epsilon, 0))")
         if not self.relations or len(set(self.relations)) != len(self.relations):

@@ -1,8 +1,10 @@
 """Task-agnostic layer losses: hidden states, attention maps, MiniLMv2 relations, VE-KD tolerance.
 
-Shapes: hidden states [B, L, D]; attention probabilities [B, H, L, L] with rows = queries and
-columns = keys; `mask` [B, L] bool, True for real tokens. Padded query rows and padded key columns
-never contribute, so values stored at padded positions do not change any loss here.
+Shapes: hidden states [B, L, D]; attention maps [B, H, L, L] (probabilities, or for `attention_mse_loss`
+also the unnormalised scores Q·Kᵀ/√d) with rows = queries and columns = keys; `mask` [B, L] bool, True for
+real tokens. Padded query rows and padded key columns never contribute, so values stored at padded
+positions do not change any loss here. The layer-wise cosine loss is `cosine_embedding_loss`
+(`biodistil.losses.distillation`).
 """
 
 import math
@@ -12,7 +14,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from biodistil.losses.distillation import cosine_embedding_loss, masked_mean
+from biodistil.losses.distillation import masked_mean
 
 ATTENTION_EPS = 1e-12
 
@@ -57,13 +59,6 @@ def hidden_mse_loss(
     return masked_mean(per_token, mask.bool())
 
 
-def hidden_cosine_layer_loss(
-    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Layer-wise cosine loss (1/N) Σ_tokens (1 − cos(h_S, h_T)); same as `cosine_embedding_loss`."""
-    return cosine_embedding_loss(student_hidden, teacher_hidden, mask)
-
-
 def attention_mse_loss(
     student_attn: torch.Tensor, teacher_attn: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -71,7 +66,9 @@ def attention_mse_loss(
 
     The squared error is averaged over heads and over every entry whose query row AND key column are
     real tokens; each head has the same number of such entries, so this is the mean over heads of the
-    per-head MSE.
+    per-head MSE. `a` may be attention probabilities, or — as TinyBERT defines the loss — the unnormalised
+    scores Q·Kᵀ/√d before the softmax (`biodistil.models.attention.attention_scores`); padded key columns
+    are excluded either way, so no −∞ or masking constant ever enters the loss.
     """
     _check_attention(student_attn, teacher_attn, mask)
     pair_mask = _row_mask(mask, student_attn.size(1))[..., None] & _key_mask(mask)
@@ -107,16 +104,6 @@ def attention_kl_loss(
         per_head = (per_row * rows.to(per_row.dtype)).sum(-1)  # [B, H]
         return per_head.mean()
     raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-
-
-def attention_kl_sum_loss(
-    student_attn: torch.Tensor, teacher_attn: torch.Tensor, mask: torch.Tensor, eps: float = ATTENTION_EPS
-) -> torch.Tensor:
-    """MobileBERT attention transfer (1/H) Σ_heads Σ_tokens KL(a_S ‖ a_T), averaged over the batch.
-
-    Same as `attention_kl_loss(..., reduction="sum")`.
-    """
-    return attention_kl_loss(student_attn, teacher_attn, mask, reduction="sum", eps=eps)
 
 
 def _split_heads(x: torch.Tensor, num_heads: int, who: str) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -80,14 +81,27 @@ def hinton_kd_loss(
 
 
 def logit_mse_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None = None
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    class_reduction: Literal["mean", "sum"] = "mean",
 ) -> torch.Tensor:
-    """Logit regression MSE(z_S, z_T) = (1/(N·C)) Σ_rows Σ_classes (z_S − z_T)² over the rows `mask` keeps."""
+    """Logit regression over the N rows `mask` keeps, always averaged over rows; over the C classes:
+
+    - class_reduction="mean": (1/(N·C)) Σ_rows Σ_classes (z_S − z_T)², the per-logit MSE;
+    - class_reduction="sum": (1/N) Σ_rows ‖z_S − z_T‖², the squared norm summed over the classes — VE-KD's
+      L′_MSE = (1/n) Σ_i ‖L′_t(i) − L′_s(i)‖² over token positions i and the vocabulary (its code:
+      MSELoss(reduction="sum") divided by the number of rows). C times the per-logit mean.
+    """
     _check_same_shape(student_logits, teacher_logits)
-    per_row = (student_logits.float() - teacher_logits.float()).pow(2).mean(-1)
-    if mask is None:
-        return per_row.mean()
-    return masked_mean(per_row, mask.bool())
+    squared = (student_logits.float() - teacher_logits.float()).pow(2)
+    if class_reduction == "mean":
+        per_row = squared.mean(-1)
+    elif class_reduction == "sum":
+        per_row = squared.sum(-1)
+    else:
+        raise ValueError(f"class_reduction must be 'mean' or 'sum', got {class_reduction!r}")
+    return masked_mean(per_row, torch.ones_like(per_row, dtype=torch.bool) if mask is None else mask.bool())
 
 
 def _positive_logit(logits: torch.Tensor, who: str) -> torch.Tensor:

@@ -112,8 +112,9 @@ def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
 
 
 def _logit_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """MSE(z_S, z_T) over the term's positions and the shared vocabulary."""
-    return logit_mse_loss(*_logit_rows(term, x))
+    """(1/N)·Σ_rows of the squared errors over the shared vocabulary, averaged (`vocab_reduction: mean`) or
+    summed (`sum`, VE-KD's L′_MSE) over it, at the term's N positions."""
+    return logit_mse_loss(*_logit_rows(term, x), class_reduction=term.cfg.vocab_reduction)
 
 
 # ------------------------------------------------------------------------------------------ layer terms
@@ -137,11 +138,13 @@ def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
 
 
 def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """Σ_l (1/H)·Σ_heads MSE(a_S^l, a_T^g(l)) (TinyBERT)."""
-    values = [
-        attention_mse_loss(x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask)
-        for s, t in term.pairs
-    ]
+    """Σ_l (1/H)·Σ_heads MSE(a_S^l, a_T^g(l)) over real (query, key) pairs, on attention probabilities or, with
+    `attention_map: scores`, on the unnormalised scores Q·Kᵀ/√d (TinyBERT)."""
+    if term.cfg.attention_map == "scores":
+        student, teacher = x.student.attention_scores_at, x.teacher.attention_scores_at
+    else:
+        student, teacher = x.student.attention_at, x.teacher.attention_at
+    values = [attention_mse_loss(student(s), teacher(t), x.attention_mask) for s, t in term.pairs]
     return _reduce(values, term.cfg.layer_reduction)
 
 
@@ -322,7 +325,10 @@ def _request(term: Term, teacher: bool) -> FeatureRequest:
     if kind.features == "logits":
         return FeatureRequest(logits=True)
     layers = {pair[1] if teacher else pair[0] for pair in term.pairs}
-    return FeatureRequest(**{_REQUEST_FIELD[kind.features]: layers})
+    field = _REQUEST_FIELD[kind.features]
+    if kind.features == "attention" and term.cfg.attention_map == "scores":
+        field = "attention_scores"
+    return FeatureRequest(**{field: layers})
 
 
 def _merged(requests: Iterable[FeatureRequest]) -> FeatureRequest:

@@ -9,7 +9,8 @@ pass; the hooks are removed right after it. For those layers the probabilities a
 
 which costs one extra Q·Kᵀ, softmax and [B, H, L, L] tensor per inspected layer; layers nobody inspects pay
 nothing. The recomputed probabilities are those before attention dropout (identical to eager attention in
-eval mode). Q/K/V are handed unchanged to MiniLMv2's relation loss, which needs no probabilities at all.
+eval mode). TinyBERT's attention loss reads the unnormalised scores Q·Kᵀ/√d instead (`attention_scores`).
+Q/K/V are handed unchanged to MiniLMv2's relation loss, which needs no probabilities at all.
 """
 
 import math
@@ -51,6 +52,21 @@ def _recorder(slot: dict[str, torch.Tensor], name: str):
     return hook
 
 
+def attention_scores(query: torch.Tensor, key: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Unnormalised attention scores s = Q_h·K_hᵀ/√d per head h, before any padding mask or softmax.
+
+    `query`/`key` are concatenated-head projections [B, L, H·d]. Returns float32 scores [B, H, L, L]
+    (rows = queries). Entries in padded rows or columns are plain Q·Kᵀ/√d values that attention losses ignore.
+    """
+    batch, length, width = query.shape
+    if width % num_heads:
+        raise ValueError(f"projection width {width} is not a multiple of {num_heads} heads")
+    head = width // num_heads
+    q = query.float().view(batch, length, num_heads, head).transpose(1, 2)
+    k = key.float().view(batch, key.size(1), num_heads, head).transpose(1, 2)
+    return q @ k.transpose(-1, -2) / math.sqrt(head)
+
+
 def attention_probabilities(
     query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, num_heads: int
 ) -> torch.Tensor:
@@ -60,12 +76,6 @@ def attention_probabilities(
     Returns float32 probabilities [B, H, L, L] (rows = queries). Padded query rows still hold a distribution
     over the real keys, as in the model's own attention; attention losses ignore them.
     """
-    batch, length, width = query.shape
-    if width % num_heads:
-        raise ValueError(f"projection width {width} is not a multiple of {num_heads} heads")
-    head = width // num_heads
-    q = query.float().view(batch, length, num_heads, head).transpose(1, 2)
-    k = key.float().view(batch, key.size(1), num_heads, head).transpose(1, 2)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(head)
+    scores = attention_scores(query, key, num_heads)
     scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1)

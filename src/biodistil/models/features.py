@@ -2,8 +2,8 @@
 
 Vocabulary logits are computed only at the requested positions: over a 30k vocabulary the MLM head at
 every position is most of a small student's cost, and the MLM and soft-MLM losses only use some positions.
-Attention probabilities and Q/K/V come from hooks on the layers that are inspected only (see
-`biodistil.models.attention`), so the model keeps its fast attention kernel everywhere.
+Attention probabilities, unnormalised attention scores and Q/K/V come from hooks on the layers that are
+inspected only (see `biodistil.models.attention`), so the model keeps its fast attention kernel everywhere.
 """
 
 from dataclasses import dataclass, field
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.attention import attention_probabilities, capture_qkv
+from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv
 from biodistil.models.families import encoder_of, mlm_logits, num_heads, num_layers
 
 
@@ -19,19 +19,22 @@ from biodistil.models.families import encoder_of, mlm_logits, num_heads, num_lay
 class FeatureRequest:
     """Which tensors a loss needs from one model.
 
-    `hidden` uses hidden-state indices (0 = embeddings, L or -1 = last layer); `attentions` and `qkv` use
-    transformer-layer indices 1..L (-1 = last): layer l is the block whose output is hidden state l.
+    `hidden` uses hidden-state indices (0 = embeddings, L or -1 = last layer); `attentions` (probabilities),
+    `attention_scores` (Q·Kᵀ/√d before the softmax) and `qkv` use transformer-layer indices 1..L (-1 = last):
+    layer l is the block whose output is hidden state l.
     """
 
     hidden: set[int] = field(default_factory=set)
     logits: bool = False
     attentions: set[int] = field(default_factory=set)
     qkv: set[int] = field(default_factory=set)
+    attention_scores: set[int] = field(default_factory=set)
 
     def merge(self, other: "FeatureRequest") -> "FeatureRequest":
         return FeatureRequest(
             self.hidden | other.hidden, self.logits or other.logits,
             self.attentions | other.attentions, self.qkv | other.qkv,
+            self.attention_scores | other.attention_scores,
         )
 
 
@@ -48,12 +51,16 @@ class Features:
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] probabilities
     qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # {"q", "k", "v"} -> [B, L, H·d]
     positions: torch.Tensor | None = None
+    attention_scores: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] Q·Kᵀ/√d, unmasked
 
     def hidden_at(self, index: int) -> torch.Tensor:
         return self.hidden[normalise_layer(index, self.num_layers)]
 
     def attention_at(self, index: int) -> torch.Tensor:
         return self.attentions[normalise_block(index, self.num_layers)]
+
+    def attention_scores_at(self, index: int) -> torch.Tensor:
+        return self.attention_scores[normalise_block(index, self.num_layers)]
 
     def qkv_at(self, index: int) -> dict[str, torch.Tensor]:
         return self.qkv[normalise_block(index, self.num_layers)]
@@ -89,11 +96,12 @@ def extract_features(
     wanted = {normalise_layer(i, layers) for i in request.hidden}
     attention_layers = {normalise_block(i, layers) for i in request.attentions}
     qkv_layers = {normalise_block(i, layers) for i in request.qkv}
+    score_layers = {normalise_block(i, layers) for i in request.attention_scores}
     need_all = bool(wanted - {layers})
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     if "token_type_ids" in batch:
         inputs["token_type_ids"] = batch["token_type_ids"]
-    with capture_qkv(model, attention_layers | qkv_layers) as captured:
+    with capture_qkv(model, attention_layers | qkv_layers | score_layers) as captured:
         output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
@@ -104,6 +112,7 @@ def extract_features(
     attentions = {
         i: attention_probabilities(captured[i]["q"], captured[i]["k"], mask, heads) for i in attention_layers
     }
+    scores = {i: attention_scores(captured[i]["q"], captured[i]["k"], heads) for i in score_layers}
     logits = None
     if request.logits:
         if positions is None:
@@ -112,4 +121,5 @@ def extract_features(
     return Features(
         hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
         qkv={i: captured[i] for i in qkv_layers}, positions=positions if request.logits else None,
+        attention_scores=scores,
     )
