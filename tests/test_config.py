@@ -1,12 +1,16 @@
 """Recipes: validation, overrides, and errors that name the problem."""
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from biodistil.config import DistillRecipe, PretrainRecipe, load_recipe
 from biodistil.errors import BiodistilError
+from biodistil.methods.task_recipe import KDRecipe, StudyRecipe
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def write(tmp_path, data) -> str:
@@ -80,16 +84,37 @@ def test_not_yaml_and_missing_file(tmp_path):
         load_recipe(DistillRecipe, write(tmp_path, BASE), ["no-equals-sign"])
 
 
-@pytest.mark.parametrize("name", ["distilbiobert", "biolm-distill-align"])
-def test_shipped_distill_recipes_validate(name):
-    from pathlib import Path
-
-    recipe = load_recipe(DistillRecipe, Path(__file__).parents[1] / "recipes" / f"{name}.yaml")
-    assert recipe.objective.terms
+def _terms(recipe: DistillRecipe, loss: str) -> list:
+    return [term for term in recipe.objective.terms if term.loss == loss]
 
 
-@pytest.mark.parametrize("name", ["pretrain-scratch", "continual-pretrain"])
-def test_shipped_pretrain_recipes_validate(name):
-    from pathlib import Path
+def test_task_agnostic_recipes_carry_the_papers_settings():
+    # (every recipe validating as written: tests/test_methods_recipes.py; the quotes are in the recipes)
+    distil = load_recipe(DistillRecipe, RECIPES / "distilbiobert.yaml")
+    assert distil.train.max_steps == 100_000, '"all of our distilled models for 100k steps"'
+    for name in ("distilbiobert", "compactbiobert"):  # eq. 2: W_n = 1 for masked tokens only
+        assert [t.positions for t in _terms(load_recipe(DistillRecipe, RECIPES / f"{name}.yaml"), "logit_kl")] == [
+            "masked"], name
+    biolm = load_recipe(DistillRecipe, RECIPES / "biolm-distill-align.yaml")
+    assert biolm.train.max_steps == 50_000 and biolm.train.warmup_steps is None
+    assert biolm.train.resolved_warmup() == 2_500, "warm-up over the first 5% of steps"
+    for name in ("tinybiobert-4l-312", "tinybiobert-6l-768"):  # TinyBERT: MSE of the unnormalised scores
+        attention = _terms(load_recipe(DistillRecipe, RECIPES / f"{name}.yaml"), "attention_mse")
+        assert [t.attention_map for t in attention] == ["scores"], name
+    (mse,) = _terms(load_recipe(DistillRecipe, RECIPES / "vekd.yaml"), "logit_mse")
+    assert mse.vocab_reduction == "sum" and mse.epsilon == 0.5 and mse.positions == "known"
 
-    assert load_recipe(PretrainRecipe, Path(__file__).parents[1] / "recipes" / f"{name}.yaml")
+
+def test_transfer_recipes_carry_the_papers_settings():
+    # "a learning rate of 8e-6", "a sigmoid temperature of 1", "approximately 1000 to 1200 steps with a batch
+    # size of 12"
+    for name in ("kd-bioasq-boolq", "kd-bioasq-random-boolq"):
+        recipe = load_recipe(KDRecipe, RECIPES / f"{name}.yaml")
+        assert (recipe.kd.soft_loss, recipe.kd.temperature, recipe.kd.epochs) == ("sigmoid", 1.0, None), name
+        assert (recipe.train.learning_rate, recipe.train.batch_size, recipe.train.max_grad_norm) == (8e-6, 12, 1.0)
+        assert 1000 <= recipe.train.max_steps <= 1200, name
+    study = load_recipe(StudyRecipe, RECIPES / "transfer-study.yaml")
+    kd = study.defaults["kd"]
+    assert kd["kd"]["temperature"] == 1.0 and "epochs" not in kd["kd"]
+    assert (kd["train"]["learning_rate"], kd["train"]["batch_size"]) == (8e-6, 12)
+    assert 1000 <= kd["train"]["max_steps"] <= 1200 and study.seeds == [1, 2, 3]
