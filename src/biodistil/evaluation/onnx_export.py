@@ -108,7 +108,8 @@ def _build(loaded: LoadedModel, folder: Path, options: ExportOptions,
     graph = export_fp32(loaded, folder / VARIANT_FILES["fp32"])
     check_graph(folder / VARIANT_FILES["fp32"])
     lengths = check_lengths(loaded.max_length)
-    batches = parity_batches(loaded.tokenizer, loaded.input_names, lengths)
+    two_segments = getattr(loaded.model.config, "type_vocab_size", 1) > 1
+    batches = parity_batches(loaded.tokenizer, loaded.input_names, lengths, two_segments)
     fp32 = OnnxModel(folder / VARIANT_FILES["fp32"])
     checks: dict[str, Any] = {"lengths": lengths, "atol": options.atol,
                               "fp32": compare_outputs(loaded.model, fp32, batches, loaded.head)}
@@ -185,7 +186,7 @@ def _description(loaded: LoadedModel, graph: dict[str, Any], files: dict[str, st
         "format": EXPORT_FORMAT, "source": str(loaded.folder), "head": loaded.head,
         "architecture": (config.architectures or [type(loaded.model).__name__])[0], "labels": labels,
         "max_length": loaded.max_length, "opset": OPSET, "exporter": "torch.onnx.export (dynamo)",
-        "attention": config._attn_implementation, **graph, "files": files,
+        "attention": getattr(config, "_attn_implementation", None), **graph, "files": files,
         "bytes": {variant: (folder / name).stat().st_size for variant, name in files.items()},
         "parameters": parameter_counts(loaded.model), "quantization": quantization, "checks": checks,
         "accuracy": accuracy, "versions": _versions(),

@@ -256,10 +256,10 @@ def _ids_of_length(tokenizer: PreTrainedTokenizerBase, start: int, length: int) 
             return ids
 
 
-def parity_batches(tokenizer: PreTrainedTokenizerBase, names: Sequence[str],
-                   lengths: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-    """Per length: a batch of 2 (one full row with two segments, one padded to the length from half of it),
-    and one batch of 1 at the first length."""
+def parity_batches(tokenizer: PreTrainedTokenizerBase, names: Sequence[str], lengths: Sequence[int],
+                   two_segments: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Per length: a batch of 2 (one full row, with two segments if the model has them; one padded to the length
+    from half of it), and one batch of 1 at the first length."""
     batches = []
     for index, length in enumerate(lengths):
         full = _ids_of_length(tokenizer, index, length)
@@ -268,7 +268,7 @@ def parity_batches(tokenizer: PreTrainedTokenizerBase, names: Sequence[str],
         ids = torch.tensor([full, short + [pad] * (length - len(short))])
         mask = torch.tensor([[1] * length, [1] * len(short) + [0] * (length - len(short))])
         segments = torch.zeros_like(ids)
-        segments[0, length // 2:] = 1
+        segments[0, length // 2:] = int(two_segments)
         batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": segments})
     batches.append({key: value[:1] for key, value in batches[0].items()})
     return [{key: value for key, value in batch.items() if key in names} for batch in batches]
