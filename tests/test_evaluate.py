@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from transformers import AutoModelForMaskedLM
+from transformers import AutoConfig, AutoModelForMaskedLM
 
 from biodistil.cli.main import main
 from biodistil.config import load_recipe, validate_recipe
@@ -102,11 +102,20 @@ def test_missing_tasks_are_skipped_with_a_note(tmp_path):
 
 def test_missing_model_folder_is_an_error_before_any_work(tmp_path):
     with pytest.raises(BiodistilError, match="model folder 'runs/nowhere/model' not found"):
-        check_models(recipe(models=["runs/nowhere/model"]))
+        check_models(recipe(models=["runs/nowhere/model"]), tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(BiodistilError, match=re.escape("has no config.json")):
-        check_models(recipe(models=[str(tmp_path / "empty")]))
-    assert check_models(recipe(models=["org/hub-model"])) == [("hub-model", "org/hub-model")]
+        check_models(recipe(models=[str(tmp_path / "empty")]), tmp_path)
+    assert check_models(recipe(models=["org/hub-model"]), tmp_path) == [("hub-model", "org/hub-model")]
+
+
+def test_a_model_entry_with_layers_is_evaluated_as_that_shallower_model(teacher_dir, tmp_path):
+    models = check_models(recipe(models=[str(teacher_dir), {"name": "half", "path": str(teacher_dir),
+                                                            "layers": [1, 3]}]), tmp_path)
+    assert models[0][1] == str(teacher_dir)
+    label, path = models[1]
+    assert label == "half" and path == str(tmp_path / "init_models" / "half" / "init_model")
+    assert AutoConfig.from_pretrained(path).num_hidden_layers == 2
 
 
 def test_cross_validation_seeds_average_their_folds():

@@ -105,6 +105,7 @@ class TeacherRequest:
     task: TaskSpec
     cls_layers: tuple[int, ...] = ()
     batch_size: int = 64
+    progress_bar: bool = True
 
     def key(self) -> dict[str, Any]:
         task = self.task
@@ -147,7 +148,8 @@ def teacher_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req
     by_length = sorted(range(len(encoded)), key=lambda i: len(encoded.features[i]["input_ids"]))
     batches = [by_length[begin:begin + request.batch_size] for begin in range(0, len(by_length), request.batch_size)]
     rows: list[dict[str, Any]] = [{} for _ in range(len(encoded))]
-    with tqdm(total=len(encoded), desc="teacher outputs", unit="ex", disable=None) as bar:
+    with tqdm(total=len(encoded), desc="teacher outputs", unit="ex", dynamic_ncols=True,
+              disable=not request.progress_bar) as bar:
         for indices in batches:
             batch = {k: v.to(device) for k, v in collate([encoded.features[i] for i in indices]).items()
                      if k in MODEL_INPUTS}

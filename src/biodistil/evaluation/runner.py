@@ -38,6 +38,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.metrics import aggregate_folds, summarize_seeds
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.tasks import TaskSpec, get_task
+from biodistil.methods.finetune import init_model_path
 from biodistil.training.io import atomic_write_json, atomic_write_text
 
 RESULTS_FORMAT = "biodistil-evaluate/1"
@@ -157,8 +158,9 @@ def _looks_like_path(path: str) -> bool:
     return path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
 
 
-def check_models(recipe: EvaluateRecipe) -> list[tuple[str, str]]:
-    """(label, path) of every model, after checking that local folders exist and hold a model."""
+def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
+    """(label, path) of every model, after checking that local folders exist and hold a model; an entry with
+    `layers` is written once as that shallower model to <out>/init_models/<label>."""
     models = []
     for label, entry in zip(recipe.model_labels(), recipe.models, strict=True):
         local = Path(entry.path).expanduser()
@@ -169,7 +171,7 @@ def check_models(recipe: EvaluateRecipe) -> list[tuple[str, str]]:
         if not local.exists() and _looks_like_path(entry.path):
             raise BiodistilError(f"Recipe models: model folder '{entry.path}' not found (expected a folder with "
                                  "config.json, or a Hub id such as dmis-lab/biobert-base-cased-v1.2)")
-        models.append((label, entry.path))
+        models.append((label, init_model_path(entry.path, entry.layers, out / "init_models" / label)))
     return models
 
 
@@ -353,7 +355,7 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     _check_output(out, resume)
     if recipe.data.root is not None:
         resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
-    models = check_models(recipe)
+    models = check_models(recipe, out)
     tasks, skipped = plan_tasks(recipe)
     for note in skipped:
         print(f"Skipping task {note['task']}: {note['reason']}", flush=True)

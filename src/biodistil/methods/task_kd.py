@@ -478,7 +478,8 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     teacher_path = recipe.teacher.name_or_path
     pairs = pkd_pairs(recipe.kd, student, int(AutoConfig.from_pretrained(teacher_path).num_hidden_layers))
     if recipe.outputs_mode() == "cached":
-        request = TeacherRequest(task, tuple(t for _, t in pairs), recipe.train.batch_size * 2)
+        request = TeacherRequest(task, tuple(t for _, t in pairs), recipe.train.batch_size * 2,
+                                 recipe.train.progress_bar)
         table = cached_teacher_outputs(teacher_path, train_examples, request, recipe.kd.cache_dir, device)
         features = kd_features(task, train_examples, tokenizer, table)
         return KDModule(student, task, recipe.kd, None, pairs), features, None
