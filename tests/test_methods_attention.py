@@ -15,6 +15,7 @@ from biodistil.methods.objective import Objective
 from biodistil.models.attention import attention_probabilities, attention_scores
 from biodistil.models.families import layer_list, qkv_modules
 from biodistil.models.features import FeatureRequest, extract_features
+from biodistil.models.qkv import split_heads
 from biodistil.models.student import student_from_teacher_layers
 
 TINY = {
@@ -58,13 +59,13 @@ def test_hooked_attention_equals_eager_attention(model_type):
 def test_attention_scores_by_hand():
     # 2 heads of width d = 4 (√d = 2). Query token 0 = (2,0,0,0 | 0,0,0,4); keys (1,0,0,0 | 0,0,0,1) and
     # (0,1,0,0 | 0,0,0,3): head 0 → (2/2, 0) = (1, 0); head 1 → (4/2, 12/2) = (2, 6). Query token 1 is 0.
-    query = torch.tensor([[[2.0, 0, 0, 0, 0, 0, 0, 4], [0.0] * 8]])
-    key = torch.tensor([[[1.0, 0, 0, 0, 0, 0, 0, 1], [0.0, 1, 0, 0, 0, 0, 0, 3]]])
-    scores = attention_scores(query, key, num_heads=2)
+    query = split_heads(torch.tensor([[[2.0, 0, 0, 0, 0, 0, 0, 4], [0.0] * 8]]), num_heads=2)
+    key = split_heads(torch.tensor([[[1.0, 0, 0, 0, 0, 0, 0, 1], [0.0, 1, 0, 0, 0, 0, 0, 3]]]), num_heads=2)
+    scores = attention_scores(query, key)
     expected = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]], [[2.0, 6.0], [0.0, 0.0]]]])
     assert scores.shape == (1, 2, 2, 2) and torch.equal(scores, expected)
     # the probabilities are their softmax over the real keys: with key 1 padded, all weight on key 0
-    probabilities = attention_probabilities(query, key, torch.tensor([[True, False]]), num_heads=2)
+    probabilities = attention_probabilities(query, key, torch.tensor([[True, False]]))
     assert torch.equal(probabilities[..., 0], torch.ones(1, 2, 2)) and torch.equal(probabilities[..., 1],
                                                                                      torch.zeros(1, 2, 2))
 

@@ -103,18 +103,25 @@ class MaskingConfig(Section):
 class ArchitectureConfig(Section):
     """A randomly initialised encoder described by its shape."""
 
-    model_type: Literal["bert", "roberta", "distilbert"] = "bert"
+    model_type: Literal["bert", "roberta", "distilbert", "modernbert"] = "bert"
     num_layers: int = Field(6, ge=1)
     hidden_size: int = Field(768, ge=8)
     num_heads: int = Field(12, ge=1)
     intermediate_size: int = Field(3072, ge=8)
     max_position_embeddings: int = Field(512, ge=8)
     dropout: float = Field(0.1, ge=0, lt=1)
+    global_attention_every: int | None = Field(
+        None, ge=1, description="modernbert: layer i attends globally when i % n == 0, locally otherwise (default 3)")
+    local_attention: int | None = Field(
+        None, ge=2, description="modernbert: local window, keys within ±local_attention/2 (default 128)")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ArchitectureConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.model_type != "modernbert" and (self.global_attention_every or self.local_attention):
+            raise ValueError("global_attention_every and local_attention describe ModernBERT's global/local layers; "
+                             f"model_type {self.model_type!r} has global attention only")
         return self
 
 

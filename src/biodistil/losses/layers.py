@@ -40,9 +40,14 @@ def _row_mask(mask: torch.Tensor, num_heads: int) -> torch.Tensor:
     return mask.bool()[:, None, :].expand(-1, num_heads, -1)
 
 
-def _key_mask(mask: torch.Tensor) -> torch.Tensor:
-    """[B, L] token mask → [B, 1, 1, L] mask of real key columns (broadcasts over heads and rows)."""
-    return mask.bool()[:, None, None, :]
+def _key_mask(mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, L] token mask → [B, 1, 1, L] mask of real key columns (broadcasts over heads and rows); with a window w,
+    [B, 1, L, L] that also drops the keys j with |i − j| > w from query row i."""
+    keys = mask.bool()[:, None, None, :]
+    if window is None:
+        return keys
+    positions = torch.arange(mask.size(1), device=mask.device)
+    return keys & ((positions[:, None] - positions[None, :]).abs() <= window)[None, None]
 
 
 def hidden_mse_loss(
@@ -60,7 +65,7 @@ def hidden_mse_loss(
 
 
 def attention_mse_loss(
-    student_attn: torch.Tensor, teacher_attn: torch.Tensor, mask: torch.Tensor
+    student_attn: torch.Tensor, teacher_attn: torch.Tensor, mask: torch.Tensor, window: int | None = None
 ) -> torch.Tensor:
     """TinyBERT attention loss (1/H) Σ_heads MSE(a_S, a_T) over real (query, key) pairs.
 
@@ -68,10 +73,11 @@ def attention_mse_loss(
     real tokens; each head has the same number of such entries, so this is the mean over heads of the
     per-head MSE. `a` may be attention probabilities, or — as TinyBERT defines the loss — the unnormalised
     scores Q·Kᵀ/√d before the softmax (`biodistil.models.attention.attention_scores`); padded key columns
-    are excluded either way, so no −∞ or masking constant ever enters the loss.
+    are excluded either way, so no −∞ or masking constant ever enters the loss. With `window` w (local attention)
+    only the pairs with |i − j| ≤ w count.
     """
     _check_attention(student_attn, teacher_attn, mask)
-    pair_mask = _row_mask(mask, student_attn.size(1))[..., None] & _key_mask(mask)
+    pair_mask = _row_mask(mask, student_attn.size(1))[..., None] & _key_mask(mask, window)
     squared = (student_attn.float() - teacher_attn.float()).pow(2)
     return masked_mean(squared, pair_mask)
 
@@ -82,11 +88,13 @@ def attention_kl_loss(
     mask: torch.Tensor,
     reduction: Reduction = "mean",
     eps: float = ATTENTION_EPS,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention-distribution loss with KL(a_S ‖ a_T) = Σ_keys a_S · (log a_S − log a_T) per query row.
 
     Note the direction: student first (as in the CompactBioBERT / MobileBERT write-up), not the usual
-    teacher-first KL. Probabilities are clamped to `eps` before the log; padded key columns are excluded.
+    teacher-first KL. Probabilities are clamped to `eps` before the log; padded key columns are excluded, and with
+    `window` w (local attention) so are the keys j with |i − j| > w.
     - reduction="mean": (1/(H·N)) Σ_heads Σ_tokens KL, averaged over heads and all real query rows
       of the batch (CompactBioBERT).
     - reduction="sum": (1/H) Σ_heads Σ_tokens KL, summed over the real query rows of each sequence,
@@ -95,7 +103,7 @@ def attention_kl_loss(
     _check_attention(student_attn, teacher_attn, mask)
     p_student = student_attn.float()
     log_ratio = p_student.clamp_min(eps).log() - teacher_attn.float().clamp_min(eps).log()
-    terms = torch.where(_key_mask(mask), p_student * log_ratio, torch.zeros_like(log_ratio))
+    terms = torch.where(_key_mask(mask, window), p_student * log_ratio, torch.zeros_like(log_ratio))
     per_row = terms.sum(-1)  # [B, H, L]
     rows = _row_mask(mask, per_row.size(1))
     if reduction == "mean":

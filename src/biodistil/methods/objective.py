@@ -7,6 +7,8 @@ objective: they are trained and checkpointed with the student, but never exporte
 
 Layer terms compare one (student layer, teacher layer) pair or, with `layer_map`, every student
 transformer layer l = 1..M with teacher layer g(l) (uniform or explicit, `biodistil.methods.layer_map`).
+Attention terms compare the two maps on the keys both layers can see: when one of them is a local
+(sliding-window) layer, the other's attention is restricted to the same window and renormalised.
 A term with `epsilon` passes through the VE-KD tolerance hinge max(W·L − ε, 0) before its weight.
 """
 
@@ -32,7 +34,8 @@ from biodistil.losses.layers import (
 from biodistil.losses.prediction import soft_cross_entropy_loss
 from biodistil.losses.task import logit_mse_loss
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
-from biodistil.models.families import hidden_size, num_heads, num_layers, qkv_modules
+from biodistil.models.attention import restrict_to_window
+from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 
@@ -71,6 +74,7 @@ class Term:
     pairs: Pairs
     name: str
     relation_heads: int | None = None
+    windows: tuple[int | None, ...] = ()  # attention terms: per pair, the narrower window of the two layers
 
 
 @dataclass(frozen=True)
@@ -137,24 +141,30 @@ def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     return compute
 
 
+def _attention_pairs(term: Term, x: TermInputs, scores: bool = False):
+    """(a_S^l, a_T^g(l), w) per layer pair: both maps on the keys both layers see (window w; None: every key)."""
+    if scores:
+        student, teacher = x.student.attention_scores_at, x.teacher.attention_scores_at
+        return [(student(s), teacher(t), w) for (s, t), w in zip(term.pairs, term.windows, strict=True)]
+    return [
+        (restrict_to_window(x.student.attention_at(s), w), restrict_to_window(x.teacher.attention_at(t), w), w)
+        for (s, t), w in zip(term.pairs, term.windows, strict=True)
+    ]
+
+
 def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """Σ_l (1/H)·Σ_heads MSE(a_S^l, a_T^g(l)) over real (query, key) pairs, on attention probabilities or, with
     `attention_map: scores`, on the unnormalised scores Q·Kᵀ/√d (TinyBERT)."""
-    if term.cfg.attention_map == "scores":
-        student, teacher = x.student.attention_scores_at, x.teacher.attention_scores_at
-    else:
-        student, teacher = x.student.attention_at, x.teacher.attention_at
-    values = [attention_mse_loss(student(s), teacher(t), x.attention_mask) for s, t in term.pairs]
+    pairs = _attention_pairs(term, x, scores=term.cfg.attention_map == "scores")
+    values = [attention_mse_loss(student, teacher, x.attention_mask, window) for student, teacher, window in pairs]
     return _reduce(values, term.cfg.layer_reduction)
 
 
 def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """Σ_l KL(a_S^l ‖ a_T^g(l)) per query row, averaged (CompactBioBERT) or summed (MobileBERT) over tokens."""
     values = [
-        attention_kl_loss(
-            x.student.attention_at(s), x.teacher.attention_at(t), x.attention_mask, term.cfg.token_reduction
-        )
-        for s, t in term.pairs
+        attention_kl_loss(student, teacher, x.attention_mask, term.cfg.token_reduction, window=window)
+        for student, teacher, window in _attention_pairs(term, x)
     ]
     return _reduce(values, term.cfg.layer_reduction)
 
@@ -290,7 +300,19 @@ def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel
     if kind.features == "qkv":
         heads = cfg.num_relation_heads or num_heads(teacher.config)
         _check_relation_heads(heads, student, pairs[0][0], teacher, pairs[0][1])
-    return Term(cfg, pairs, name, heads)
+    windows = ()
+    if kind.features == "attention":
+        windows = tuple(
+            _narrower(attention_window(student.config, s), attention_window(teacher.config, t)) for s, t in pairs
+        )
+    return Term(cfg, pairs, name, heads, windows)
+
+
+def _narrower(first: int | None, second: int | None) -> int | None:
+    """The narrower of two attention windows (None = every key)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return min(first, second)
 
 
 def _pairs(cfg: TermConfig, features: FeatureKind, student_layers: int, teacher_layers: int) -> Pairs:
@@ -312,7 +334,7 @@ def _check_relation_heads(
     heads: int, student: PreTrainedModel, student_layer: int, teacher: PreTrainedModel, teacher_layer: int
 ) -> None:
     for who, model, layer in (("student", student, student_layer), ("teacher", teacher, teacher_layer)):
-        widths = {module.out_features for module in qkv_modules(model, layer)}
+        widths = set(qkv_widths(model, layer))
         if any(width % heads for width in widths):
             raise BiodistilError(
                 f"minilm_relations: num_relation_heads={heads} does not divide the {who}'s Q/K/V width "

@@ -1,16 +1,18 @@
 """Attention probabilities and Q/K/V of chosen layers while the model itself runs a fast attention kernel.
 
 SDPA and FlashAttention never materialise the [B, H, L, L] probability matrix, so they cannot return it.
-Instead of switching the whole model to the slow eager path, forward hooks on the query/key/value
-projections (`nn.Linear`) of only the layers a loss inspects record their outputs during the normal forward
-pass; the hooks are removed right after it. For those layers the probabilities are then recomputed as
+Instead of switching the whole model to the slow eager path, forward hooks on only the layers a loss inspects
+record what those layers compute anyway during the normal forward pass (the query/key/value projections, and
+for rotary families the rotation they receive; the family's `QKVReader`, `biodistil.models.qkv`); the hooks are
+removed right after it. For those layers the probabilities are then recomputed as
 
-    a = softmax(Q·Kᵀ/√d_head + padding mask)
+    a = softmax(Q·Kᵀ/√d_head + M),  M = −∞ on padded key columns and, in a local (sliding-window) layer of
+                                        window w, on keys j with |i − j| > w for query i
 
 which costs one extra Q·Kᵀ, softmax and [B, H, L, L] tensor per inspected layer; layers nobody inspects pay
 nothing. The recomputed probabilities are those before attention dropout (identical to eager attention in
 eval mode). TinyBERT's attention loss reads the unnormalised scores Q·Kᵀ/√d instead (`attention_scores`).
-Q/K/V are handed unchanged to MiniLMv2's relation loss, which needs no probabilities at all.
+Q/K/V are handed to MiniLMv2's relation loss, which needs no probabilities at all.
 """
 
 import math
@@ -18,64 +20,79 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
-from torch import nn
 from transformers import PreTrainedModel
 
-from biodistil.models.families import qkv_modules
-
-QKV = ("q", "k", "v")
+from biodistil.models.families import family_of, layer_list, num_heads
+from biodistil.models.qkv import HeadQKV, Slot
 
 
 @contextmanager
-def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
-    """Record the query/key/value projection outputs ([B, L, H·d]) of `layers` (1-based) during one forward.
+def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[int, Slot]]:
+    """Hook `layers` (1-based) for one forward pass; yields {layer: slot}, filled during the forward pass.
 
-    Yields a dict filled during the forward pass: {layer: {"q": Q, "k": K, "v": V}}. Hooks are removed on exit.
+    Turn a filled slot into per-head Q, K, V with `read_qkv`. Hooks are removed on exit.
     """
-    captured: dict[int, dict[str, torch.Tensor]] = {}
+    reader = family_of(model.config).qkv
+    blocks = layer_list(model)
+    captured: dict[int, Slot] = {}
     handles = []
     try:
         for layer in sorted(set(layers)):
-            slot = captured.setdefault(layer, {})
-            for name, module in zip(QKV, qkv_modules(model, layer), strict=True):
-                handles.append(module.register_forward_hook(_recorder(slot, name)))
+            handles.extend(reader.hook(blocks[layer - 1], captured.setdefault(layer, {})))
         yield captured
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _recorder(slot: dict[str, torch.Tensor], name: str):
-    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        slot[name] = output
-
-    return hook
+def read_qkv(model: PreTrainedModel, slot: Slot) -> HeadQKV:
+    """Per-head Q, K (after the family's position rotation, if any) and V [B, H, L, d] from a filled slot."""
+    return family_of(model.config).qkv.heads(slot, num_heads(model.config))
 
 
-def attention_scores(query: torch.Tensor, key: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Unnormalised attention scores s = Q_h·K_hᵀ/√d per head h, before any padding mask or softmax.
+def attention_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """Unnormalised attention scores s = Q_h·K_hᵀ/√d per head h, before any mask or softmax.
 
-    `query`/`key` are concatenated-head projections [B, L, H·d]. Returns float32 scores [B, H, L, L]
-    (rows = queries). Entries in padded rows or columns are plain Q·Kᵀ/√d values that attention losses ignore.
+    `query`/`key` are per-head [B, H, L, d]. Returns float32 scores [B, H, L, L] (rows = queries). Entries in
+    padded rows or columns, or outside a local window, are plain Q·Kᵀ/√d values that attention losses ignore.
     """
-    batch, length, width = query.shape
-    if width % num_heads:
-        raise ValueError(f"projection width {width} is not a multiple of {num_heads} heads")
-    head = width // num_heads
-    q = query.float().view(batch, length, num_heads, head).transpose(1, 2)
-    k = key.float().view(batch, key.size(1), num_heads, head).transpose(1, 2)
-    return q @ k.transpose(-1, -2) / math.sqrt(head)
+    return query.float() @ key.float().transpose(-1, -2) / math.sqrt(query.size(-1))
+
+
+def allowed_keys(mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, 1, L, L] bool: key j is visible to query i when j is a real token and, with a window w, |i − j| ≤ w.
+
+    `mask` [B, L] is True for real tokens.
+    """
+    allowed = mask.bool()[:, None, None, :]
+    if window is None:
+        return allowed
+    positions = torch.arange(mask.size(1), device=mask.device)
+    near = (positions[:, None] - positions[None, :]).abs() <= window
+    return allowed & near[None, None]
 
 
 def attention_probabilities(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, num_heads: int
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, window: int | None = None
 ) -> torch.Tensor:
-    """a = softmax(Q_h·K_hᵀ/√d + M) per head h, with M = −∞ on padded key columns.
+    """a = softmax(Q_h·K_hᵀ/√d + M) per head h, M = −∞ where `allowed_keys(mask, window)` is False.
 
-    `query`/`key` are concatenated-head projections [B, L, H·d]; `mask` [B, L] is True for real tokens.
-    Returns float32 probabilities [B, H, L, L] (rows = queries). Padded query rows still hold a distribution
-    over the real keys, as in the model's own attention; attention losses ignore them.
+    `query`/`key` are per-head [B, H, L, d]; `mask` [B, L] is True for real tokens. Returns float32
+    probabilities [B, H, L, L] (rows = queries). Padded query rows still hold a distribution over the real keys,
+    as in the model's own attention; attention losses ignore them.
     """
-    scores = attention_scores(query, key, num_heads)
-    scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(scores.dtype).min)
+    scores = attention_scores(query, key)
+    scores = scores.masked_fill(~allowed_keys(mask, window), torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1)
+
+
+def restrict_to_window(probabilities: torch.Tensor, window: int | None) -> torch.Tensor:
+    """a'_ij = a_ij·[|i − j| ≤ w] / Σ_k a_ik·[|i − k| ≤ w]: the layer's attention as it would be with window w
+    (softmax over the nearer keys only; the same as recomputing it with the narrower mask). None: unchanged."""
+    if window is None:
+        return probabilities
+    length = probabilities.size(-1)
+    positions = torch.arange(length, device=probabilities.device)
+    near = ((positions[:, None] - positions[None, :]).abs() <= window).to(probabilities.dtype)
+    kept = probabilities * near
+    return kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)

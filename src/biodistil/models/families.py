@@ -1,5 +1,6 @@
-"""What differs between encoder families: where the layers live, how the MLM head is applied, and where each
-layer's query/key/value projections are (for attention losses under fast attention kernels).
+"""What differs between encoder families: where the layers live, how the MLM head is applied, how each layer's
+queries, keys and values are read (for attention losses under fast attention kernels), how far each layer's
+attention reaches, and what a student made of some of the layers must change in its config.
 
 Supporting a new family means adding one `Family` entry here.
 """
@@ -12,24 +13,82 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from biodistil.errors import BiodistilError
+from biodistil.models.qkv import FusedRotaryProjection, QKVReader, SeparateProjections
+
+BERT_QKV = SeparateProjections()  # attention.self.query|key|value
+LayerConfig = Callable[[PretrainedConfig, list[int]], None]  # student config from the chosen teacher layers (0-based)
+LayerState = Callable[[dict[str, torch.Tensor], set[str], str], None]  # (state, student keys, layers path)
+
+
+def _global(config: PretrainedConfig, layer: int) -> int | None:
+    return None
 
 
 @dataclass(frozen=True)
 class Family:
-    """Attribute paths of one masked-LM family (as in its `...ForMaskedLM` class)."""
+    """Attribute paths and per-family behaviour of one masked-LM family (as in its `...ForMaskedLM` class)."""
 
     encoder_attr: str  # the bare encoder inside the masked-LM model
     layers_path: str  # the ModuleList of transformer layers, relative to the masked-LM model
     layers_config_key: str  # config field holding the number of layers
     head: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]  # hidden states -> vocabulary logits
-    # query, key and value nn.Linear modules, relative to one transformer layer
-    qkv_paths: tuple[str, str, str] = ("attention.self.query", "attention.self.key", "attention.self.value")
+    qkv: QKVReader = BERT_QKV  # per-head Q, K, V of one layer from hooks
     heads_config_key: str = "num_attention_heads"  # config field holding the number of attention heads
+    # w such that query i of transformer layer l (1-based) sees keys j with |i − j| ≤ w; None: every key
+    window: Callable[[PretrainedConfig, int], int | None] = _global
+    layer_config: LayerConfig | None = None  # per-layer config fields a layer subset must carry over
+    layer_state: LayerState | None = None  # fixes to copied layer weights that depend on the layer's position
+    takes_token_type_ids: bool = True
 
 
 def _distilbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     hidden = model.activation(model.vocab_transform(hidden))
     return model.vocab_projector(model.vocab_layer_norm(hidden))
+
+
+def _modernbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    return model.decoder(model.head(hidden))
+
+
+def _modernbert_window(config: PretrainedConfig, layer: int) -> int | None:
+    """A sliding-attention layer lets query i see keys j with |i − j| ≤ local_attention // 2 (transformers'
+    bidirectional sliding-window mask); a full-attention layer sees every key."""
+    if config.layer_types[layer - 1] == "sliding_attention":
+        return int(config.local_attention) // 2
+    return None
+
+
+def global_period(layer_types: list[str]) -> int | None:
+    """The smallest n with layer i global exactly when i % n == 0 (ModernBERT's `global_attn_every_n_layers`),
+    or None when the pattern has no such period."""
+    for period in range(1, len(layer_types) + 1):
+        if all((kind == "full_attention") == (i % period == 0) for i, kind in enumerate(layer_types)):
+            return period
+    return None
+
+
+def _modernbert_layer_config(config: PretrainedConfig, layers: list[int]) -> None:
+    """Student layer i keeps the attention type (and so the window and rotary base) of teacher layer layers[i]:
+    `layer_types` is copied per layer; `global_attn_every_n_layers` is set to the student's own period, or removed
+    when its pattern has none (transformers reads `layer_types`; the period is only what the pattern is built from)."""
+    config.layer_types = [config.layer_types[i] for i in layers]
+    period = global_period(config.layer_types)
+    if period is not None:
+        config.global_attn_every_n_layers = period
+    elif hasattr(config, "global_attn_every_n_layers"):
+        del config.global_attn_every_n_layers
+
+
+def _modernbert_layer_state(state: dict[str, torch.Tensor], student_keys: set[str], layers: str) -> None:
+    """ModernBERT's first layer has no pre-attention norm: the embedding norm precedes it. A teacher layer copied to
+    student position 0 leaves its `attn_norm` behind; teacher layer 0 copied to a later position gets, as its
+    `attn_norm`, the embedding norm it was trained behind."""
+    embedding_norm = f"{layers.removesuffix('layers')}embeddings.norm"
+    for key in [k for k in state if k not in student_keys and ".attn_norm." in k]:
+        del state[key]
+    for key in sorted(student_keys - state.keys()):
+        if ".attn_norm." in key:
+            state[key] = state[f"{embedding_norm}.{key.rsplit('.', 1)[1]}"]
 
 
 FAMILIES: dict[str, Family] = {
@@ -38,9 +97,15 @@ FAMILIES: dict[str, Family] = {
     "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", lambda m, h: m.lm_head(h)),
     "distilbert": Family(
         "distilbert", "distilbert.transformer.layer", "n_layers", _distilbert_head,
-        qkv_paths=("attention.q_lin", "attention.k_lin", "attention.v_lin"), heads_config_key="n_heads",
+        qkv=SeparateProjections(("attention.q_lin", "attention.k_lin", "attention.v_lin")), heads_config_key="n_heads",
+        takes_token_type_ids=False,
     ),
     "mobilebert": Family("mobilebert", "mobilebert.encoder.layer", "num_hidden_layers", lambda m, h: m.cls(h)),
+    "modernbert": Family(
+        "model", "model.layers", "num_hidden_layers", _modernbert_head, qkv=FusedRotaryProjection(),
+        window=_modernbert_window, layer_config=_modernbert_layer_config, layer_state=_modernbert_layer_state,
+        takes_token_type_ids=False,
+    ),
 }
 
 
@@ -77,16 +142,23 @@ def num_heads(config: PretrainedConfig) -> int:
     return int(getattr(config, family_of(config).heads_config_key))
 
 
-def qkv_modules(model: PreTrainedModel, layer: int) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-    """The query, key and value projections of transformer layer `layer` (1-based, as in hidden_states)."""
-    block: nn.Module = layer_list(model)[layer - 1]
-    found = []
-    for path in family_of(model.config).qkv_paths:
-        module = block
-        for name in path.split("."):
-            module = getattr(module, name)
-        found.append(module)
-    return found[0], found[1], found[2]
+def qkv_modules(model: PreTrainedModel, layer: int) -> tuple[nn.Module, ...]:
+    """The modules whose hooks read Q/K/V of transformer layer `layer` (1-based, as in hidden_states)."""
+    return family_of(model.config).qkv.modules(layer_list(model)[layer - 1])
+
+
+def qkv_widths(model: PreTrainedModel, layer: int) -> tuple[int, int, int]:
+    """The widths H·d of the queries, keys and values of transformer layer `layer` (1-based)."""
+    return family_of(model.config).qkv.widths(layer_list(model)[layer - 1])
+
+
+def attention_window(config: PretrainedConfig, layer: int) -> int | None:
+    """w when query i of transformer layer `layer` (1-based) sees only keys j with |i − j| ≤ w; None: every key."""
+    return family_of(config).window(config, layer)
+
+
+def takes_token_type_ids(config: PretrainedConfig) -> bool:
+    return family_of(config).takes_token_type_ids
 
 
 def hidden_size(config: PretrainedConfig) -> int:

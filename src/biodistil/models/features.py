@@ -4,6 +4,7 @@ Vocabulary logits are computed only at the requested positions: over a 30k vocab
 every position is most of a small student's cost, and the MLM and soft-MLM losses only use some positions.
 Attention probabilities, unnormalised attention scores and Q/K/V come from hooks on the layers that are
 inspected only (see `biodistil.models.attention`), so the model keeps its fast attention kernel everywhere.
+The probabilities are each layer's own: a local (sliding-window) layer's are zero outside its window.
 """
 
 from dataclasses import dataclass, field
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv
-from biodistil.models.families import encoder_of, mlm_logits, num_heads, num_layers
+from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv, read_qkv
+from biodistil.models.families import attention_window, encoder_of, mlm_logits, num_layers, takes_token_type_ids
+from biodistil.models.qkv import merge_heads
 
 
 @dataclass
@@ -49,7 +51,8 @@ class Features:
     logits: torch.Tensor | None
     num_layers: int
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] probabilities
-    qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # {"q", "k", "v"} -> [B, L, H·d]
+    # {"q", "k", "v"} -> [B, L, H·d], heads concatenated; Q and K after the rotary embedding in rotary families
+    qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     positions: torch.Tensor | None = None
     attention_scores: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] Q·Kᵀ/√d, unmasked
 
@@ -99,20 +102,21 @@ def extract_features(
     score_layers = {normalise_block(i, layers) for i in request.attention_scores}
     need_all = bool(wanted - {layers})
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if "token_type_ids" in batch:
+    if "token_type_ids" in batch and takes_token_type_ids(model.config):
         inputs["token_type_ids"] = batch["token_type_ids"]
     with capture_qkv(model, attention_layers | qkv_layers | score_layers) as captured:
         output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
+    heads = {i: read_qkv(model, slot) for i, slot in captured.items()}
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
     if layers in wanted:
         hidden[layers] = last
     mask = batch["attention_mask"].bool()
-    heads = num_heads(model.config)
     attentions = {
-        i: attention_probabilities(captured[i]["q"], captured[i]["k"], mask, heads) for i in attention_layers
+        i: attention_probabilities(heads[i][0], heads[i][1], mask, attention_window(model.config, i))
+        for i in attention_layers
     }
-    scores = {i: attention_scores(captured[i]["q"], captured[i]["k"], heads) for i in score_layers}
+    scores = {i: attention_scores(heads[i][0], heads[i][1]) for i in score_layers}
     logits = None
     if request.logits:
         if positions is None:
@@ -120,6 +124,6 @@ def extract_features(
         logits = mlm_logits(model, last[positions])
     return Features(
         hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
-        qkv={i: captured[i] for i in qkv_layers}, positions=positions if request.logits else None,
-        attention_scores=scores,
+        qkv={i: dict(zip("qkv", map(merge_heads, heads[i]), strict=True)) for i in qkv_layers},
+        positions=positions if request.logits else None, attention_scores=scores,
     )

@@ -28,7 +28,12 @@ def build_student(
 
 
 def alternate_layers(num_teacher_layers: int) -> list[int]:
-    """Every other teacher layer, starting at the first: 12 layers -> 0, 2, 4, 6, 8, 10."""
+    """Every other teacher layer, starting at the first: 12 layers -> 0, 2, 4, 6, 8, 10.
+
+    Each student layer keeps its teacher layer's attention type (ModernBERT: global or local), so a teacher that is
+    global every n-th layer with n odd (ModernBERT's n = 3) gives a student that is again global every n-th layer:
+    teacher layer 2i is global exactly when i % n == 0.
+    """
     return list(range(0, num_teacher_layers, 2))
 
 
@@ -36,6 +41,8 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
     """A shallower copy of the teacher: its embeddings, heads and the chosen layers (0-based) in order.
 
     Works on any model class of a family (masked LM, bare encoder, classifier): the copy has the teacher's class.
+    Per-layer config fields follow their layers (ModernBERT's `layer_types`: student layer i keeps the attention
+    type of teacher layer layers[i]).
     """
     total = num_layers(teacher.config)
     layers = alternate_layers(total) if layers is None else list(layers)
@@ -47,8 +54,20 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
     family = family_of(teacher.config)
     config = copy.deepcopy(teacher.config)
     setattr(config, family.layers_config_key, len(layers))
+    if family.layer_config is not None:
+        family.layer_config(config, layers)
     student = type(teacher)._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    pattern = re.compile(rf"^{re.escape(layers_path(teacher))}\.(\d+)\.(.*)$")
+    state = _layer_subset_state(teacher, layers)
+    if family.layer_state is not None:
+        family.layer_state(state, set(student.state_dict()), layers_path(teacher))
+    student.load_state_dict(state, strict=True)
+    return student
+
+
+def _layer_subset_state(teacher: PreTrainedModel, layers: list[int]) -> dict[str, torch.Tensor]:
+    """The teacher's weights in float32, with teacher layer layers[i] renamed to layer i and other layers left out."""
+    prefix = layers_path(teacher)
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.(.*)$")
     position = {teacher_index: student_index for student_index, teacher_index in enumerate(layers)}
     state = {}
     for key, value in teacher.state_dict().items():
@@ -56,9 +75,8 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
         if match is None:
             state[key] = value.float()
         elif int(match.group(1)) in position:
-            state[f"{layers_path(teacher)}.{position[int(match.group(1))]}.{match.group(2)}"] = value.float()
-    student.load_state_dict(state, strict=True)
-    return student
+            state[f"{prefix}.{position[int(match.group(1))]}.{match.group(2)}"] = value.float()
+    return state
 
 
 def model_from_architecture(arch: ArchitectureConfig, tokenizer: Tokenizer) -> PreTrainedModel:
@@ -81,6 +99,8 @@ def architecture_config(arch: ArchitectureConfig, tokenizer: Tokenizer) -> Pretr
             attention_dropout=arch.dropout,
             **common,
         )
+    if arch.model_type == "modernbert":
+        return _modernbert_config(arch, tokenizer)
     extra_positions = 2 if arch.model_type == "roberta" else 0  # RoBERTa offsets positions past padding
     return AutoConfig.for_model(
         arch.model_type,
@@ -93,6 +113,31 @@ def architecture_config(arch: ArchitectureConfig, tokenizer: Tokenizer) -> Pretr
         attention_probs_dropout_prob=arch.dropout,
         type_vocab_size=1 if arch.model_type == "roberta" else 2,
         **common,
+    )
+
+
+def _modernbert_config(arch: ArchitectureConfig, tokenizer: Tokenizer) -> PretrainedConfig:
+    """A ModernBERT of the given shape: layer i global when i % n == 0, local otherwise; `dropout` applies to the
+    embeddings, attention and MLP (ModernBERT's own models train without dropout: set it to 0 for theirs);
+    `intermediate_size` is the width of each half of its gated MLP; [CLS]/[SEP] are the tokenizer's."""
+    return AutoConfig.for_model(
+        "modernbert",
+        hidden_size=arch.hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        intermediate_size=arch.intermediate_size,
+        max_position_embeddings=arch.max_position_embeddings,
+        global_attn_every_n_layers=arch.global_attention_every or 3,
+        local_attention=arch.local_attention or 128,
+        embedding_dropout=arch.dropout,
+        attention_dropout=arch.dropout,
+        mlp_dropout=arch.dropout,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        sep_token_id=tokenizer.sep_token_id,
     )
 
 
