@@ -318,7 +318,7 @@ def validate_recipe(recipe_cls: type[RecipeT], raw: dict[str, Any], source: str 
 
 def dump_recipe(recipe: Section, path: Path) -> None:
     """Save the resolved recipe (every default filled in) as YAML."""
-    from biodistil.training.io import atomic_write_text
+    from biodistil.io import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
 from biodistil.errors import BiodistilError
-from biodistil.training.io import atomic_directory
+from biodistil.io import atomic_directory
 
 CACHE_FORMAT_VERSION = 1
 _TOKENIZE_BATCH = 2000

@@ -29,8 +29,8 @@ from biodistil.data.formats import TextExample, TokenExample
 from biodistil.data.transfer_sets import fingerprint_examples
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.tasks import TaskSpec
+from biodistil.io import atomic_directory
 from biodistil.methods.finetune import EncodedSplit, FeatureCollator, build_classifier, encode_split
-from biodistil.training.io import atomic_directory
 
 Example = TokenExample | TextExample
 CACHE_VERSION = 1

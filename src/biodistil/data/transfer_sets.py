@@ -25,8 +25,8 @@ from biodistil.data.paths import resolve_data_root
 from biodistil.data.transfer import UnigramModel, random_pairs, random_passages
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
+from biodistil.io import atomic_directory, atomic_write_json
 from biodistil.methods.task_recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
-from biodistil.training.io import atomic_directory, atomic_write_json
 
 Example = TokenExample | TextExample
 FORMAT_VERSION = 1

@@ -34,7 +34,7 @@ import torch
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.runtime import OnnxModel
-from biodistil.training.io import atomic_write_json
+from biodistil.io import atomic_write_json
 
 BENCH_FORMAT = "biodistil-bench/1"
 _STATUS = Path("/proc/self/status")

@@ -24,7 +24,7 @@ from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig, label_from_p
 from biodistil.evaluation.runner import RESULTS_FORMAT, prediction_rows
 from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.export.runtime import OnnxModel, is_export_folder, read_description, variant_of
-from biodistil.training.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text
 
 
 @dataclass(frozen=True)

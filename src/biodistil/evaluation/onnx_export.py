@@ -37,7 +37,7 @@ from biodistil.export.runtime import (
     is_export_folder,
     require_onnx,
 )
-from biodistil.training.io import atomic_directory, atomic_write_json
+from biodistil.io import atomic_directory, atomic_write_json
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import FAMILIES, FAMILY_TITLES
-from biodistil.evaluation.runner import RESULTS_FORMAT, read_json
-from biodistil.training.io import atomic_write_text
+from biodistil.evaluation.runner import RESULTS_FORMAT
+from biodistil.io import atomic_write_text, read_json
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", content)
 

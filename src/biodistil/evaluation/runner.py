@@ -38,8 +38,8 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.metrics import aggregate_folds, summarize_seeds
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.tasks import TaskSpec, get_task
+from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.methods.finetune import init_model_path
-from biodistil.training.io import atomic_write_json, atomic_write_text
 
 RESULTS_FORMAT = "biodistil-evaluate/1"
 # Train settings that do not change a cell's result (left out of the resume check).
@@ -269,13 +269,6 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
 
 
 # ------------------------------------------------------------------------------------------ summaries
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise BiodistilError(f"{path}: cannot read JSON ({err})") from None
 
 
 def _seed_metrics(records: list[dict[str, Any]], n_folds: int | None) -> dict[str, float] | None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from biodistil.training.io import atomic_directory
+from biodistil.io import atomic_directory
 
 
 def export_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> Path:

@@ -162,7 +162,7 @@ class MetaTeacherUpdate:
             return
         path = Path(self.log_path)
         if not self._trimmed and path.is_file():
-            from biodistil.training.io import atomic_write_text
+            from biodistil.io import atomic_write_text
 
             kept = [line for line in path.read_text(encoding="utf-8").splitlines()
                     if line.strip() and json.loads(line)["step"] < step]

@@ -14,6 +14,7 @@ from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.vocab import train_wordpiece
 from biodistil.export.hf import export_model
+from biodistil.io import atomic_directory
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
@@ -21,7 +22,6 @@ from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
 from biodistil.training.engine import Engine, PrepareBatch, TrainResult, make_accelerator
-from biodistil.training.io import atomic_directory
 from biodistil.training.run import RunFolder
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])

@@ -54,6 +54,7 @@ from biodistil.data.transfer_sets import (
 )
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
+from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
 from biodistil.losses.distillation import masked_lm_loss
 from biodistil.losses.task import hinton_kd_loss, logit_mse_loss, patient_kd_loss, sigmoid_kd_loss
 from biodistil.methods.finetune import (
@@ -71,7 +72,6 @@ from biodistil.methods.finetune import (
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.masked_lm import freeze
 from biodistil.methods.task_recipe import KDOptions, KDRecipe, TaskConfig
-from biodistil.training.io import atomic_write_json, atomic_write_text
 
 Example = TokenExample | TextExample
 Weight = float | torch.Tensor
@@ -126,22 +126,6 @@ def teacher_test_scores(teacher: str, task: TaskSpec, examples: list[Example], c
     scores, _ = score_model(model, task, examples, load_tokenizer(teacher), batch_size)
     atomic_write_json(path, jsonable(scores))
     return scores
-
-
-def jsonable(value: Any) -> Any:
-    """The value with NaN and infinities as None, so that JSON files stay standard JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(item) for item in value]
-    return value
-
-
-def number(value: float | None) -> float:
-    """A score read back from JSON: None (an undefined score) is NaN."""
-    return math.nan if value is None else float(value)
 
 
 def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:

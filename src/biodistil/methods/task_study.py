@@ -17,11 +17,10 @@ from typing import Any
 
 from biodistil.config import validate_recipe
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
 from biodistil.methods.task_kd import (
     gap_closed,
-    jsonable,
     load_task_split,
-    number,
     run_kd,
     score_model,
     task_spec,
@@ -29,7 +28,6 @@ from biodistil.methods.task_kd import (
     write_predictions,
 )
 from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe, StudyRecipe, StudyTask, TaskConfig
-from biodistil.training.io import atomic_write_json, atomic_write_text
 
 # ------------------------------------------------------------------------------------------ finetune
 

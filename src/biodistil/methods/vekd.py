@@ -21,6 +21,7 @@ from biodistil.config import DistillRecipe, MaskingConfig
 from biodistil.data.corpus import iter_lines, resolve_corpus_files
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_directory
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.models.vocab_expansion import (
@@ -31,7 +32,6 @@ from biodistil.models.vocab_expansion import (
     train_domain_vocabulary,
     wordpiece_settings,
 )
-from biodistil.training.io import atomic_directory
 
 
 class VocabExpansionMaskBatch:

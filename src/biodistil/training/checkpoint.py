@@ -20,7 +20,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from biodistil.errors import BiodistilError
-from biodistil.training.io import atomic_directory
+from biodistil.io import atomic_directory
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

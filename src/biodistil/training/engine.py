@@ -33,8 +33,8 @@ from transformers import get_scheduler
 
 from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_directory, atomic_write_text
 from biodistil.training import checkpoint as ckpt
-from biodistil.training.io import atomic_directory, atomic_write_text
 
 Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]

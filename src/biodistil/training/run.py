@@ -7,7 +7,7 @@ from accelerate.utils import set_seed
 
 from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
-from biodistil.training.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text
 
 
 class RunFolder:

@@ -1,12 +1,16 @@
-"""Atomic file and folder writes: a reader sees the old content or the new, never half of it."""
+"""File I/O shared by every stage: atomic file and folder writes (a reader sees the old content or the new, never
+half of it), and JSON that stays standard (NaN written as null, read back as NaN)."""
 
 import json
+import math
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from biodistil.errors import BiodistilError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -52,3 +56,27 @@ def atomic_directory(target: Path, fill: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def read_json(path: Path) -> Any:
+    """The JSON content of `path`; an unreadable or malformed file is an error naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise BiodistilError(f"{path}: cannot read JSON ({err})") from None
+
+
+def jsonable(value: Any) -> Any:
+    """The value with NaN and infinities as None, so that JSON files stay standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    return value
+
+
+def number(value: float | None) -> float:
+    """A score read back from JSON: None (an undefined score) is NaN."""
+    return math.nan if value is None else float(value)
