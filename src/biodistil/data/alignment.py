@@ -1,5 +1,8 @@
 """Word ↔ sub-word label alignment for token classification with a fast tokenizer's `word_ids()`.
 
+Tokenizing: `tokenize_words` hands a sentence's words to the tokenizer as pre-split words, in the form the
+tokenizer needs (byte-level BPE: each word with its leading space, see `words_for_tokenizer`).
+
 Training: `align_labels` turns one label id per word into one label id per sub-word token, −100 (ignored by
 the loss) for special tokens and, under policy "first", for the continuation pieces of a word. Policy "all"
 labels every piece with its word's label (as in the compact biomedical transformers paper); with IOB tags
@@ -12,11 +15,35 @@ sentence into windows of whole words for the "split" truncation policy.
 """
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
+
+from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
 
 LabelPolicy = Literal["first", "all"]
+
+
+def words_for_tokenizer(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> list[str]:
+    """The words as `tokenizer(words, is_split_into_words=True)` must receive them.
+
+    A byte-level BPE tokenizer (RoBERTa, ModernBERT, GPT-2 style) marks a word that follows a space with "Ġ" and
+    tokenizes each pre-split word as it is: without its space, "fever" would be split like the inside of a longer
+    word ("fe", "ver") instead of as "Ġfever". So each word gets the space it has in running text — the first word
+    of a sentence too, so that a word is split into the same pieces wherever it stands (the add_prefix_space=True
+    convention). Tokenizers that add the space themselves are unaffected (ByteLevel adds none to a word that starts
+    with one); WordPiece and SentencePiece tokenizers get the words unchanged.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre_tokenizer = backend.pre_tokenizer if backend is not None else None
+    if pre_tokenizer is not None and "ByteLevel(" in repr(pre_tokenizer):
+        return [word if word[:1].isspace() else f" {word}" for word in words]
+    return list(words)
+
+
+def tokenize_words(tokenizer: PreTrainedTokenizerBase, words: Sequence[str], **kwargs: Any) -> BatchEncoding:
+    """`tokenizer` on one sentence given as words (`is_split_into_words=True`); `word_ids()` index `words`."""
+    return tokenizer(words_for_tokenizer(tokenizer, words), is_split_into_words=True, **kwargs)
 
 
 def _is_first_piece(word_ids: Sequence[int | None], position: int) -> bool:

@@ -6,6 +6,7 @@ engine, predict per example, score with the task's official metric. Long token s
 windows of whole words or truncated, as the task says; truncation is counted and reported, never silent.
 """
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from biodistil.config import TrainConfig
-from biodistil.data.alignment import align_labels, chunk_words, word_predictions
+from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, word_predictions
 from biodistil.data.formats import TextExample, TokenExample
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.tasks import TaskSpec, read_split
@@ -68,7 +69,7 @@ def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) 
             encoded.truncated_examples += 1
         for start, end in windows:
             words = example.tokens[start:end]
-            enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=task.max_length)
+            enc = tokenize_words(tokenizer, words, truncation=True, max_length=task.max_length)
             word_ids = enc.word_ids()
             labels = align_labels(word_ids, [ids[t] for t in example.tags[start:end]], task.label_policy, b_to_i)
             encoded.features.append({**{k: list(v) for k, v in enc.items()}, "labels": labels})
@@ -78,7 +79,7 @@ def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) 
 
 
 def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
-    word_ids = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False).word_ids()
+    word_ids = tokenize_words(tokenizer, words, add_special_tokens=False).word_ids()
     counts = [0] * len(words)
     for word in word_ids:
         if word is not None:
@@ -138,7 +139,17 @@ class ClassifierModule(nn.Module):
         self.model = model
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.model(**batch).loss, {}
+        return self.model(**model_batch(self.model, batch)).loss, {}
+
+
+def model_batch(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`batch` without `token_type_ids` when the model's forward takes none (ModernBERT, DistilBERT): a tokenizer
+    may produce them (a BERT tokenizer shared with a ModernBERT student), and such a model would not use them."""
+    if "token_type_ids" not in batch or not isinstance(model, nn.Module):
+        return batch
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        return batch
+    return {key: value for key, value in batch.items() if key != "token_type_ids"}
 
 
 def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
@@ -178,7 +189,7 @@ def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example],
     loader = DataLoader(encoded.features, batch_size=batch_size, collate_fn=collate)
     outputs: list[np.ndarray] = []
     for batch in loader:
-        batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        batch = {k: v.to(device) for k, v in model_batch(model, batch).items() if k != "labels"}
         logits = model(**batch).logits.float().cpu().numpy()
         outputs.extend(logits)
     if task.kind == "token_classification":
