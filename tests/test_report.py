@@ -7,8 +7,9 @@ import pytest
 
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.report import build_report, family_average, load_report_data, scores_table
-from biodistil.evaluation.runner import RESULTS_FORMAT
+from biodistil.evaluation.aggregate import family_average, load_report_data
+from biodistil.evaluation.report import build_report, scores_table
+from biodistil.evaluation.results import RESULTS_FORMAT
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FAMILIES = {"ncbi_disease": "ner", "bc2gm": "ner", "gad": "relation_extraction", "hoc": "document_classification"}

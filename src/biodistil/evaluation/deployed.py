@@ -21,7 +21,8 @@ from typing import Any
 
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig, label_from_path, unique_labels
-from biodistil.evaluation.runner import RESULTS_FORMAT, prediction_rows
+from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
+from biodistil.evaluation.runner import prediction_rows
 from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.export.runtime import OnnxModel, is_export_folder, read_description, variant_of
 from biodistil.io import atomic_write_json, atomic_write_text
@@ -219,7 +220,7 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         atomic_write_json(cell / "metrics.json", records[-1])
         print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {records[-1]['score']:.4f}",
               flush=True)
-    atomic_write_json(out / "results.json", scored_results(items, task, plan, records))
+    atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records))
     if bench is not None:
         from biodistil.evaluation.bench import run_bench, write_bench
 

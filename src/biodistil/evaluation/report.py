@@ -1,163 +1,30 @@
 """`biodistil report RUN...`: Markdown + HTML report and plots from evaluation run folders (and bench files).
 
 The table has models as rows and tasks as columns (headline metric ×100, mean ± std over seeds), the
-BLURB-style macro average (the mean of the family means: NER, PICO, relation extraction, document
-classification, question answering; each family present weighs the same) and each model's share of the
-reference model's average (computed over the tasks both have). Figures (PNG, matplotlib Agg): average score
-against parameters and against latency (from `bench.json`).
+BLURB-style macro average and each model's share of the reference model's average (see
+`biodistil.evaluation.aggregate`), the efficiency table from `bench.json` and the figures
+(`biodistil.evaluation.plots`). This module renders: tables as rows of strings, then Markdown and HTML.
 """
 
 from __future__ import annotations
 
 import html
-import statistics
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from biodistil.errors import BiodistilError
+from biodistil.evaluation.aggregate import (
+    ReportData,
+    family_average,
+    load_report_data,
+    model_parameters,
+    model_scores,
+    share_of_reference,
+)
+from biodistil.evaluation.plots import make_figures
 from biodistil.evaluation.recipe import FAMILIES, FAMILY_TITLES
-from biodistil.evaluation.runner import RESULTS_FORMAT
-from biodistil.io import atomic_write_text, read_json
+from biodistil.io import atomic_write_text
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", content)
-
-
-@dataclass
-class ModelResults:
-    """One model's summaries, merged over the run folders that evaluated it."""
-
-    label: str
-    path: str
-    parameters: dict[str, int] | None
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class ReportData:
-    """Everything the report shows, merged over run folders and bench files."""
-
-    models: list[ModelResults]
-    tasks: dict[str, dict[str, Any]]
-    reference: str
-    bench: dict[str, dict[str, Any]]
-    bench_info: list[dict[str, Any]]
-    notes: list[str]
-
-    @property
-    def families(self) -> dict[str, str]:
-        return {name: task["family"] for name, task in self.tasks.items()}
-
-
-# ------------------------------------------------------------------------------------------ loading
-
-
-def _read_results(run: Path) -> dict[str, Any]:
-    path = run / "results.json"
-    if not path.is_file():
-        raise BiodistilError(f"{run}: no results.json; expected the output folder of `biodistil evaluate`")
-    results = read_json(path)
-    if not isinstance(results, dict) or results.get("format") != RESULTS_FORMAT:
-        raise BiodistilError(f"{path}: not a biodistil evaluation result (expected format {RESULTS_FORMAT})")
-    return results
-
-
-def _merge_run(data: ReportData, run: Path, results: dict[str, Any]) -> None:
-    by_label = {m.label: m for m in data.models}
-    for task in results["tasks"]:
-        known = data.tasks.setdefault(task["name"], task)
-        if known is not task and known != task:
-            data.notes.append(f"Task {task['name']} was run with other settings in {run}; the settings table "
-                              "shows the first run's. Compare its scores with care.")
-    for entry in results["models"]:
-        model = by_label.get(entry["label"])
-        if model is None:
-            model = ModelResults(entry["label"], entry["path"], entry.get("parameters"))
-            data.models.append(model)
-            by_label[model.label] = model
-        for task, summary in results["summary"].get(entry["label"], {}).items():
-            if task in model.tasks:
-                data.notes.append(f"{model.label} / {task}: also in {run}; the first run's result is shown.")
-                continue
-            model.tasks[task] = summary
-        model.parameters = model.parameters or entry.get("parameters")
-    if not results.get("complete", True):
-        data.notes.append(f"{run} is not finished (cells are missing); its table shows the cells done so far.")
-    data.notes += [f"{run}: {note}" for note in results.get("notes", [])]
-    for skipped in results.get("skipped_tasks", []):
-        data.notes.append(f"Task {skipped['task']} skipped in {run}: {skipped['reason']}.")
-
-
-def _merge_bench(data: ReportData, path: Path) -> None:
-    bench = read_json(path)
-    if not isinstance(bench, dict) or "models" not in bench:
-        raise BiodistilError(f"{path}: not a biodistil bench result (expected the JSON that `biodistil bench` "
-                             "writes)")
-    data.bench_info.append({"path": str(path), **{k: bench.get(k) for k in ("device", "memory_method",
-                                                                              "settings", "torch", "dtype")}})
-    for row in bench["models"]:
-        if row["label"] in data.bench:
-            data.notes.append(f"Benchmark of {row['label']} also in {path}; the first one is shown.")
-            continue
-        data.bench[row["label"]] = {**row, "device": bench.get("device")}
-
-
-def load_report_data(runs: list[Path], bench_files: list[Path] = (), reference: str | None = None) -> ReportData:
-    """Merge evaluation run folders (and their bench.json) and extra bench files."""
-    if not runs:
-        raise BiodistilError("report: give at least one evaluation run folder")
-    data = ReportData([], {}, "", {}, [], [])
-    first_reference = None
-    for run in map(Path, runs):
-        results = _read_results(run)
-        first_reference = first_reference or results.get("reference")
-        _merge_run(data, run, results)
-        if (run / "bench.json").is_file():
-            _merge_bench(data, run / "bench.json")
-    for path in map(Path, bench_files):
-        if not path.is_file():
-            raise BiodistilError(f"report: bench file {path} not found (expected the JSON of `biodistil bench`)")
-        _merge_bench(data, path)
-    labels = [m.label for m in data.models]
-    data.reference = reference or first_reference or labels[0]
-    if data.reference not in labels:
-        raise BiodistilError(f"report: reference model '{data.reference}' is not among the models {labels}")
-    order = {family: index for index, family in enumerate(FAMILIES)}
-    data.tasks = dict(sorted(data.tasks.items(), key=lambda item: order.get(item[1]["family"], len(order))))
-    if len({info["device"] for info in data.bench_info}) > 1:
-        data.notes.append("The benchmarks come from different devices; compare latencies only within a device.")
-    return data
-
-
-# ------------------------------------------------------------------------------------------ numbers
-
-
-def family_average(scores: dict[str, float], families: dict[str, str]) -> tuple[float | None, dict[str, float]]:
-    """BLURB-style macro average: the mean of the family means (each family present weighs the same)."""
-    grouped: dict[str, list[float]] = defaultdict(list)
-    for task, value in scores.items():
-        grouped[families[task]].append(value)
-    means = {family: statistics.fmean(grouped[family]) for family in [*FAMILIES, *sorted(grouped)]
-             if family in grouped}
-    return (statistics.fmean(means.values()) if means else None), means
-
-
-def model_scores(model: ModelResults, statistic: str = "mean") -> dict[str, float]:
-    """Task → headline score (the mean or the median over seeds)."""
-    return {task: summary[statistic] for task, summary in model.tasks.items()}
-
-
-def share_of_reference(model: ModelResults, reference: ModelResults, families: dict[str, str],
-                       statistic: str = "mean") -> float | None:
-    """The model's macro average over the tasks it shares with the reference, divided by the reference's."""
-    mine, theirs = model_scores(model, statistic), model_scores(reference, statistic)
-    common = sorted(set(mine) & set(theirs))
-    if not common:
-        return None
-    own, _ = family_average({t: mine[t] for t in common}, families)
-    ref, _ = family_average({t: theirs[t] for t in common}, families)
-    return own / ref if ref else None
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -178,12 +45,6 @@ def _task_header(name: str, task: dict[str, Any]) -> str:
     return f"{name} ({task['headline']})"
 
 
-def _parameters(data: ReportData, model: ModelResults) -> int | None:
-    if model.label in data.bench:
-        return data.bench[model.label]["parameters"]
-    return (model.parameters or {}).get("total")
-
-
 def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
     """Rows of the main table: model, parameters, one column per task, macro average, share of reference."""
     reference = next(m for m in data.models if m.label == data.reference)
@@ -195,7 +56,7 @@ def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
         average, _ = family_average(model_scores(model, statistic), data.families)
         missing = len(data.tasks) - len(model.tasks)
         share = share_of_reference(model, reference, data.families, statistic)
-        rows.append([model.label, _millions(_parameters(data, model)), *cells,
+        rows.append([model.label, _millions(model_parameters(data, model)), *cells,
                      _pct(average) + (f" ({len(model.tasks)}/{len(data.tasks)} tasks)" if missing else ""),
                      _pct(share)])
     return rows
@@ -288,93 +149,6 @@ def bench_table(data: ReportData) -> list[list[str]]:
                                  for k in (f"latency_{n}", f"throughput_{n}"))]
         rows.append(cells)
     return rows
-
-
-# ------------------------------------------------------------------------------------------ figures
-
-
-def _points(data: ReportData, x_of: Any) -> list[tuple[str, float, float]]:
-    points = []
-    for model in data.models:
-        average, _ = family_average(model_scores(model), data.families)
-        x = x_of(model)
-        if average is not None and x is not None:
-            points.append((model.label, float(x), 100 * average))
-    return points
-
-
-def plot_points(points: list[tuple[str, float, float]], reference: str, xlabel: str, title: str,
-                path: Path) -> Path:
-    """A scatter plot with each point named, the reference's score as a dashed line, saved as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.8), dpi=120)
-    xs = [p[1] for p in points]
-    for label, x, y in points:
-        is_ref = label == reference
-        axes.scatter([x], [y], s=70 if is_ref else 50, marker="*" if is_ref else "o", zorder=3,
-                     color="tab:red" if is_ref else "tab:blue")
-        axes.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=9)
-    ref = [p for p in points if p[0] == reference]
-    if ref:
-        axes.axhline(ref[0][2], color="tab:red", linestyle="--", linewidth=1, label=f"{reference} (reference)")
-        axes.legend(loc="best", fontsize=8)
-    if xs and min(xs) > 0 and max(xs) / min(xs) > 20:
-        axes.set_xscale("log")
-    axes.margins(x=0.25, y=0.25)
-    low, high = axes.get_ylim()
-    if high - low < 2:  # differences of a fraction of a point should not look large
-        middle = (low + high) / 2
-        axes.set_ylim(middle - 1, middle + 1)
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel("macro-average test score (0–100, families equal)")
-    axes.set_title(title, fontsize=11)
-    axes.grid(True, alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(tmp)
-    plt.close(figure)
-    tmp.replace(path)
-    return path
-
-
-def _latency_setting(data: ReportData) -> tuple[str, int] | None:
-    """(length, batch) of the latency plot: the first length that every benchmarked model ran."""
-    if not data.bench_info:
-        return None
-    settings = data.bench_info[0]["settings"]
-    for length in map(str, settings["lengths"]):
-        if all("median_ms" in row["latency"].get(length, {}) for row in data.bench.values()):
-            return length, settings["latency_batch"]
-    return None
-
-
-def make_figures(data: ReportData, out: Path) -> list[tuple[Path, str]]:
-    """The PNG figures (path, caption) that can be drawn from the data."""
-    task_list = ", ".join(data.tasks)
-    figures = []
-    points = _points(data, lambda m: (_parameters(data, m) or 0) / 1e6 or None)
-    if points:
-        title = f"Score against model size\n(tasks: {task_list})"
-        path = plot_points(points, data.reference, "parameters (millions, encoder)", title,
-                           out / "score_vs_parameters.png")
-        figures.append((path, "Macro-average score against parameters."))
-    setting = _latency_setting(data)
-    if setting:
-        length, batch = setting
-        device = data.bench_info[0]["device"]
-        points = _points(data, lambda m: data.bench.get(m.label, {}).get("latency", {}).get(length, {})
-                         .get("median_ms"))
-        if points:
-            title = f"Score against latency ({device})\n(batch {batch}, length {length}; tasks: {task_list})"
-            path = plot_points(points, data.reference, f"latency per batch of {batch} × {length} tokens "
-                               "(ms, median)", title, out / "score_vs_latency.png")
-            figures.append((path, f"Macro-average score against latency (batch {batch}, length {length})."))
-    return figures
 
 
 # ------------------------------------------------------------------------------------------ rendering

@@ -37,11 +37,11 @@ from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.metrics import aggregate_folds, summarize_seeds
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
+from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.evaluation.tasks import TaskSpec, get_task
 from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.methods.finetune import init_model_path
 
-RESULTS_FORMAT = "biodistil-evaluate/1"
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _COSMETIC = {"progress_bar", "log_every", "tensorboard", "keep_checkpoints", "save_every"}
@@ -360,7 +360,7 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     for index, cell in enumerate(cells, start=1):
         records.append(_run_or_skip(cell, out, recipe, f"[{index}/{len(cells)}]"))
         results = build_results(recipe, models, tasks, skipped, records, complete=index == len(cells))
-        atomic_write_json(out / "results.json", results)
+        atomic_write_json(out / RESULTS_FILE, results)
     if recipe.bench.enabled:
         _bench(models, recipe, out, resume)
     from biodistil.evaluation.report import build_report
