@@ -14,10 +14,10 @@ from biodistil.config import load_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import get_task
 from biodistil.methods.task_recipe import StudyRecipe
 from biodistil.methods.task_study import run_study
 from biodistil.models.embedded import EMBEDDED, embedded_model_folder
+from biodistil.tasks.registry import get_task
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]

@@ -12,19 +12,19 @@ from biodistil.data.formats import TokenExample
 from biodistil.data.teacher_cache import TeacherRequest, attach_teacher_outputs, cached_teacher_outputs
 from biodistil.data.transfer_sets import unlabelled
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import get_task
-from biodistil.methods.finetune import build_classifier, encode_split
+from biodistil.methods.finetune import build_classifier
 from biodistil.methods.task_kd import (
     KDCollator,
     KDModule,
     gap_closed,
     kd_features,
     load_teacher_classifier,
-    model_inputs,
     run_kd,
 )
 from biodistil.methods.task_recipe import KDOptions, KDRecipe
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
+from biodistil.tasks.registry import get_task
 
 LN3 = math.log(3.0)
 KL_BY_HAND = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)  # KL((3/4, 1/4) ‖ (1/2, 1/2))
@@ -106,7 +106,7 @@ def test_plain_kd_sends_no_gradient_to_the_teacher(kd_models, pair_task, tmp_pat
     module = KDModule(student, pair_task, KDOptions(), teacher)
     tokenizer = load_tokenizer(str(student_path))
     examples = pair_task.load_split("train")[:8]
-    batch = KDCollator(teacher_cache.FeatureCollator(tokenizer.pad_token_id, False))(
+    batch = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
         kd_features(pair_task, examples, tokenizer))
     loss, _ = module(batch)
     loss.backward()
@@ -122,7 +122,7 @@ def test_cached_outputs_equal_online_outputs(kd_models, pair_task, tmp_path):
     tokenizer = load_tokenizer(str(student_path))
     examples = [unlabelled(e) for e in pair_task.load_split("train")[:10]]
     table = cached_teacher_outputs(teacher_path, examples, TeacherRequest(pair_task, (2, 4)), tmp_path)
-    cached = KDCollator(teacher_cache.FeatureCollator(tokenizer.pad_token_id, False))(
+    cached = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
         kd_features(pair_task, examples, tokenizer, table))
     teacher = load_teacher_classifier(teacher_path, pair_task)
     with torch.no_grad():

@@ -8,10 +8,10 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig
-from biodistil.evaluation.tasks import TaskSpec, get_task
 from biodistil.methods.finetune import build_classifier
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.student import model_from_architecture
+from biodistil.tasks.registry import TaskSpec, get_task
 
 POSITIVE = ("protein", "kinase", "gene", "receptor", "binding")
 OTHER = ("cell", "tumour", "patients", "mutation", "disease", "cancer", "mice", "levels", "therapy", "dose")

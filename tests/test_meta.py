@@ -10,13 +10,13 @@ from test_kd import kd_recipe
 from test_kd_fixtures import no_dropout_copy, save_student, save_teacher, write_pair_task
 
 from biodistil.config import TrainConfig
-from biodistil.data.teacher_cache import FeatureCollator
-from biodistil.evaluation.tasks import get_task
 from biodistil.methods.finetune import build_classifier
 from biodistil.methods.meta import MetaTeacherUpdate
 from biodistil.methods.task_kd import KDCollator, KDModule, kd_features, load_teacher_classifier, run_kd
 from biodistil.methods.task_recipe import KDOptions, MetaConfig
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.encoding import FeatureCollator
+from biodistil.tasks.registry import get_task
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.metrics import (
+from biodistil.tasks.metrics import (
     METRICS,
     accuracy_auroc,
     accuracy_macro_f1,

@@ -11,9 +11,10 @@ from transformers import AutoModelForTokenClassification, RobertaTokenizer
 from biodistil.config import ArchitectureConfig
 from biodistil.data.alignment import align_labels, tokenize_words, word_predictions, words_for_tokenizer
 from biodistil.data.formats import TokenExample
-from biodistil.evaluation.tasks import get_task
-from biodistil.methods.finetune import ClassifierModule, collator_for, encode_split, model_batch
+from biodistil.methods.finetune import ClassifierModule
 from biodistil.models.student import architecture_config
+from biodistil.tasks.encoding import collator_for, encode_split, model_inputs
+from biodistil.tasks.registry import get_task
 
 SENTENCE = ["Interleukin", "apoptosis", "in", "BRCA1", "-", "mutated", "tumours", "."]
 TAGS = ["B", "O", "O", "B", "I", "I", "I", "O"]
@@ -101,5 +102,5 @@ def test_no_token_type_ids_reach_a_model_that_takes_none(tokenizer):
     models["modernbert"].register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
     loss, _ = ClassifierModule(models["modernbert"])(batch)
     assert torch.isfinite(loss) and "input_ids" in seen and "token_type_ids" not in seen
-    assert "token_type_ids" not in model_batch(models["modernbert"], batch)
-    assert "token_type_ids" in model_batch(models["bert"], batch), "models that take them keep them"
+    assert "token_type_ids" not in model_inputs(models["modernbert"], batch)
+    assert "token_type_ids" in model_inputs(models["bert"], batch), "models that take them keep them"

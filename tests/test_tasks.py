@@ -9,9 +9,9 @@ import pytest
 from biodistil.data.formats import TextExample, TokenExample
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.evaluation import tasks as tasks_module
-from biodistil.evaluation.metrics import METRICS
-from biodistil.evaluation.tasks import TaskSpec, get_task, list_tasks
+from biodistil.tasks import registry as tasks_module
+from biodistil.tasks.metrics import METRICS
+from biodistil.tasks.registry import TaskSpec, get_task, list_tasks
 
 
 def _data_root() -> Path:

@@ -17,8 +17,8 @@ from biodistil.data.transfer_sets import (
     shape_for_task,
 )
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import get_task
 from biodistil.methods.task_recipe import TransferConfig
+from biodistil.tasks.registry import get_task
 
 BOOLQ = [
     {"question": "is the sky blue", "title": "Sky", "passage": "The sky is blue because of Rayleigh scattering.",

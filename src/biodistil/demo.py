@@ -32,12 +32,12 @@ from biodistil.demo_quick import run_quick_demo
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.bench import run_bench
 from biodistil.evaluation.recipe import BenchConfig
-from biodistil.evaluation.tasks import get_task
 from biodistil.io import atomic_write_json, atomic_write_text
 from biodistil.methods.finetune import init_model_path
 from biodistil.methods.task_recipe import StudyRecipe
 from biodistil.methods.task_study import run_study
 from biodistil.models.embedded import resolve_model_name
+from biodistil.tasks.registry import get_task
 
 TASK = "ncbi_disease"
 

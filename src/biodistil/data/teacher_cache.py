@@ -28,13 +28,13 @@ from biodistil.data.corpus import default_cache_dir
 from biodistil.data.formats import TextExample, TokenExample
 from biodistil.data.transfer_sets import fingerprint_examples
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec
 from biodistil.io import atomic_directory
-from biodistil.methods.finetune import EncodedSplit, FeatureCollator, build_classifier, encode_split
+from biodistil.methods.finetune import build_classifier
+from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
+from biodistil.tasks.registry import TaskSpec
 
 Example = TokenExample | TextExample
 CACHE_VERSION = 1
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
                 "special_tokens_map.json")
 _ARCHITECTURE = {"token_classification": "ForTokenClassification",
@@ -151,8 +151,8 @@ def teacher_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, req
     with tqdm(total=len(encoded), desc="teacher outputs", unit="ex", dynamic_ncols=True,
               disable=not request.progress_bar) as bar:
         for indices in batches:
-            batch = {k: v.to(device) for k, v in collate([encoded.features[i] for i in indices]).items()
-                     if k in MODEL_INPUTS}
+            padded = collate([encoded.features[i] for i in indices])
+            batch = {k: v.to(device) for k, v in model_inputs(model, padded).items()}
             logits, states = forward_teacher(model, batch, bool(request.cls_layers))
             logits = logits.float().cpu().numpy()
             cls = [states[layer][:, 0].float().cpu().numpy() for layer in request.cls_layers]

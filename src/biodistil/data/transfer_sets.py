@@ -12,7 +12,6 @@ A saved set is a datasets Arrow folder `data/` plus `transfer.json` (what it is,
 
 import hashlib
 import json
-import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,9 +23,11 @@ from biodistil.data.formats import TextExample, TokenExample, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.data.transfer import UnigramModel, random_pairs, random_passages
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.io import atomic_directory, atomic_write_json
 from biodistil.methods.task_recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
+from biodistil.tasks.recipe import task_spec
+from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.splits import read_split, seeded_subset
 
 Example = TokenExample | TextExample
 FORMAT_VERSION = 1
@@ -73,18 +74,10 @@ def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | No
             examples = read_examples(source.format, _data_file(source.path, data_root), **source.reader_options)
         else:
             examples = load_transfer_set(source.path)
-        examples = fair_subset(examples, limit, describe_source(source))
+        examples = seeded_subset(examples, limit, describe_source(source))
     if not examples:
         raise BiodistilError(f"Transfer source {describe_source(source)} holds no examples")
     return list(examples)
-
-
-def fair_subset(examples: Sequence[Example], limit: int | None, key: str) -> list[Example]:
-    """`limit` examples drawn once for `key`, kept in file order (files are often sorted by label)."""
-    if limit is None or limit >= len(examples):
-        return list(examples)
-    keep = sorted(random.Random(key).sample(range(len(examples)), limit))
-    return [examples[i] for i in keep]
 
 
 def describe_source(source: SourceConfig) -> str:
@@ -306,7 +299,6 @@ def load_transfer_set(folder: str | Path) -> list[Example]:
 
 def run_transfer(recipe: TransferRecipe) -> Path:
     """`biodistil transfer`: build the recipe's transfer set and save it under `<run>/transfer_set`."""
-    from biodistil.methods.task_kd import task_spec
     from biodistil.training.run import RunFolder
 
     run = RunFolder(recipe.run.output_dir, recipe)

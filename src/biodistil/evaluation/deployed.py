@@ -22,10 +22,14 @@ from typing import Any
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig, label_from_path, unique_labels
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
-from biodistil.evaluation.runner import prediction_rows
-from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
 from biodistil.export.runtime import OnnxModel, is_export_folder, read_description, variant_of
 from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.metrics import summarize_seeds
+from biodistil.tasks.prediction import prediction_rows
+from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.scoring import Scored, score_model
+from biodistil.tasks.splits import read_split
 
 
 @dataclass(frozen=True)
@@ -110,24 +114,6 @@ def check_task_fits(task: TaskSpec, head: str, config: Any, where: str | Path) -
                              "it fine-tuned on this task?")
 
 
-@dataclass
-class Scored:
-    """A model's scores on a split, its predictions per example and the examples cut by truncation."""
-
-    scores: dict[str, float]
-    predictions: Any  # methods.finetune.Predictions
-    truncated_examples: int
-
-
-def score_split(model: Any, tokenizer: Any, task: TaskSpec, examples: Sequence[Any], batch_size: int = 64) -> Scored:
-    """Encode, predict and score exactly as fine-tuning scores its test set."""
-    from biodistil.methods.finetune import collator_for, encode_split, predict, score
-
-    encoded = encode_split(task, examples, tokenizer)
-    predictions = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size)
-    return Scored(score(task, examples, predictions), predictions, encoded.truncated_examples)
-
-
 def parameter_counts(model: Any) -> dict[str, int]:
     """Encoder parameters (total, without embeddings), as `biodistil bench` and `evaluate` count them."""
     if isinstance(model, OnnxModel):
@@ -140,11 +126,9 @@ def parameter_counts(model: Any) -> dict[str, int]:
 def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any],
                    threads: int | None = None) -> tuple[Scored, dict[str, int]]:
     """Load one deployed variant, check that it fits the task, score it; also its parameter counts."""
-    from biodistil.methods.finetune import fit_length_to_model
-
     model, tokenizer, head = load_deployed(item, threads)
     check_task_fits(task, head, model.config, item.path)
-    scored = score_split(model, tokenizer, fit_length_to_model(task, item.folder), examples)
+    scored = score_model(model, tokenizer, fit_length_to_model(task, item.folder), examples)
     return scored, parameter_counts(model)
 
 
@@ -172,8 +156,6 @@ def _record(item: Deployed, task: TaskSpec, plan: ScoringPlan, scored: Scored, e
 
 
 def _summary(record: dict[str, Any], family: str) -> dict[str, Any]:
-    from biodistil.evaluation.metrics import summarize_seeds
-
     return {"family": family, "metric": record["metric"], "headline": record["headline"],
             **summarize_seeds([record["score"]]), "seeds": {}, "metrics_mean": record["test"],
             "truncated_examples": record["truncated_examples"], "unpredicted_words": record["unpredicted_words"],

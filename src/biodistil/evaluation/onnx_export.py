@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.deployed import check_task_fits, parameter_counts, score_split
-from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
+from biodistil.evaluation.deployed import check_task_fits, parameter_counts
 from biodistil.export.onnx import (
     OPSET,
     LoadedModel,
@@ -38,6 +37,10 @@ from biodistil.export.runtime import (
     require_onnx,
 )
 from biodistil.io import atomic_directory, atomic_write_json
+from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.scoring import score_model
+from biodistil.tasks.splits import read_split
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,6 @@ def _check_target(out: Path, source: Path) -> None:
 
 def _task_data(loaded: LoadedModel, options: ExportOptions) -> tuple[TaskSpec, list[Any]]:
     """The task (length capped at what the model allows) and the examples of its split, checked to fit."""
-    from biodistil.methods.finetune import fit_length_to_model
-
     task = get_task(options.task)
     check_task_fits(task, loaded.head, loaded.model.config, loaded.folder)
     examples = read_split(task, options.split, options.data_root, options.fold, options.max_examples)
@@ -141,7 +142,7 @@ def _accuracy(models: dict[str, Any], loaded: LoadedModel, task_data: tuple[Task
               options: ExportOptions) -> dict[str, Any]:
     """PyTorch fp32, ONNX fp32 and ONNX int8 scored on the same examples with the same code; the int8 check."""
     task, examples = task_data
-    scores = {name: score_split(model, loaded.tokenizer, task, examples).scores for name, model in models.items()}
+    scores = {name: score_model(model, loaded.tokenizer, task, examples).scores for name, model in models.items()}
     headline = task.headline_key
     result: dict[str, Any] = {"task": task.name, "split": options.split, "fold": options.fold,
                               "examples": len(examples), "metric": task.metric, "headline": headline, **scores}

@@ -32,15 +32,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from biodistil.config import dump_recipe
-from biodistil.data.formats import TokenExample
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.metrics import aggregate_folds, summarize_seeds
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
-from biodistil.evaluation.tasks import TaskSpec, get_task
 from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.methods.finetune import init_model_path
+from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
+from biodistil.tasks.prediction import prediction_rows
+from biodistil.tasks.registry import TaskSpec, get_task
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -209,22 +210,6 @@ def _finished(cell: Cell, out: Path, settings: dict[str, Any]) -> dict[str, Any]
     return record
 
 
-def prediction_rows(task: TaskSpec, examples: Sequence[Any], predictions: Any) -> list[dict[str, Any]]:
-    """One JSON record per example: id, gold, prediction (and tokens or class probabilities)."""
-    rows = []
-    for index, example in enumerate(examples):
-        row: dict[str, Any] = {"id": example.id}
-        if isinstance(example, TokenExample):
-            row.update(tokens=example.tokens, gold=example.tags, prediction=predictions.labels[index])
-        else:
-            row.update(gold=example.label, prediction=predictions.labels[index])
-            if predictions.scores:
-                row["probabilities"] = {label: round(float(p), 6)
-                                        for label, p in zip(task.labels, predictions.scores[index], strict=True)}
-        rows.append(row)
-    return rows
-
-
 def _parameters(model: Any) -> dict[str, int]:
     from biodistil.models.size import count_parameters
 
@@ -233,7 +218,7 @@ def _parameters(model: Any) -> dict[str, int]:
 
 def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, Any]) -> dict[str, Any]:
     """Fine-tune and score one cell; write predictions.jsonl and, last, metrics.json."""
-    from biodistil.methods.finetune import finetune_on_task, fit_length_to_model
+    from biodistil.methods.finetune import finetune_on_task
 
     folder = cell.folder(out)
     if folder.exists():

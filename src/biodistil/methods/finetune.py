@@ -1,23 +1,19 @@
-"""Fine-tuning an encoder on a task of the task registry, and predicting with it.
+"""Fine-tuning an encoder on a task of the task registry: a classifier head on the encoder, trained with the one
+engine, model selection on dev, scored on test.
 
 Token classification (NER, PICO), sequence classification (single texts and pairs) and multi-label
-classification share one path: encode the split into features, train a `ClassifierModule` with the one
-engine, predict per example, score with the task's official metric. Long token sequences are split into
-windows of whole words or truncated, as the task says; truncation is counted and reported, never silent.
+classification share one path, built on `biodistil.tasks`: encode the split into features, train a
+`ClassifierModule` with the engine, predict per example, score with the task's official metric.
+`finetune_on_task` is shared by `finetune`, the `kd` baselines, studies, `evaluate` and the quick demo.
 """
 
-import inspect
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from transformers import (
-    AutoConfig,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PreTrainedModel,
@@ -26,109 +22,14 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from biodistil.config import TrainConfig
-from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, word_predictions
-from biodistil.data.formats import TextExample, TokenExample
+from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec, read_split
+from biodistil.tasks.encoding import collator_for, encode_split, fit_length_to_model, model_inputs
+from biodistil.tasks.prediction import Predictions, predict
+from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import score
+from biodistil.tasks.splits import read_split
 from biodistil.training.engine import Engine, TrainResult
-
-Example = TokenExample | TextExample
-
-
-@dataclass
-class EncodedSplit:
-    """A split turned into model features; `origins[i]` = (example index, first word) of feature i."""
-
-    features: list[dict[str, list]]
-    origins: list[tuple[int, int]]
-    word_ids: list[list[int | None]] = field(default_factory=list)
-    truncated_examples: int = 0  # examples that lost words or text to truncation
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def __getitem__(self, index: int) -> dict[str, list]:
-        return self.features[index]
-
-
-def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
-    if task.kind == "token_classification":
-        return _encode_tokens(task, examples, tokenizer)
-    return _encode_texts(task, examples, tokenizer)
-
-
-def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) -> EncodedSplit:
-    encoded = EncodedSplit([], [])
-    ids = task.label_to_id
-    b_to_i = task.b_to_i if task.label_policy == "all" else None
-    room = task.max_length - tokenizer.num_special_tokens_to_add(pair=False)
-    for index, example in enumerate(examples):
-        pieces = _pieces_per_word(tokenizer, example.tokens)
-        windows = chunk_words(pieces, room) if task.truncation == "split" else [(0, len(example.tokens))]
-        if sum(pieces) > room:
-            encoded.truncated_examples += 1
-        for start, end in windows:
-            words = example.tokens[start:end]
-            enc = tokenize_words(tokenizer, words, truncation=True, max_length=task.max_length)
-            word_ids = enc.word_ids()
-            labels = align_labels(word_ids, [ids[t] for t in example.tags[start:end]], task.label_policy, b_to_i)
-            encoded.features.append({**{k: list(v) for k, v in enc.items()}, "labels": labels})
-            encoded.origins.append((index, start))
-            encoded.word_ids.append(word_ids)
-    return encoded
-
-
-def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
-    word_ids = tokenize_words(tokenizer, words, add_special_tokens=False).word_ids()
-    counts = [0] * len(words)
-    for word in word_ids:
-        if word is not None:
-            counts[word] += 1
-    return counts
-
-
-def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) -> EncodedSplit:
-    encoded = EncodedSplit([], [])
-    for index, example in enumerate(examples):
-        full = tokenizer(example.text, example.text_pair, truncation=False)
-        if len(full["input_ids"]) > task.max_length:
-            encoded.truncated_examples += 1
-        # longest_first cuts the longer segment (the passage of a QA pair) first, and never fails on a long question
-        enc = tokenizer(example.text, example.text_pair, truncation="longest_first", max_length=task.max_length)
-        feature = {k: list(v) for k, v in enc.items()}
-        feature["labels"] = _target(task, example)
-        encoded.features.append(feature)
-        encoded.origins.append((index, 0))
-    return encoded
-
-
-def _target(task: TaskSpec, example: TextExample) -> Any:
-    if task.kind == "multilabel_classification":
-        return [float(v) for v in example.label]
-    return task.label_to_id[str(example.label)]
-
-
-@dataclass(frozen=True)
-class FeatureCollator:
-    """Pads features to the longest in the batch; per-token labels are padded with -100."""
-
-    pad_id: int
-    token_labels: bool  # True for token classification, False for one label (or label vector) per example
-
-    def __call__(self, features: list[dict[str, list]]) -> dict[str, torch.Tensor]:
-        length = max(len(f["input_ids"]) for f in features)
-        batch: dict[str, torch.Tensor] = {}
-        for key in features[0]:
-            if key == "labels" and not self.token_labels:
-                batch[key] = torch.tensor([f[key] for f in features])
-                continue
-            fill = {"input_ids": self.pad_id, "labels": -100}.get(key, 0)
-            batch[key] = torch.tensor([f[key] + [fill] * (length - len(f[key])) for f in features])
-        return batch
-
-
-def collator_for(task: TaskSpec, tokenizer: PreTrainedTokenizerBase) -> FeatureCollator:
-    return FeatureCollator(tokenizer.pad_token_id, task.kind == "token_classification")
 
 
 class ClassifierModule(nn.Module):
@@ -139,17 +40,7 @@ class ClassifierModule(nn.Module):
         self.model = model
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.model(**model_batch(self.model, batch)).loss, {}
-
-
-def model_batch(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`batch` without `token_type_ids` when the model's forward takes none (ModernBERT, DistilBERT): a tokenizer
-    may produce them (a BERT tokenizer shared with a ModernBERT student), and such a model would not use them."""
-    if "token_type_ids" not in batch or not isinstance(model, nn.Module):
-        return batch
-    if "token_type_ids" in inspect.signature(model.forward).parameters:
-        return batch
-    return {key: value for key, value in batch.items() if key != "token_type_ids"}
+        return self.model(**model_inputs(self.model, batch, keep=("labels",))).loss, {}
 
 
 def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
@@ -168,70 +59,6 @@ def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
         raise BiodistilError(f"Could not load an encoder from {model_dir}: {err}") from None
     finally:
         transformers_logging.set_verbosity(quiet)
-
-
-@dataclass
-class Predictions:
-    """Per-example predictions of a split, in the task's label space."""
-
-    labels: list[Any]  # tag lists (token tasks), label strings, or 0/1 vectors (multi-label)
-    scores: list[list[float]]  # class probabilities per example (empty for token tasks)
-    filled_words: int = 0  # words with no prediction (truncated away), predicted as O
-
-
-@torch.no_grad()
-def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
-            collate: FeatureCollator, batch_size: int = 64) -> Predictions:
-    """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
-    returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`)."""
-    model.eval()
-    device = model.device
-    loader = DataLoader(encoded.features, batch_size=batch_size, collate_fn=collate)
-    outputs: list[np.ndarray] = []
-    for batch in loader:
-        batch = {k: v.to(device) for k, v in model_batch(model, batch).items() if k != "labels"}
-        logits = model(**batch).logits.float().cpu().numpy()
-        outputs.extend(logits)
-    if task.kind == "token_classification":
-        return _word_level(task, examples, encoded, outputs)
-    if task.kind == "multilabel_classification":
-        probs = [1 / (1 + np.exp(-row)) for row in outputs]
-        return Predictions([[int(p > 0.5) for p in row] for row in probs], [row.tolist() for row in probs])
-    probs = [np.exp(row - row.max()) / np.exp(row - row.max()).sum() for row in outputs]
-    return Predictions([task.labels[int(p.argmax())] for p in probs], [p.tolist() for p in probs])
-
-
-def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[np.ndarray]) -> Predictions:
-    tags: list[list[str]] = [["O"] * len(e.tokens) for e in examples]
-    seen: list[set[int]] = [set() for _ in examples]
-    for logits, (index, start), word_ids in zip(outputs, encoded.origins, encoded.word_ids, strict=True):
-        present = {w for w in word_ids if w is not None}
-        predicted = word_predictions(word_ids, logits[: len(word_ids)].argmax(-1), max(present, default=-1) + 1)
-        for offset in present:
-            tags[index][start + offset] = task.labels[predicted[offset]]
-            seen[index].add(start + offset)
-    filled = sum(len(e.tokens) - len(s) for e, s in zip(examples, seen, strict=True))
-    return Predictions(tags, [], filled)
-
-
-def score(task: TaskSpec, examples: Sequence[Example], predictions: Predictions) -> dict[str, float]:
-    """The task's official metric on these predictions."""
-    if task.kind == "token_classification":
-        return task.compute_metrics([e.tags for e in examples], predictions.labels)
-    extra: dict[str, Any] = {}
-    if task.metric == "accuracy_auroc":
-        positive = task.label_to_id[str(task.metric_options.get("positive", task.labels[-1]))]
-        extra["positive_scores"] = [s[positive] for s in predictions.scores]
-    return task.compute_metrics(task.example_targets(examples), predictions.labels, **extra)
-
-
-def train_classifier(model: PreTrainedModel, train: EncodedSplit, collate: FeatureCollator, cfg: TrainConfig,
-                     run_dir: Path, seed: int, dev: EncodedSplit | None = None) -> TrainResult:
-    """Fine-tune `model` in place on encoded training features with the one engine."""
-    engine = Engine(cfg, run_dir, seed)
-    result = engine.fit(ClassifierModule(model), train, collate, eval_data=dev)
-    model.to(engine.accelerator.device)
-    return result
 
 
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
@@ -327,11 +154,3 @@ def init_model_path(name_or_path: str, layers: list[int] | None, run_dir: Path) 
         encoder = student_from_teacher_layers(load_encoder(name_or_path), layers)
         export_model(encoder, load_tokenizer(name_or_path), target)
     return str(target)
-
-
-def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:
-    """The task with max_length capped at what the model's position embeddings allow (truncation is counted)."""
-    config = AutoConfig.from_pretrained(str(model_name_or_path))
-    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0  # RoBERTa offsets positions by pad+1
-    limit = int(getattr(config, "max_position_embeddings", task.max_length)) - reserved
-    return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})

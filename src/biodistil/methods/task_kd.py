@@ -14,7 +14,6 @@ the student is scored on the task's test set beside its initialisation and the t
 gap it closes, (S − S_init)/(T − S_init), is reported.
 """
 
-import inspect
 import json
 import math
 import time
@@ -31,7 +30,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.data.formats import TextExample, TokenExample
 from biodistil.data.teacher_cache import (
-    MODEL_INPUTS,
     TeacherRequest,
     attach_teacher_outputs,
     cached_teacher_outputs,
@@ -53,25 +51,18 @@ from biodistil.data.transfer_sets import (
     shape_for_task,
 )
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.tasks import TaskSpec, get_task, read_split
-from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
+from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.losses.distillation import masked_lm_loss
 from biodistil.losses.task import hinton_kd_loss, logit_mse_loss, patient_kd_loss, sigmoid_kd_loss
-from biodistil.methods.finetune import (
-    FeatureCollator,
-    Predictions,
-    build_classifier,
-    collator_for,
-    encode_split,
-    fit_length_to_model,
-    init_model_path,
-    predict,
-    score,
-    steps_for_epochs,
-)
+from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.masked_lm import freeze
-from biodistil.methods.task_recipe import KDOptions, KDRecipe, TaskConfig
+from biodistil.methods.task_recipe import KDOptions, KDRecipe
+from biodistil.tasks.encoding import FeatureCollator, collator_for, encode_split, fit_length_to_model, model_inputs
+from biodistil.tasks.prediction import write_predictions
+from biodistil.tasks.recipe import load_task_split, task_spec
+from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import score_model
 
 Example = TokenExample | TextExample
 Weight = float | torch.Tensor
@@ -79,26 +70,6 @@ TEACHER_KEYS = ("teacher_logits", "kd_mask", "teacher_cls", "pkd_mask")
 
 
 # ------------------------------------------------------------------------------------------ task helpers
-
-
-def task_spec(cfg: TaskConfig) -> TaskSpec:
-    """The registry task of a recipe, with its max_length override."""
-    task = get_task(cfg.name)
-    return task.model_copy(update={"max_length": cfg.max_length}) if cfg.max_length else task
-
-
-def load_task_split(task: TaskSpec, cfg: TaskConfig, split: str) -> list[Example]:
-    """A split of the task, capped at `max_examples` with the same fixed subset fine-tuning uses; [] when the task
-    has no such split."""
-    return read_split(task, split, cfg.data_dir, cfg.fold, cfg.max_examples)
-
-
-def score_model(model: PreTrainedModel, task: TaskSpec, examples: list[Example],
-                tokenizer: PreTrainedTokenizerBase, batch_size: int = 64) -> tuple[dict[str, float], Predictions]:
-    """The task metric of `model` on labelled `examples`, and its predictions."""
-    encoded = encode_split(task, examples, tokenizer)
-    predictions = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size)
-    return score(task, examples, predictions), predictions
 
 
 def gap_closed(student: dict[str, float], init: dict[str, float], teacher: dict[str, float]) -> dict[str, float]:
@@ -123,21 +94,9 @@ def teacher_test_scores(teacher: str, task: TaskSpec, examples: list[Example], c
     from biodistil.models.loading import load_tokenizer
 
     model = load_teacher_classifier(teacher, task)
-    scores, _ = score_model(model, task, examples, load_tokenizer(teacher), batch_size)
+    scores = score_model(model, load_tokenizer(teacher), task, examples, batch_size).scores
     atomic_write_json(path, jsonable(scores))
     return scores
-
-
-def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:
-    """Test predictions as JSON lines: id, gold, predicted label (or tags) and class scores."""
-    lines = []
-    for index, example in enumerate(examples):
-        gold = example.tags if isinstance(example, TokenExample) else example.label
-        record = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
-        if predictions.scores:
-            record["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
-        lines.append(json.dumps(record, ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 # ------------------------------------------------------------------------------------------ losses
@@ -203,12 +162,6 @@ class Outputs:
     logits: torch.Tensor
     cls: list[torch.Tensor] | None = None
     cls_mask: torch.Tensor | None = None
-
-
-def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch entries the model's forward accepts (DistilBERT takes no token_type_ids)."""
-    accepted = inspect.signature(model.forward).parameters
-    return {key: batch[key] for key in MODEL_INPUTS if key in batch and key in accepted}
 
 
 class KDModule(nn.Module):
@@ -497,7 +450,7 @@ def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: 
     path = run_dir / "init_scores.json"
     if path.is_file():
         return {key: number(value) for key, value in json.loads(path.read_text()).items()}
-    scores = score_model(student, task, test, tokenizer, batch_size)[0] if test else {}
+    scores = score_model(student, tokenizer, task, test, batch_size).scores if test else {}
     atomic_write_json(path, jsonable(scores))
     return scores
 
@@ -515,7 +468,7 @@ def _dev_selection(recipe: KDRecipe, task: TaskSpec, tokenizer, cfg, num_feature
         cfg = cfg.model_copy(update={"eval_every": max(1, num_features // cfg.batch_size)})
 
     def evaluate_fn(module: KDModule) -> dict[str, float]:
-        return score_model(module.student, task, dev, tokenizer, cfg.batch_size * 2)[0]
+        return score_model(module.student, tokenizer, task, dev, cfg.batch_size * 2).scores
 
     return evaluate_fn, Selection(metric=task.headline_key, mode="max"), cfg
 
@@ -524,8 +477,9 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
                   init_scores: dict[str, float], run_dir: Path) -> dict[str, Any]:
     if not test:
         return {}
-    scores, predictions = score_model(student, task, test, tokenizer, recipe.train.batch_size * 2)
-    write_predictions(run_dir / "test_predictions.jsonl", test, predictions)
+    scored = score_model(student, tokenizer, task, test, recipe.train.batch_size * 2)
+    scores = scored.scores
+    write_predictions(run_dir / "test_predictions.jsonl", test, scored.predictions)
     teacher = teacher_test_scores(recipe.teacher.name_or_path, task, test, recipe.kd.cache_dir,
                                   recipe.train.batch_size * 2)
     return {"test": scores, "init": init_scores, "teacher": teacher,

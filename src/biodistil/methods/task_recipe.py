@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from biodistil.config import ExportConfig, ModelRef, RunConfig, Section, TrainConfig
 from biodistil.data.transfer import DEFAULT_STARTERS
+from biodistil.tasks.recipe import TaskConfig
 
 
 class ModelConfig(Section):
@@ -23,17 +24,6 @@ class ModelConfig(Section):
         None, description="keep only these transformer layers (0-based), e.g. [0, 2, 4]: a student made of a "
         "pre-trained model's alternate layers (written once to <run>/init_model)",
     )
-
-
-class TaskConfig(Section):
-    """The task of the task registry (`evaluation/builtin_tasks.yaml`, or a task YAML file) and its data."""
-
-    name: str = Field(min_length=1, description="built-in task name or path of a task YAML file")
-    data_dir: str | None = Field(None, description="data folder; default $BIODISTIL_DATA, else ../shared/data")
-    fold: int | None = Field(None, ge=1, description="cross-validation tasks: the fold (1..cv_folds)")
-    max_length: int | None = Field(None, ge=8, description="override the task's max_length (sub-words)")
-    max_examples: int | None = Field(None, ge=1, description="use N examples of each split (a fixed random subset "
-                                                               "in file order, the same as fine-tuning's)")
 
 
 class FinetuneOptions(Section):

@@ -20,14 +20,15 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
 from biodistil.methods.task_kd import (
     gap_closed,
-    load_task_split,
     run_kd,
-    score_model,
-    task_spec,
     teacher_test_scores,
-    write_predictions,
 )
-from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe, StudyRecipe, StudyTask, TaskConfig
+from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe, StudyRecipe, StudyTask
+from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.prediction import write_predictions
+from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
+from biodistil.tasks.registry import get_task
+from biodistil.tasks.scoring import score_model
 
 # ------------------------------------------------------------------------------------------ finetune
 
@@ -38,7 +39,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     from accelerate.utils import set_seed
 
     from biodistil.export.hf import export_model
-    from biodistil.methods.finetune import build_classifier, finetune_on_task, fit_length_to_model, init_model_path
+    from biodistil.methods.finetune import build_classifier, finetune_on_task, init_model_path
     from biodistil.models.loading import load_tokenizer
     from biodistil.training.run import RunFolder
 
@@ -53,7 +54,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     if recipe.finetune.score_init:
         set_seed(recipe.run.seed)
         test = load_task_split(task, recipe.task, "test")
-        init = score_model(build_classifier(path, task), task, test, load_tokenizer(path))[0] if test else {}
+        init = score_model(build_classifier(path, task), load_tokenizer(path), task, test).scores if test else {}
     outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
                                recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
                                recipe.task.max_examples)
@@ -163,8 +164,6 @@ def _stage(command: str, raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:
     """T: the teacher on the test set the arms are scored on (the kd defaults' task settings)."""
-    from biodistil.methods.finetune import fit_length_to_model
-
     section = recipe.defaults.get("kd", recipe.defaults.get("finetune", {})).get("task", {})
     cfg = TaskConfig.model_validate({**section, "name": study_task.name, **_data_dir(recipe)})
     task = fit_length_to_model(task_spec(cfg), teacher)
@@ -195,8 +194,6 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
 
 
 def _headline(task: str) -> str:
-    from biodistil.evaluation.tasks import get_task
-
     return get_task(task).headline_key
 
 

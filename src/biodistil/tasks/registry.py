@@ -10,11 +10,11 @@ few lines of YAML, either complete or starting from a built-in task:
 
 and passes the file where a task name is expected: `get_task("my_disease.yaml")`. Relative file paths are
 relative to the data folder; absolute paths are used as they are. Cross-validation tasks set `cv_folds: N`
-and put `{fold}` in their paths (folds are numbered 1..N); `load_split("train", root, fold=3)`.
+and put `{fold}` in their paths (folds are numbered 1..N); `load_split("train", root, fold=3)`. Seeded subsets of
+a split: `biodistil.tasks.splits.read_split`.
 """
 
 import functools
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +34,7 @@ from biodistil.data.formats import (
 )
 from biodistil.data.paths import require_file, resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.metrics import METRICS, Metrics
+from biodistil.tasks.metrics import METRICS, Metrics
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("builtin_tasks.yaml")
 
@@ -438,17 +438,3 @@ def get_task(name_or_yaml_path: str | Path) -> TaskSpec:
         f"Unknown task '{key}'; built-in tasks: {', '.join(sorted(builtin))} "
         "(or pass the path of a task YAML file)"
     )
-
-
-def read_split(
-    task: TaskSpec, split: str, data_root: str | Path | None, fold: int | None = None, limit: int | None = None
-) -> list[Example]:
-    """A split, or a fixed random subset of `limit` examples in file order (files are often sorted by label,
-    so the first lines would not be a fair sample); the subset is the same for every model and seed."""
-    if split not in task.files:
-        return []
-    examples = task.load_split(split, data_root, fold)
-    if limit is None or limit >= len(examples):
-        return examples
-    keep = sorted(random.Random(f"{task.name}/{split}/{fold}").sample(range(len(examples)), limit))
-    return [examples[i] for i in keep]

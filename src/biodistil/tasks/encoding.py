@@ -1,0 +1,142 @@
+"""Encoding a task's examples into model features, and padding features into batches.
+
+Token classification (NER, PICO) encodes each sentence as words, labels its sub-words by the task's policy
+("first" or "all", `biodistil.data.alignment`) and, with `truncation: split`, cuts long sentences into windows
+of whole words; sequence and multi-label tasks encode one text (or a pair) with its target. Truncation is
+counted per split (`EncodedSplit.truncated_examples`), never silent. `origins` and `word_ids` keep the way back
+from features to examples and words (`biodistil.tasks.prediction`).
+"""
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PreTrainedTokenizerBase
+
+from biodistil.data.alignment import align_labels, chunk_words, tokenize_words
+from biodistil.data.formats import Example, TextExample, TokenExample
+from biodistil.tasks.registry import TaskSpec
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class EncodedSplit:
+    """A split turned into model features; `origins[i]` = (example index, first word) of feature i."""
+
+    features: list[dict[str, list]]
+    origins: list[tuple[int, int]]
+    word_ids: list[list[int | None]] = field(default_factory=list)
+    truncated_examples: int = 0  # examples that lost words or text to truncation
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index: int) -> dict[str, list]:
+        return self.features[index]
+
+
+def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
+    """The examples of a split as model features with their targets (windows of words for token tasks)."""
+    if task.kind == "token_classification":
+        return _encode_tokens(task, examples, tokenizer)
+    return _encode_texts(task, examples, tokenizer)
+
+
+def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) -> EncodedSplit:
+    encoded = EncodedSplit([], [])
+    ids = task.label_to_id
+    b_to_i = task.b_to_i if task.label_policy == "all" else None
+    room = task.max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    for index, example in enumerate(examples):
+        pieces = _pieces_per_word(tokenizer, example.tokens)
+        windows = chunk_words(pieces, room) if task.truncation == "split" else [(0, len(example.tokens))]
+        if sum(pieces) > room:
+            encoded.truncated_examples += 1
+        for start, end in windows:
+            words = example.tokens[start:end]
+            enc = tokenize_words(tokenizer, words, truncation=True, max_length=task.max_length)
+            word_ids = enc.word_ids()
+            labels = align_labels(word_ids, [ids[t] for t in example.tags[start:end]], task.label_policy, b_to_i)
+            encoded.features.append({**{k: list(v) for k, v in enc.items()}, "labels": labels})
+            encoded.origins.append((index, start))
+            encoded.word_ids.append(word_ids)
+    return encoded
+
+
+def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
+    word_ids = tokenize_words(tokenizer, words, add_special_tokens=False).word_ids()
+    counts = [0] * len(words)
+    for word in word_ids:
+        if word is not None:
+            counts[word] += 1
+    return counts
+
+
+def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) -> EncodedSplit:
+    encoded = EncodedSplit([], [])
+    for index, example in enumerate(examples):
+        full = tokenizer(example.text, example.text_pair, truncation=False)
+        if len(full["input_ids"]) > task.max_length:
+            encoded.truncated_examples += 1
+        # longest_first cuts the longer segment (the passage of a QA pair) first, and never fails on a long question
+        enc = tokenizer(example.text, example.text_pair, truncation="longest_first", max_length=task.max_length)
+        feature = {k: list(v) for k, v in enc.items()}
+        feature["labels"] = _target(task, example)
+        encoded.features.append(feature)
+        encoded.origins.append((index, 0))
+    return encoded
+
+
+def _target(task: TaskSpec, example: TextExample) -> Any:
+    if task.kind == "multilabel_classification":
+        return [float(v) for v in example.label]
+    return task.label_to_id[str(example.label)]
+
+
+@dataclass(frozen=True)
+class FeatureCollator:
+    """Pads features to the longest in the batch; per-token labels are padded with -100."""
+
+    pad_id: int
+    token_labels: bool  # True for token classification, False for one label (or label vector) per example
+
+    def __call__(self, features: list[dict[str, list]]) -> dict[str, torch.Tensor]:
+        length = max(len(f["input_ids"]) for f in features)
+        batch: dict[str, torch.Tensor] = {}
+        for key in features[0]:
+            if key == "labels" and not self.token_labels:
+                batch[key] = torch.tensor([f[key] for f in features])
+                continue
+            fill = {"input_ids": self.pad_id, "labels": -100}.get(key, 0)
+            batch[key] = torch.tensor([f[key] + [fill] * (length - len(f[key])) for f in features])
+        return batch
+
+
+def collator_for(task: TaskSpec, tokenizer: PreTrainedTokenizerBase) -> FeatureCollator:
+    """The collator of a task's features for this tokenizer."""
+    return FeatureCollator(tokenizer.pad_token_id, task.kind == "token_classification")
+
+
+def model_inputs(model: Any, batch: dict[str, torch.Tensor], keep: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+    """The entries of `batch` that the model's forward takes (MODEL_INPUTS, plus the `keep` keys, e.g. labels).
+
+    A tokenizer may produce `token_type_ids` for a model that takes none (a BERT tokenizer shared with a ModernBERT
+    or DistilBERT student): they are dropped. Anything that is not a torch module (an ONNX Runtime model) gets
+    every model input of the batch.
+    """
+    wanted = (*MODEL_INPUTS, *keep)
+    accepted = inspect.signature(model.forward).parameters if isinstance(model, nn.Module) else wanted
+    return {key: value for key, value in batch.items() if key in wanted and key in accepted}
+
+
+def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:
+    """The task with max_length capped at what the model's position embeddings allow (truncation is counted)."""
+    config = AutoConfig.from_pretrained(str(model_name_or_path))
+    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0  # RoBERTa offsets positions by pad+1
+    limit = int(getattr(config, "max_position_embeddings", task.max_length)) - reserved
+    return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})

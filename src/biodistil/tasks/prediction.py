@@ -1,0 +1,96 @@
+"""From model outputs back to the task's examples: labels per example, tags per word, and the files they go to.
+
+Token tasks are predicted per word (the label of its first sub-word, `biodistil.data.alignment`) over every
+window of a sentence; words that no window kept (truncated away) are predicted as O and counted.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import PreTrainedModel
+
+from biodistil.data.alignment import word_predictions
+from biodistil.data.formats import Example, TokenExample
+from biodistil.io import atomic_write_text
+from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, model_inputs
+from biodistil.tasks.registry import TaskSpec
+
+
+@dataclass
+class Predictions:
+    """Per-example predictions of a split, in the task's label space."""
+
+    labels: list[Any]  # tag lists (token tasks), label strings, or 0/1 vectors (multi-label)
+    scores: list[list[float]]  # class probabilities per example (empty for token tasks)
+    filled_words: int = 0  # words with no prediction (truncated away), predicted as O
+
+
+@torch.no_grad()
+def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
+            collate: FeatureCollator, batch_size: int = 64) -> Predictions:
+    """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
+    returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`)."""
+    model.eval()
+    device = model.device
+    loader = DataLoader(encoded.features, batch_size=batch_size, collate_fn=collate)
+    outputs: list[np.ndarray] = []
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
+        logits = model(**batch).logits.float().cpu().numpy()
+        outputs.extend(logits)
+    if task.kind == "token_classification":
+        return _word_level(task, examples, encoded, outputs)
+    if task.kind == "multilabel_classification":
+        probs = [1 / (1 + np.exp(-row)) for row in outputs]
+        return Predictions([[int(p > 0.5) for p in row] for row in probs], [row.tolist() for row in probs])
+    probs = [np.exp(row - row.max()) / np.exp(row - row.max()).sum() for row in outputs]
+    return Predictions([task.labels[int(p.argmax())] for p in probs], [p.tolist() for p in probs])
+
+
+def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[np.ndarray]) -> Predictions:
+    tags: list[list[str]] = [["O"] * len(e.tokens) for e in examples]
+    seen: list[set[int]] = [set() for _ in examples]
+    for logits, (index, start), word_ids in zip(outputs, encoded.origins, encoded.word_ids, strict=True):
+        present = {w for w in word_ids if w is not None}
+        predicted = word_predictions(word_ids, logits[: len(word_ids)].argmax(-1), max(present, default=-1) + 1)
+        for offset in present:
+            tags[index][start + offset] = task.labels[predicted[offset]]
+            seen[index].add(start + offset)
+    filled = sum(len(e.tokens) - len(s) for e, s in zip(examples, seen, strict=True))
+    return Predictions(tags, [], filled)
+
+
+def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:
+    """Test predictions as `finetune` and `kd` write them, JSON lines: id, gold, predicted label (or tags) and
+    class scores."""
+    lines = []
+    for index, example in enumerate(examples):
+        gold = example.tags if isinstance(example, TokenExample) else example.label
+        record = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
+        if predictions.scores:
+            record["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
+        lines.append(json.dumps(record, ensure_ascii=False))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def prediction_rows(task: TaskSpec, examples: Sequence[Any], predictions: Any) -> list[dict[str, Any]]:
+    """The records of `evaluate`'s predictions.jsonl, one per example: id, gold, prediction (and tokens or class
+    probabilities by label)."""
+    rows = []
+    for index, example in enumerate(examples):
+        row: dict[str, Any] = {"id": example.id}
+        if isinstance(example, TokenExample):
+            row.update(tokens=example.tokens, gold=example.tags, prediction=predictions.labels[index])
+        else:
+            row.update(gold=example.label, prediction=predictions.labels[index])
+            if predictions.scores:
+                row["probabilities"] = {label: round(float(p), 6)
+                                        for label, p in zip(task.labels, predictions.scores[index], strict=True)}
+        rows.append(row)
+    return rows
