@@ -21,6 +21,7 @@ TRAIN = ["train.max_steps=10", "train.batch_size=4", "train.grad_accumulation=1"
          "train.eval_every=0", "train.save_every=0", "train.log_every=5", "train.progress_bar=false",
          "train.tensorboard=false"]
 DISTILL = {  # recipe -> tiny overrides (student shapes that fit the 4-layer, 32-wide, 2-head teacher)
+    "bioclinical-modernbert-distil": [],  # its ModernBERT teacher: tests/test_modernbert_cli.py
     "distilbiobert": [],
     "biolm-distill-align": ["student.name_or_path={small_student}"],
     "tinybiobert-4l-312": [TINY_ARCH],
