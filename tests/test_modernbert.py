@@ -116,6 +116,19 @@ def test_student_layers_keep_their_attention_type(bpe, tmp_path):
     assert taught[2][0, :, 0, 3:].abs().max() == 0, "student layer 2 is local like teacher layer 2"
 
 
+def test_students_of_bare_encoders_and_classifiers(modernbert_dir):
+    """`evaluate`'s and `finetune`'s model.layers copy layers of the bare encoder or a classifier the same way."""
+    from transformers import AutoModel, AutoModelForTokenClassification
+
+    for factory in (AutoModel, AutoModelForTokenClassification):
+        model = factory.from_pretrained(modernbert_dir)
+        student = student_from_teacher_layers(model, [1, 0])
+        assert type(student) is type(model) and student.config.layer_types == [LOCAL, GLOBAL]
+        norm = layer_list(student)[1].attn_norm.weight
+        source = model.embeddings.norm.weight if factory is AutoModel else model.model.embeddings.norm.weight
+        assert torch.equal(norm, source)
+
+
 def test_modernbert_student_from_an_architecture(bpe):
     student = model_from_architecture(modernbert_arch(layers=5, every=2, window=8), bpe)
     assert student.config.layer_types == [GLOBAL, LOCAL, GLOBAL, LOCAL, GLOBAL]
