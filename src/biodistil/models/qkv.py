@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from biodistil.errors import BiodistilError
+
 Slot = dict[str, Any]  # what the hooks of one block recorded during one forward pass
 HeadQKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per-head Q, K, V, each [B, H, L, d]
 
@@ -119,7 +121,11 @@ class FusedRotaryProjection:
         fused, attention = self.modules(block)
 
         def record_rotary(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            slot["cos"], slot["sin"] = kwargs["position_embeddings"]
+            rotary = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+            if rotary is None:
+                raise BiodistilError(f"{type(module).__name__} was called without position_embeddings=(cos, sin); "
+                                     "this transformers version passes ModernBERT's rotary embedding differently")
+            slot["cos"], slot["sin"] = rotary
 
         return [fused.register_forward_hook(_record_output(slot, "qkv")),
                 attention.register_forward_pre_hook(record_rotary, with_kwargs=True)]
