@@ -1,4 +1,6 @@
-"""Shared fixtures: a small synthetic corpus, a tokenizer trained on it and a tiny teacher, all offline."""
+"""Shared fixtures: a small synthetic corpus, a tokenizer trained on it, a tiny teacher, and (task side) a tiny pair
+task with a teacher fine-tuned on it and a student, all offline. Helper functions live in `kd_fixtures` and
+`numerics`."""
 
 import os
 import random
@@ -75,3 +77,22 @@ def teacher_dir(tmp_path_factory, tokenizer) -> Path:
 @pytest.fixture()
 def teacher(teacher_dir):
     return AutoModelForMaskedLM.from_pretrained(teacher_dir)
+
+
+@pytest.fixture(scope="session")
+def pair_task(tmp_path_factory):
+    """A tiny yes/no question + passage task (kd_fixtures.write_pair_task)."""
+    from kd_fixtures import write_pair_task
+
+    from biodistil.tasks.registry import get_task
+
+    return get_task(str(write_pair_task(tmp_path_factory.mktemp("tiny_qa"))))
+
+
+@pytest.fixture(scope="session")
+def kd_models(tmp_path_factory, teacher_dir, tokenizer, pair_task):
+    """(teacher fine-tuned on pair_task (random head), 2-layer student) model folders."""
+    from kd_fixtures import save_student, save_teacher
+
+    root = tmp_path_factory.mktemp("kd_models")
+    return save_teacher(teacher_dir, pair_task, root / "teacher"), save_student(tokenizer, root / "student")

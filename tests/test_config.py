@@ -8,7 +8,7 @@ import yaml
 
 from biodistil.config import DistillRecipe, PretrainRecipe, load_recipe
 from biodistil.errors import BiodistilError
-from biodistil.methods.task_recipe import KDRecipe, StudyRecipe
+from biodistil.kd.recipe import KDRecipe, StudyRecipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

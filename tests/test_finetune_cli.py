@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_kd_fixtures import save_student, save_teacher, write_pair_task
+from kd_fixtures import save_student, save_teacher, write_pair_task
 
 from biodistil.cli.main import main
 from biodistil.config import load_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
-from biodistil.methods.task_recipe import StudyRecipe
-from biodistil.methods.task_study import run_study
+from biodistil.kd.recipe import StudyRecipe
+from biodistil.kd.study import run_study
 from biodistil.models.embedded import EMBEDDED, embedded_model_folder
 from biodistil.tasks.registry import get_task
 

@@ -4,17 +4,16 @@ import hashlib
 import json
 
 import pytest
+from kd_fixtures import write_pair_task
 from safetensors.torch import load_file
-from test_kd_fixtures import write_pair_task
 from transformers import AutoModel, BertConfig, BertModel
 
 from biodistil.config import DistillRecipe, validate_recipe
 from biodistil.errors import BiodistilError
-from biodistil.methods.finetune import init_model_path
+from biodistil.kd.command import run_kd
+from biodistil.kd.recipe import KDRecipe
+from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
 from biodistil.methods.task_agnostic import run_distill
-from biodistil.methods.task_kd import run_kd
-from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe
-from biodistil.methods.task_study import run_finetune
 from biodistil.models import embedded
 from biodistil.models.embedded import EMBEDDED, EmbeddedModel, embedded_model_folder, verify_weights
 from biodistil.models.loading import load_masked_lm, untrained_head_weights

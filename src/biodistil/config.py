@@ -166,6 +166,8 @@ class StudentConfig(Section):
 
 
 LAYER_LOSSES = ("hidden_cosine", "hidden_mse", "attention_mse", "attention_kl")
+# Terms on a classifier's outputs: task-specific distillation builds them from its `kd` section (biodistil.kd.objective)
+TASK_LOSSES = ("ce", "sigmoid_kd", "patient_kd")
 
 
 class TermConfig(Section):
@@ -177,7 +179,7 @@ class TermConfig(Section):
 
     loss: Literal[
         "mlm", "logit_kl", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse", "attention_kl",
-        "minilm_relations",
+        "minilm_relations", "ce", "sigmoid_kd", "patient_kd",
     ]
     weight: float = Field(1.0, ge=0)
     positions: Literal["all", "masked", "known"] = Field(
@@ -232,6 +234,15 @@ class ObjectiveConfig(Section):
     temperature: float = Field(2.0, gt=0)
     terms: list[TermConfig] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _task_agnostic_terms(self) -> ObjectiveConfig:
+        task = [term.loss for term in self.terms if term.loss in TASK_LOSSES]
+        if task:
+            raise ValueError(f"loss {', '.join(task)} compares classifier outputs: a term of task-specific "
+                             "distillation (`biodistil kd`: kd.soft_loss, kd.beta, kd.patient), not of a masked-LM "
+                             "objective")
+        return self
+
 
 class TokenizerTrainingConfig(Section):
     """A WordPiece vocabulary trained on the corpus."""
@@ -246,6 +257,16 @@ class ExportConfig(Section):
     """The final model written to <run>/model."""
 
     enabled: bool = True
+
+
+class ModelConfig(Section):
+    """An encoder given as a local Hugging Face folder, a Hub id or an embedded model name (e.g. minilm-l6)."""
+
+    name_or_path: ModelRef = Field(min_length=1)
+    layers: list[int] | None = Field(
+        None, description="keep only these transformer layers (0-based), e.g. [0, 2, 4]: a student made of a "
+        "pre-trained model's alternate layers (written once to <run>/init_model)",
+    )
 
 
 class PretrainModelConfig(Section):

@@ -6,11 +6,13 @@ strict IOB2, the full test set) in one `biodistil study`:
 
 1. teacher: the embedded all-MiniLM-L6-v2 encoder (6 × 384, `minilm-l6`) fine-tuned on a labelled budget of
    training sentences (a seeded subset), model selection on the dev set;
-2. student: the teacher's pre-trained layers 0, 2, 4 (3 × 384), trained two ways from the same start, with the
-   same optimizer settings and the same number of steps, for every seed:
-   - *distilled*: label-free Hinton KD on the task's whole training text with its labels dropped: the teacher
-     labels the sentences it was not trained on (teacher outputs computed once, cached for every seed);
-   - *without teacher*: fine-tuned on the labelled budget, the only labels there are;
+2. student: the teacher's pre-trained layers 0, 2, 4 (3 × 384), trained three ways from the same start, with
+   the same optimizer settings and the same number of steps, for every seed:
+   - *distilled*: Hinton KD, 0.5·T²·KL(teacher ‖ student) + 0.5·CE(gold), on the labelled budget;
+   - *without teacher*: fine-tuned on the labelled budget alone (the same data and steps, no teacher term);
+   - *distilled without labels*: label-free Hinton KD on the task's whole training text with its labels
+     dropped, so the student never sees a gold label (as when a clinical teacher's data cannot be shared);
+   teacher outputs are computed once per transfer set and cached for every seed;
 3. speed: parameters, CPU latency at batch 1 and throughput at batch 32 (`biodistil bench`).
 
 Every stage is an ordinary run folder under DIR, so an interrupted demo continues where it stopped. The plan
@@ -33,9 +35,9 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.bench import run_bench
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.kd.recipe import StudyRecipe
+from biodistil.kd.study import run_study
 from biodistil.methods.finetune import init_model_path
-from biodistil.methods.task_recipe import StudyRecipe
-from biodistil.methods.task_study import run_study
 from biodistil.models.embedded import resolve_model_name
 from biodistil.tasks.registry import get_task
 
@@ -100,10 +102,10 @@ def _timed(timings: dict[str, float], name: str, step):
 
 
 def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size: int) -> dict[str, Any]:
-    """The demo as a `biodistil study` recipe: the teacher, then the two student arms × seeds."""
+    """The demo as a `biodistil study` recipe: the teacher, then the three student arms × seeds."""
     transfer = min(plan.transfer or train_size, train_size)
-    kd_steps = math.ceil(plan.kd_epochs * transfer / plan.student_batch_size)
-    finetune_epochs = kd_steps * plan.student_batch_size / min(plan.labelled, train_size)  # same steps as KD
+    steps = math.ceil(plan.kd_epochs * transfer / plan.student_batch_size)
+    labelled_epochs = round(steps * plan.student_batch_size / min(plan.labelled, train_size), 4)  # the same steps
     train = {"batch_size": plan.student_batch_size, "learning_rate": plan.student_learning_rate,
              "warmup_ratio": 0.1, "eval_every": 0, "save_every": 0, "log_every": 20, "tensorboard": False}
     teacher_train = {"batch_size": plan.teacher_batch_size, "learning_rate": plan.teacher_learning_rate}
@@ -125,9 +127,12 @@ def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size
                    "transfer": {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.transfer}}},
         },
         "arms": [
-            {"name": "distilled", "command": "kd"},
+            {"name": "distilled", "command": "kd", "overrides": {
+                "kd": {"alpha": 0.5, "beta": 0.5, "epochs": labelled_epochs},
+                "transfer": {"source": {"max_examples": plan.labelled}, "keep_labels": True}}},
             {"name": "without-teacher", "command": "finetune", "overrides": {
-                "finetune": {"epochs": round(finetune_epochs, 4), "score_init": True}}},
+                "finetune": {"epochs": labelled_epochs, "score_init": True}}},
+            {"name": "label-free", "command": "kd"},
         ],
     }
 
@@ -160,7 +165,8 @@ def _rows(summary: dict[str, Any], models: dict[str, str], bench: dict[str, Any]
     teacher_scores = summary["teachers"][TASK]["test"]
     speed = {row["label"]: row for row in bench["models"]}
     rows = [_row("teacher (6 × 384, fine-tuned)", [teacher_scores], teacher_scores, speed["teacher"])]
-    names = {"distilled": "distilled student (3 × 384)", "without-teacher": "student without teacher (3 × 384)"}
+    names = {"distilled": "distilled student (3 × 384)", "without-teacher": "student without teacher (3 × 384)",
+             "label-free": "distilled without labels (3 × 384)"}
     for arm, name in names.items():
         runs = [r["test"] for r in summary["runs"] if r["arm"] == arm]
         rows.append(_row(name, runs, teacher_scores, speed["student"], arm=arm))
@@ -195,7 +201,6 @@ def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render_report(report: dict[str, Any]) -> str:
     plan = report["plan"]
-    teacher, distilled, plain = report["models"]
     transfer = plan["transfer"] or report["train_sentences"]
     lines = [
         "# biodistil demo: does distillation work here?",
@@ -204,12 +209,14 @@ def render_report(report: dict[str, Any]) -> str:
         f"folder `{report['data']}`. Teacher: all-MiniLM-L6-v2 (`{plan['teacher']}`, a pretrained general-domain "
         f"BERT encoder, 6 × 384) fine-tuned on {plan['labelled']:,} labelled training sentences (a seeded subset) "
         f"for {plan['teacher_epochs']:g} epochs (batch {plan['teacher_batch_size']}, learning rate "
-        f"{plan['teacher_learning_rate']:g}). Both students start from the teacher's pre-trained layers "
-        f"{list(plan['student_layers'])} and train for the same number of steps: the *distilled* student on the "
-        f"teacher's outputs (label-free Hinton KD, T = {plan['temperature']:g}) over {transfer:,} training "
-        f"sentences with their labels dropped; the student *without teacher* on the {plan['labelled']:,} labelled "
-        f"sentences (batch {plan['student_batch_size']}, learning rate {plan['student_learning_rate']:g}). At most "
-        f"{plan['max_length']} sub-words, model selection on the dev set, seeds {list(plan['seeds'])}.",
+        f"{plan['teacher_learning_rate']:g}). Every student starts from the teacher's pre-trained layers "
+        f"{list(plan['student_layers'])} and trains for the same number of steps (batch "
+        f"{plan['student_batch_size']}, learning rate {plan['student_learning_rate']:g}): the *distilled* student "
+        f"with Hinton KD (0.5·T²·KL + 0.5·CE, T = {plan['temperature']:g}) on the {plan['labelled']:,} labelled "
+        f"sentences; the student *without teacher* on the same sentences and labels alone; the student *distilled "
+        f"without labels* on the teacher's outputs only (T²·KL), over {transfer:,} training sentences with their "
+        f"labels dropped. At most {plan['max_length']} sub-words, model selection on the dev set, seeds "
+        f"{list(plan['seeds'])}.",
         "",
         "| model | parameters (without embeddings) | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) "
         "| throughput, batch 32 (seq/s) |",
@@ -220,14 +227,14 @@ def render_report(report: dict[str, Any]) -> str:
             f"| {row['model']} | {row['parameters'] / 1e6:.1f} M ({row['parameters_without_embeddings'] / 1e6:.1f} M) "
             f"| {_f1(row)} ({row['precision_mean']:.3f} / {row['recall_mean']:.3f}) | "
             f"{100 * row['share_of_teacher']:.1f}% | {row['latency_ms']:.1f} | {row['sequences_per_s']:.0f} |")
-    lines += ["", *_verdict(teacher, distilled, plain), "", "Wall time per stage:", "",
-              "| stage | steps | seconds |", "|---|---|---|"]
+    lines += ["", *verdict({row["arm"] or "teacher": row for row in report["models"]}), "",
+              "Wall time per stage:", "", "| stage | steps | seconds |", "|---|---|---|"]
     lines += [f"| {s['stage']} | {s['steps'] or ''} | {s['seconds'] if s['seconds'] is not None else '?'} |"
               for s in report["stages"]]
     lines += [f"| benchmark | | {report['timings'].get('bench', '?')} |", "",
               f"Whole demo: {report['demo_minutes']} minutes (a resumed demo counts only its last invocation). "
               f"Speed: CPU, {report['bench']['device']}, sequence length 128, median of "
-              f"{report['bench']['settings']['repeats']} runs; students share one architecture, so one is timed. "
+              f"{report['bench']['settings']['repeats']} runs; the students share one architecture, so one is timed. "
               "Numbers are as they came out: nothing was tuned on the test set.", ""]
     return "\n".join(lines)
 
@@ -238,20 +245,30 @@ def _f1(row: dict[str, Any]) -> str:
     return f"{row['f1_mean']:.3f} ± {row['f1_sd']:.3f}"
 
 
-def _verdict(teacher: dict[str, Any], distilled: dict[str, Any], plain: dict[str, Any]) -> list[str]:
-    """Plain-language answers, with the seed spread as the bar a difference must clear."""
-    gain = distilled["f1_mean"] - plain["f1_mean"]
-    spread = max(distilled["f1_sd"] or 0.0, plain["f1_sd"] or 0.0)
+def verdict(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Plain-language answers; a difference between student arms must clear twice their seed spread."""
+    teacher, distilled, plain, label_free = (rows[k] for k in ("teacher", "distilled", "without-teacher",
+                                                                "label-free"))
     lines = [f"- The distilled student keeps {100 * distilled['share_of_teacher']:.1f}% of the teacher's F1 with "
              f"{distilled['parameters'] / teacher['parameters']:.0%} of its parameters and "
-             f"{teacher['latency_ms'] / distilled['latency_ms']:.1f}× its batch-1 speed."]
-    if distilled["seeds"] < 2:
-        lines.append(f"- Distillation vs no teacher: {gain:+.3f} F1 from one seed; with no seed spread measured this "
-                     "is not a finding.")
-    elif abs(gain) <= 2 * spread:
-        lines.append(f"- Distillation vs no teacher: {gain:+.3f} F1, within twice the seed spread (sd up to "
-                     f"{spread:.3f}): not a finding at this scale.")
-    else:
-        lines.append(f"- What the teacher adds: {gain:+.3f} F1 over the same student trained without it "
-                     f"(more than twice the seed spread, sd up to {spread:.3f}, over {distilled['seeds']} seeds).")
+             f"{teacher['latency_ms'] / distilled['latency_ms']:.1f}× its batch-1 speed.",
+             compare("What the teacher adds (distilled vs without teacher, same data, labels and steps)", distilled,
+                     plain),
+             f"- Without a single gold label the student keeps {100 * label_free['share_of_teacher']:.1f}% of the "
+             "teacher's F1: everything it knows of the task came through the teacher's outputs.",
+             compare("Labels vs teacher outputs only (without teacher vs distilled without labels)", plain,
+                     label_free)]
     return lines
+
+
+def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str:
+    """`first − second` in F1, called a finding only when it is more than twice the larger seed sd."""
+    gain = first["f1_mean"] - second["f1_mean"]
+    if min(first["seeds"], second["seeds"]) < 2:
+        return f"- {question}: {gain:+.3f} F1 from one seed; with no seed spread measured this is not a finding."
+    spread = max(first["f1_sd"], second["f1_sd"])
+    if abs(gain) <= 2 * spread:
+        return (f"- {question}: {gain:+.3f} F1, within twice the seed spread (sd up to {spread:.3f}): not a finding "
+                "at this scale.")
+    return (f"- {question}: {gain:+.3f} F1, more than twice the seed spread (sd up to {spread:.3f}, "
+            f"{first['seeds']} seeds).")

@@ -80,3 +80,12 @@ def jsonable(value: Any) -> Any:
 def number(value: float | None) -> float:
     """A score read back from JSON: None (an undefined score) is NaN."""
     return math.nan if value is None else float(value)
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop the JSON-lines records of `path` written after `last_step` (a resumed run writes them again)."""
+    path = Path(path)
+    if path.is_file():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["step"] <= last_step]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))

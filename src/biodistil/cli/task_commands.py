@@ -9,15 +9,14 @@ _NOT_TRANSFER = ("teacher", "student", "kd", "meta", "train", "export")
 
 
 def _finetune(args: argparse.Namespace) -> object:
-    from biodistil.methods.task_recipe import FinetuneRecipe
-    from biodistil.methods.task_study import run_finetune
+    from biodistil.methods.finetune import FinetuneRecipe, run_finetune
 
     return run_recipe(FinetuneRecipe, run_finetune, args)
 
 
 def _kd(args: argparse.Namespace) -> object:
-    from biodistil.methods.task_kd import run_kd
-    from biodistil.methods.task_recipe import KDRecipe
+    from biodistil.kd.command import run_kd
+    from biodistil.kd.recipe import KDRecipe
 
     return run_recipe(KDRecipe, run_kd, args)
 
@@ -26,9 +25,9 @@ def _transfer(args: argparse.Namespace) -> object:
     from pydantic import ConfigDict
 
     from biodistil.config import Section, load_recipe, validate_recipe
-    from biodistil.data.transfer_sets import run_transfer
     from biodistil.errors import BiodistilError
-    from biodistil.methods.task_recipe import TransferRecipe
+    from biodistil.kd.recipe import TransferRecipe
+    from biodistil.kd.transfer import run_transfer
 
     class AnySections(Section):
         model_config = ConfigDict(extra="allow")
@@ -43,8 +42,8 @@ def _transfer(args: argparse.Namespace) -> object:
 def _study(args: argparse.Namespace) -> object:
     from biodistil.config import load_recipe
     from biodistil.errors import BiodistilError
-    from biodistil.methods.task_recipe import StudyRecipe
-    from biodistil.methods.task_study import run_study
+    from biodistil.kd.recipe import StudyRecipe
+    from biodistil.kd.study import run_study
 
     if args.stop_after is not None:
         raise BiodistilError("study: --stop-after does not apply (interrupt it and continue with --resume)")

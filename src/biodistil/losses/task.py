@@ -1,83 +1,22 @@
-"""Task-specific distillation losses on classifier logits ([N, C], or token logits [B, L, C] with a mask)."""
+"""Task-specific distillation losses on classifier outputs: logit rows [N, C] and [CLS] states [B, D].
+
+Hinton's KD on classifier logits is `biodistil.losses.distillation.soft_kl_loss`, the loss of the `logit_kl`
+term on both halves of the toolkit (`biodistil.methods.objective`).
+"""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from biodistil.losses.distillation import masked_lm_loss, masked_mean, soft_kl_loss
-
-Weight = float | torch.Tensor
-
-
-@dataclass(frozen=True)
-class KDLossParts:
-    """A weighted KD objective and its unweighted parts: total = α·kd + β·ce."""
-
-    total: torch.Tensor
-    kd: torch.Tensor
-    ce: torch.Tensor
-
-    def logs(self) -> dict[str, float]:
-        """Plain floats for logging: {"loss", "kd", "ce"}."""
-        return {
-            "loss": float(self.total.detach()),
-            "kd": float(self.kd.detach()),
-            "ce": float(self.ce.detach()),
-        }
+from biodistil.losses.distillation import masked_mean
 
 
 def _check_same_shape(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> None:
     if student_logits.shape != teacher_logits.shape:
         shapes = f"{tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}"
         raise ValueError(f"student logits {shapes}")
-
-
-def _select_rows(
-    logits: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Flatten [..., C] logits to [N, C] rows (only rows where `mask` is True) and labels to [N]."""
-    if mask is None:
-        rows = logits.reshape(-1, logits.size(-1))
-        return rows, None if labels is None else labels.reshape(-1)
-    if mask.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"mask {tuple(mask.shape)} must equal logits {tuple(logits.shape)} minus the class dim"
-        )
-    keep = mask.bool()
-    return logits[keep], None if labels is None else labels[keep]
-
-
-def hinton_kd_loss(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor | None,
-    alpha: Weight,
-    beta: Weight,
-    temperature: float = 1.0,
-    mask: torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> KDLossParts:
-    """Hinton KD L = α·T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) + β·CE(y, z_S).
-
-    Logits are [N, C], or [B, L, C] token logits with `mask` [B, L] selecting the rows that count.
-    The KD term covers every selected row; the CE skips labels equal to `ignore_index`.
-    `kd` and `ce` are returned unweighted; α and β may be floats or 0-dim tensors (gradient flows to them).
-    With β = 0, `labels` may be None and `ce` is 0.
-    """
-    _check_same_shape(student_logits, teacher_logits)
-    student_rows, label_rows = _select_rows(student_logits, mask, labels)
-    teacher_rows, _ = _select_rows(teacher_logits, mask)
-    kd = soft_kl_loss(student_rows, teacher_rows, temperature)
-    if label_rows is None:
-        if float(beta) != 0.0:
-            raise ValueError(f"labels are required when beta is non-zero (beta={float(beta)})")
-        ce = student_rows.float().sum() * 0.0
-    else:
-        ce = masked_lm_loss(student_rows, label_rows, ignore_index=ignore_index)
-    return KDLossParts(total=alpha * kd + beta * ce, kd=kd, ce=ce)
 
 
 def logit_mse_loss(

@@ -1,5 +1,5 @@
-"""Fine-tuning an encoder on a task of the task registry: a classifier head on the encoder, trained with the one
-engine, model selection on dev, scored on test.
+"""`biodistil finetune`: an encoder fine-tuned on a task of the task registry (a classifier head on the encoder,
+trained with the one engine, model selection on dev, scored on test), and the functions other stages reuse.
 
 Token classification (NER, PICO), sequence classification (single texts and pairs) and multi-label
 classification share one path, built on `biodistil.tasks`: encode the split into features, train a
@@ -7,11 +7,13 @@ classification share one path, built on `biodistil.tasks`: encode the split into
 `finetune_on_task` is shared by `finetune`, the `kd` baselines, studies, `evaluate` and the quick demo.
 """
 
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import nn
 from transformers import (
     AutoModelForSequenceClassification,
@@ -21,13 +23,15 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
-from biodistil.config import TrainConfig
+from biodistil.config import ExportConfig, ModelConfig, RunConfig, Section, TrainConfig
 from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.tasks.encoding import collator_for, encode_split, fit_length_to_model, model_inputs
-from biodistil.tasks.prediction import Predictions, predict
+from biodistil.tasks.prediction import Predictions, predict, write_predictions
+from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
-from biodistil.tasks.scoring import score
+from biodistil.tasks.scoring import score, score_model
 from biodistil.tasks.splits import read_split
 from biodistil.training.engine import Engine, TrainResult
 
@@ -62,6 +66,7 @@ def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
 
 
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
+    """Optimizer steps for `epochs` passes over `num_examples` at `batch_size` (at least one)."""
     return max(1, round(epochs * num_examples / batch_size))
 
 
@@ -154,3 +159,73 @@ def init_model_path(name_or_path: str, layers: list[int] | None, run_dir: Path) 
         encoder = student_from_teacher_layers(load_encoder(name_or_path), layers)
         export_model(encoder, load_tokenizer(name_or_path), target)
     return str(target)
+
+
+# ------------------------------------------------------------------------------------------ command
+
+
+class FinetuneOptions(Section):
+    """How long to fine-tune and whether to score the untrained model (S_init of the gap closed)."""
+
+    epochs: float | None = Field(None, gt=0, description="set train.max_steps from the training-set size")
+    patience: int | None = Field(None, ge=1, description="dev evaluations without gain before stopping")
+    score_init: bool = Field(True, description="also score the model before training on the test set")
+
+
+class FinetuneRecipe(Section):
+    """`biodistil finetune`: fine-tune an encoder on a task; save a Hugging Face model, metrics, predictions."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig
+    task: TaskConfig
+    finetune: FinetuneOptions = Field(default_factory=FinetuneOptions)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+
+def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Fine-tune the recipe's encoder on its task: model selection on dev, scores and predictions on test,
+    the untrained model's test scores (S_init), and the model exported in Hugging Face format."""
+    from accelerate.utils import set_seed
+
+    from biodistil.export.hf import export_model
+    from biodistil.models.loading import load_tokenizer
+    from biodistil.training.run import RunFolder
+
+    if resume or stop_after is not None:
+        raise BiodistilError("finetune runs start afresh: --resume and --stop-after are not supported (choose a new "
+                             "run.output_dir, or remove the old one)")
+    started = time.perf_counter()
+    run = RunFolder(recipe.run.output_dir, recipe)
+    path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
+    task = fit_length_to_model(task_spec(recipe.task), path)
+    init: dict[str, float] = {}
+    if recipe.finetune.score_init:
+        set_seed(recipe.run.seed)
+        test = load_task_split(task, recipe.task, "test")
+        init = score_model(build_classifier(path, task), load_tokenizer(path), task, test).scores if test else {}
+    outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
+                               recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
+                               recipe.task.max_examples)
+    metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
+                        "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
+                        "truncated_examples": outcome.truncated,
+                        "wall_seconds": round(time.perf_counter() - started, 1)})
+    if recipe.export.enabled:
+        export_model(outcome.model, outcome.tokenizer, run.model_dir)
+        metrics["model_dir"] = str(run.model_dir)
+    write_predictions(run.path / "test_predictions.jsonl", outcome.test_examples, outcome.test_predictions)
+    atomic_write_json(run.path / "metrics.json", metrics)
+    run.write_summary(metrics)
+    run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir))
+    return run.model_dir
+
+
+def _report_rows(metrics: dict[str, Any], outcome: FinetuneOutcome, model_dir: Path) -> dict[str, object]:
+    rows: dict[str, object] = {"task / metric": f"{metrics['task']} / {metrics['metric']}",
+                               "steps": outcome.train.steps}
+    for name in ("dev", "test", "init"):
+        if metrics[name]:
+            rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in metrics[name].items())
+    rows["model"] = f"`{model_dir}`" if "model_dir" in metrics else "not exported"
+    return rows

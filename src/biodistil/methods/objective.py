@@ -10,6 +10,12 @@ transformer layer l = 1..M with teacher layer g(l) (uniform or explicit, `biodis
 Attention terms compare the two maps on the keys both layers can see: when one of them is a local
 (sliding-window) layer, the other's attention is restricted to the same window and renormalised.
 A term with `epsilon` passes through the VE-KD tolerance hinge max(W·L − ε, 0) before its weight.
+
+The registry `TERM_KINDS` is shared by both halves of the toolkit. Task-specific distillation
+(`biodistil.kd.objective`) reads a classifier's outputs as features (logit rows at token positions, or one row
+per example) and combines the same logit terms (`logit_kl` is Hinton's KD, `logit_mse`) with the terms that only
+classifiers have: `ce` (gold labels), `sigmoid_kd` and `patient_kd` ([CLS] states). Every method sums its terms
+with `weighted_sum`: one dispatch.
 """
 
 from collections.abc import Callable, Iterable
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -32,7 +39,7 @@ from biodistil.losses.layers import (
     tolerance_hinge,
 )
 from biodistil.losses.prediction import soft_cross_entropy_loss
-from biodistil.losses.task import logit_mse_loss
+from biodistil.losses.task import logit_mse_loss, patient_kd_loss, sigmoid_kd_loss
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.models.attention import restrict_to_window
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
@@ -40,7 +47,8 @@ from biodistil.models.features import FeatureRequest, Features, normalise_block,
 from biodistil.models.loading import untrained_head_weights
 
 Pairs = tuple[tuple[int, int], ...]
-FeatureKind = Literal["logits", "hidden", "attention", "qkv"]
+FeatureKind = Literal["logits", "hidden", "attention", "qkv", "cls"]
+Weight = float | torch.Tensor
 
 
 @dataclass
@@ -49,11 +57,14 @@ class TermInputs:
 
     student: Features
     teacher: Features | None
-    labels: torch.Tensor  # [B, L], IGNORE_INDEX where no MLM target
+    labels: torch.Tensor | None  # [B, L] (a classifier of sequences: [B, 1]), IGNORE_INDEX where no target;
+    #                              multi-label classifiers: [B, C] 0/1; None: no gold labels in this batch
     attention_mask: torch.Tensor  # [B, L] bool
-    masks: dict[str, torch.Tensor]  # [B, L] bool positions by name: "all", "masked", "known"
+    masks: dict[str, torch.Tensor]  # bool positions by name, shaped like the logit positions: "all", "masked",
+    #                                 "known" (masked LMs); "all", "masked", "cls" (classifiers, kd.objective)
     temperature: float
     shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
+    multi_label: bool = False  # classes are independent (sigmoid per class): multi-label classification
 
 
 def position_masks(
@@ -119,6 +130,38 @@ def _logit_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tenso
     """(1/N)·Σ_rows of the squared errors over the shared vocabulary, averaged (`vocab_reduction: mean`) or
     summed (`sum`, VE-KD's L′_MSE) over it, at the term's N positions."""
     return logit_mse_loss(*_logit_rows(term, x), class_reduction=term.cfg.vocab_reduction)
+
+
+# ------------------------------------------------------------------------------------------ classifier terms
+def _ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """CE(y, z_S) with the gold labels: softmax CE at the labelled positions (per example, or per labelled
+    sub-word of a token task), or per-label BCE for multi-label tasks; 0 when the batch has no labels."""
+    if x.labels is None:
+        return x.student.logits.float().sum() * 0.0
+    if x.multi_label:
+        logits = x.student.logits_at(x.masks["masked"])
+        return F.binary_cross_entropy_with_logits(logits.float(), x.labels.float())
+    return _mlm(objective, term, x)
+
+
+def _sigmoid_kd(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """Label-free binary KD BCE(σ(z_T/T), σ(z_S/T)) of the positive class (z = z_1 − z_0 for two logits), at the
+    term's positions; per label for multi-label tasks."""
+    student, teacher = _logit_rows(term, x)
+    if x.multi_label:
+        student, teacher = student.reshape(-1), teacher.reshape(-1)
+    return sigmoid_kd_loss(student, teacher, x.temperature)
+
+
+def _patient_kd(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """PatientKD Σ_i MSE(h_S,i/‖h_S,i‖, h_T,g(i)/‖h_T,g(i)‖) of the [CLS] states (position 0) of the term's layer
+    pairs, over the examples whose teacher [CLS] is known (mask "cls")."""
+    rows = x.masks["cls"]
+    if not bool(rows.any()):
+        return x.student.logits.float().sum() * 0.0
+    student = [x.student.hidden_at(s)[:, :1][rows] for s, _ in term.pairs]
+    teacher = [x.teacher.hidden_at(t)[:, :1][rows].to(student[0].dtype) for _, t in term.pairs]
+    return patient_kd_loss(student, teacher)
 
 
 # ------------------------------------------------------------------------------------------ layer terms
@@ -187,6 +230,9 @@ TERM_KINDS: dict[str, TermKind] = {
     "attention_mse": TermKind(True, "attention", _attention_mse),
     "attention_kl": TermKind(True, "attention", _attention_kl),
     "minilm_relations": TermKind(True, "qkv", _minilm),
+    "ce": TermKind(False, "logits", _ce),
+    "sigmoid_kd": TermKind(True, "logits", _sigmoid_kd),
+    "patient_kd": TermKind(True, "cls", _patient_kd),
 }
 _REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
 
@@ -253,16 +299,25 @@ class Objective(nn.Module):
         return chosen
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        total = torch.zeros((), device=inputs.attention_mask.device)
-        logs = {}
-        for term in self.terms:
-            value = TERM_KINDS[term.cfg.loss].compute(self, term, inputs)
-            if term.cfg.epsilon is not None:
-                logs[f"{term.name}_raw"] = value.detach()
-                value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)
-            logs[term.name] = value.detach()
-            total = total + term.cfg.weight * value
-        return total, logs
+        return weighted_sum(self, self.terms, inputs)
+
+
+def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
+                 weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """L = Σ_k w_k·L_k over the terms, each computed by its kind in `TERM_KINDS` (the one dispatch of every
+    method), and each term's unweighted value for the logs. `weights` replaces the recipe weight of the terms it
+    names (MetaAdaptiveKD's learned α and β, tensors that receive gradients)."""
+    total = torch.zeros((), device=inputs.attention_mask.device)
+    logs = {}
+    for term in terms:
+        value = TERM_KINDS[term.cfg.loss].compute(objective, term, inputs)
+        if term.cfg.epsilon is not None:
+            logs[f"{term.name}_raw"] = value.detach()
+            value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)
+        logs[term.name] = value.detach()
+        weight = term.cfg.weight if weights is None else weights.get(term.name, term.cfg.weight)
+        total = total + weight * value
+    return total, logs
 
 
 def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:

@@ -33,7 +33,7 @@ from transformers import get_scheduler
 
 from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_text
+from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
 
 Batch = dict[str, torch.Tensor]
@@ -349,19 +349,11 @@ class Engine:
                                           self.accelerator.process_index, self._extra_optimizers())
         if self.accelerator.is_main_process:
             print(f"Resuming from {folder} (step {self.state.step})")
-            self._truncate_metrics(self.state.step)
+            truncate_jsonl(self.run_dir / "metrics.jsonl", self.state.step)  # records after it come again
         self.accelerator.wait_for_everyone()
 
     def _extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"pre_step": self.pre_step.optimizer} if self.pre_step is not None else {}
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric records written after the checkpoint we resume from (they will be written again)."""
-        path = self.run_dir / "metrics.jsonl"
-        if path.is_file():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] <= step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     def _log(self, split: str, values: dict[str, float]) -> None:
         acc = self.accelerator

@@ -2,7 +2,7 @@
 
 Kinds (see `SourceConfig`): the task's own training inputs (in-domain), another task's split, a task file of a
 known format (e.g. BoolQ question/passage pairs), plain text (e.g. Wikipedia sentences), or a randomized set
-sampled from the unigram model of any of these (`biodistil.data.transfer`). Examples are shaped to the target
+sampled from the unigram model of any of these (`biodistil.kd.random_text`). Examples are shaped to the target
 task: word lists for token tasks, (text, text_pair) for pair tasks, single texts otherwise. Gold labels are
 dropped unless `keep_labels` (the fine-tune baseline and the CE term need them); `label_map` maps a source's
 labels into the task's label space (BoolQ true/false is read as yes/no; PubMedQA's "maybe" can be dropped).
@@ -21,13 +21,14 @@ import datasets
 
 from biodistil.data.formats import TextExample, TokenExample, read_examples
 from biodistil.data.paths import resolve_data_root
-from biodistil.data.transfer import UnigramModel, random_pairs, random_passages
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, atomic_write_json
-from biodistil.methods.task_recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
+from biodistil.kd.random_text import UnigramModel, random_pairs, random_passages
+from biodistil.kd.recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
 from biodistil.tasks.recipe import task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split, seeded_subset
+from biodistil.training.run import RunFolder
 
 Example = TokenExample | TextExample
 FORMAT_VERSION = 1
@@ -299,8 +300,6 @@ def load_transfer_set(folder: str | Path) -> list[Example]:
 
 def run_transfer(recipe: TransferRecipe) -> Path:
     """`biodistil transfer`: build the recipe's transfer set and save it under `<run>/transfer_set`."""
-    from biodistil.training.run import RunFolder
-
     run = RunFolder(recipe.run.output_dir, recipe)
     task = task_spec(recipe.task)
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold)

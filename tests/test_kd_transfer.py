@@ -3,12 +3,14 @@
 import json
 
 import pytest
-from test_kd_fixtures import write_pair_task
+from kd_fixtures import write_pair_task
 
 from biodistil.cli.main import main
 from biodistil.data.formats import TextExample
-from biodistil.data.transfer import DEFAULT_STARTERS
-from biodistil.data.transfer_sets import (
+from biodistil.errors import BiodistilError
+from biodistil.kd.random_text import DEFAULT_STARTERS
+from biodistil.kd.recipe import TransferConfig
+from biodistil.kd.transfer import (
     build_transfer_set,
     fingerprint_examples,
     load_transfer_set,
@@ -16,8 +18,6 @@ from biodistil.data.transfer_sets import (
     save_transfer_set,
     shape_for_task,
 )
-from biodistil.errors import BiodistilError
-from biodistil.methods.task_recipe import TransferConfig
 from biodistil.tasks.registry import get_task
 
 BOOLQ = [

@@ -25,15 +25,15 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.data.corpus import default_cache_dir
-from biodistil.data.formats import TextExample, TokenExample
-from biodistil.data.transfer_sets import fingerprint_examples
+from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory
+from biodistil.io import atomic_directory, atomic_write_json, jsonable, number
+from biodistil.kd.transfer import fingerprint_examples
 from biodistil.methods.finetune import build_classifier
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import score_model
 
-Example = TokenExample | TextExample
 CACHE_VERSION = 1
 _MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
                 "special_tokens_map.json")
@@ -245,3 +245,20 @@ def _position_logits(per_word: dict, example: int, start: int, word_ids: list[in
 def _zeros_like_cls(table: datasets.Dataset) -> list[list[float]]:
     first = table[0]["cls"]
     return [[0.0] * len(first[0]) for _ in first]
+
+
+def teacher_test_scores(teacher: str, task: TaskSpec, examples: list[Example], cache_dir: str | Path | None,
+                        batch_size: int = 64) -> dict[str, float]:
+    """The teacher's scores on labelled test examples, cached beside its outputs (keyed by the teacher's and the
+    examples' fingerprints), so that every arm and seed of a study compares with the same T."""
+    key = f"scores-{model_fingerprint(teacher)[:20]}-{fingerprint_examples(examples)[:20]}-{task.name}" \
+          f"-{task.max_length}.json"
+    path = teacher_cache_dir(cache_dir) / key
+    if path.is_file():
+        return {key: number(value) for key, value in json.loads(path.read_text()).items()}
+    from biodistil.models.loading import load_tokenizer
+
+    model = load_teacher_classifier(teacher, task)
+    scores = score_model(model, load_tokenizer(teacher), task, examples, batch_size).scores
+    atomic_write_json(path, jsonable(scores))
+    return scores

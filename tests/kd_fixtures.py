@@ -1,4 +1,4 @@
-"""Helpers (no tests) for the task-specific distillation tests: tiny tasks, a "fine-tuned" teacher, a student."""
+"""Helpers (no tests) for the task-side tests: tiny tasks, a "fine-tuned" teacher, a student, a kd recipe."""
 
 import json
 import random
@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForMaskedLM
 
-from biodistil.config import ArchitectureConfig
+from biodistil.config import ArchitectureConfig, validate_recipe
+from biodistil.kd.recipe import KDRecipe
 from biodistil.methods.finetune import build_classifier
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.student import model_from_architecture
@@ -98,3 +99,15 @@ def no_dropout_copy(folder: Path, target: Path) -> Path:
 
 def tiny_task(path: Path) -> TaskSpec:
     return get_task(str(path))
+
+
+def kd_recipe(task_file, teacher, student, out, **sections) -> KDRecipe:
+    """A small kd recipe (Hinton KD at T = 2, 2 epochs, cache beside `out`); `sections` update its sections."""
+    raw = {"run": {"output_dir": str(out), "seed": 3}, "teacher": {"name_or_path": str(teacher)},
+           "student": {"name_or_path": str(student)}, "task": {"name": str(task_file)},
+           "kd": {"soft_loss": "hinton", "temperature": 2.0, "epochs": 2, "cache_dir": str(out.parent / "cache")},
+           "train": {"batch_size": 8, "learning_rate": 1e-3, "save_every": 0, "eval_every": 0, "log_every": 1,
+                     "tensorboard": False, "progress_bar": False}}
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return validate_recipe(KDRecipe, raw)

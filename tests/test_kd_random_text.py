@@ -2,14 +2,14 @@
 
 import pytest
 
-from biodistil.data.transfer import (
+from biodistil.errors import BiodistilError
+from biodistil.kd.random_text import (
     DEFAULT_STARTERS,
     UnigramModel,
     random_pairs,
     random_passages,
     random_questions,
 )
-from biodistil.errors import BiodistilError
 
 SOURCE = [
     "The cat sat on the mat",

@@ -1,7 +1,9 @@
-"""Typed recipes of the task-specific commands: `finetune`, `transfer`, `kd` and `study`.
+"""Typed recipes of task-specific distillation: `transfer`, `kd` and `study` (`finetune`'s is in
+`biodistil.methods.finetune`).
 
 Every class subclasses `biodistil.config.Section` (unknown keys are errors naming the valid ones) and reuses
-`RunConfig`, `TrainConfig` and `ExportConfig`; load one with `biodistil.config.load_recipe`.
+`RunConfig`, `TrainConfig`, `ExportConfig`, `ModelConfig` and the `task:` section (`biodistil.tasks.recipe`);
+load one with `biodistil.config.load_recipe`.
 docs/task-specific.md explains each section with the equations of the losses.
 """
 
@@ -11,39 +13,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from biodistil.config import ExportConfig, ModelRef, RunConfig, Section, TrainConfig
-from biodistil.data.transfer import DEFAULT_STARTERS
+from biodistil.config import ExportConfig, ModelConfig, ModelRef, RunConfig, Section, TrainConfig
+from biodistil.kd.random_text import DEFAULT_STARTERS
 from biodistil.tasks.recipe import TaskConfig
-
-
-class ModelConfig(Section):
-    """An encoder given as a local Hugging Face folder, a Hub id or an embedded model name (e.g. minilm-l6)."""
-
-    name_or_path: ModelRef = Field(min_length=1)
-    layers: list[int] | None = Field(
-        None, description="keep only these transformer layers (0-based), e.g. [0, 2, 4]: a student made of a "
-        "pre-trained model's alternate layers (written once to <run>/init_model)",
-    )
-
-
-class FinetuneOptions(Section):
-    """How long to fine-tune and whether to score the untrained model (S_init of the gap closed)."""
-
-    epochs: float | None = Field(None, gt=0, description="set train.max_steps from the training-set size")
-    patience: int | None = Field(None, ge=1, description="dev evaluations without gain before stopping")
-    score_init: bool = Field(True, description="also score the model before training on the test set")
-
-
-class FinetuneRecipe(Section):
-    """`biodistil finetune`: fine-tune an encoder on a task; save a Hugging Face model, metrics, predictions."""
-
-    run: RunConfig = Field(default_factory=RunConfig)
-    model: ModelConfig
-    task: TaskConfig
-    finetune: FinetuneOptions = Field(default_factory=FinetuneOptions)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
-
 
 SourceKind = Literal["in_domain", "task", "file", "text", "saved"]
 

@@ -5,15 +5,17 @@ import json
 
 import pytest
 import torch
+from kd_fixtures import kd_recipe, no_dropout_copy, save_student, save_teacher, write_pair_task
 from safetensors.torch import load_file
-from test_kd import kd_recipe
-from test_kd_fixtures import no_dropout_copy, save_student, save_teacher, write_pair_task
 
 from biodistil.config import TrainConfig
+from biodistil.kd.command import run_kd
+from biodistil.kd.meta import MetaTeacherUpdate
+from biodistil.kd.module import KDCollator, KDModule, kd_features
+from biodistil.kd.recipe import KDOptions, MetaConfig
+from biodistil.kd.signal import OnlineTeacher
+from biodistil.kd.teacher_cache import load_teacher_classifier
 from biodistil.methods.finetune import build_classifier
-from biodistil.methods.meta import MetaTeacherUpdate
-from biodistil.methods.task_kd import KDCollator, KDModule, kd_features, load_teacher_classifier, run_kd
-from biodistil.methods.task_recipe import KDOptions, MetaConfig
 from biodistil.models.loading import load_tokenizer
 from biodistil.tasks.encoding import FeatureCollator
 from biodistil.tasks.registry import get_task
@@ -35,7 +37,7 @@ def meta_module(setting, adaptive=False):
     torch.manual_seed(0)
     cfg = KDOptions(alpha=0.5, beta=0.5, temperature=2.0)
     teacher = load_teacher_classifier(teacher_path, task)
-    module = KDModule(build_classifier(student_path, task), task, cfg, teacher, trainable_teacher=True,
+    module = KDModule(build_classifier(student_path, task), task, cfg, OnlineTeacher(teacher), trainable_teacher=True,
                       adaptive=adaptive)
     tokenizer = load_tokenizer(str(student_path))
     collate = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))

@@ -33,8 +33,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from biodistil.config import TrainConfig
-from biodistil.methods.task_kd import KDModule, task_loss
-from biodistil.methods.task_recipe import MetaConfig
+from biodistil.io import truncate_jsonl
+from biodistil.kd.module import KDModule
+from biodistil.kd.recipe import MetaConfig
 
 Batch = dict[str, torch.Tensor]
 
@@ -107,7 +108,7 @@ class MetaTeacherUpdate:
 
     def quiz_loss(self, params: dict[str, torch.Tensor], quiz: Batch) -> torch.Tensor:
         """L_task(θ'; quiz): the pilot student's task loss with the quiz batch's gold labels."""
-        return task_loss(self.module.kind, self.module.student_outputs(quiz, params).logits, quiz["labels"])
+        return self.module.objective.task_loss(self.module.student_outputs(quiz, params), quiz)
 
     def _second_order(self, named, buffers, pilot, quiz, targets):
         """∇φ L_task(θ − η·∇θ L_KD(θ; φ)) by autograd through the pilot step."""
@@ -161,12 +162,8 @@ class MetaTeacherUpdate:
         if self.log_path is None or (torch.distributed.is_initialized() and torch.distributed.get_rank() != 0):
             return
         path = Path(self.log_path)
-        if not self._trimmed and path.is_file():
-            from biodistil.io import atomic_write_text
-
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] < step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
+        if not self._trimmed:
+            truncate_jsonl(path, step - 1)
         self._trimmed = True
         with path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps({"step": step, **{k: float(f"{v:.6g}") for k, v in values.items()}}) + "\n")

@@ -1,4 +1,4 @@
-"""`biodistil finetune` and `biodistil study`: task fine-tuning runs, and studies made of many runs.
+"""`biodistil study`: a comparison of task-specific runs (finetune and kd arms over seeds) against one teacher.
 
 A study is a pipeline of ordinary run folders: for each task, the teacher (fine-tuned by the study unless a
 fine-tuned one is named), then every arm × seed as a `finetune` or `kd` run, then a summary table with the
@@ -10,73 +10,20 @@ An interrupted study continues with --resume: finished runs are reused, interrup
 import json
 import shutil
 import statistics
-import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from biodistil.config import validate_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
-from biodistil.methods.task_kd import (
-    gap_closed,
-    run_kd,
-    teacher_test_scores,
-)
-from biodistil.methods.task_recipe import FinetuneRecipe, KDRecipe, StudyRecipe, StudyTask
+from biodistil.kd.command import gap_closed, run_kd
+from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
+from biodistil.kd.teacher_cache import teacher_test_scores
+from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
 from biodistil.tasks.encoding import fit_length_to_model
-from biodistil.tasks.prediction import write_predictions
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
-from biodistil.tasks.scoring import score_model
-
-# ------------------------------------------------------------------------------------------ finetune
-
-
-def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """Fine-tune the recipe's encoder on its task: model selection on dev, scores and predictions on test,
-    the untrained model's test scores (S_init), and the model exported in Hugging Face format."""
-    from accelerate.utils import set_seed
-
-    from biodistil.export.hf import export_model
-    from biodistil.methods.finetune import build_classifier, finetune_on_task, init_model_path
-    from biodistil.models.loading import load_tokenizer
-    from biodistil.training.run import RunFolder
-
-    if resume or stop_after is not None:
-        raise BiodistilError("finetune runs start afresh: --resume and --stop-after are not supported (choose a new "
-                             "run.output_dir, or remove the old one)")
-    started = time.perf_counter()
-    run = RunFolder(recipe.run.output_dir, recipe)
-    path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
-    task = fit_length_to_model(task_spec(recipe.task), path)
-    init: dict[str, float] = {}
-    if recipe.finetune.score_init:
-        set_seed(recipe.run.seed)
-        test = load_task_split(task, recipe.task, "test")
-        init = score_model(build_classifier(path, task), load_tokenizer(path), task, test).scores if test else {}
-    outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
-                               recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
-                               recipe.task.max_examples)
-    metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
-                        "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
-                        "truncated_examples": outcome.truncated,
-                        "wall_seconds": round(time.perf_counter() - started, 1)})
-    if recipe.export.enabled:
-        export_model(outcome.model, outcome.tokenizer, run.model_dir)
-        metrics["model_dir"] = str(run.model_dir)
-    write_predictions(run.path / "test_predictions.jsonl", outcome.test_examples, outcome.test_predictions)
-    atomic_write_json(run.path / "metrics.json", metrics)
-    run.write_summary(metrics)
-    rows = {"task / metric": f"{task.name} / {task.headline_key}", "steps": outcome.train.steps,
-            **{name: ", ".join(f"{k} {number(v):.4f}" for k, v in metrics[name].items())
-               for name in ("dev", "test", "init") if metrics[name]},
-            "model": f"`{run.model_dir}`" if recipe.export.enabled else "not exported"}
-    run.write_report(f"Fine-tuning on {task.name}", rows)
-    return run.model_dir
-
-
-# ------------------------------------------------------------------------------------------ study
+from biodistil.training.run import RunFolder
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -92,9 +39,6 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` and `report.md` in the study folder."""
-    from biodistil.methods.finetune import init_model_path
-    from biodistil.training.run import RunFolder
-
     run = RunFolder(recipe.run.output_dir, recipe, resume)
     student = init_model_path(recipe.student, recipe.student_layers, run.path)  # one copy for every arm
     recipe = recipe.model_copy(update={"student": student, "student_layers": None})

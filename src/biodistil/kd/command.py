@@ -1,0 +1,286 @@
+"""`biodistil kd`: train a student on a fine-tuned teacher's outputs over a transfer set, with the one engine.
+
+Reading order: the transfer set (`biodistil.kd.transfer`), the teacher signal (`biodistil.kd.signal`: outputs
+cached once by `biodistil.kd.teacher_cache`, or the teacher run online), the module and its loss as terms of the
+objective registry (`biodistil.kd.module`, `biodistil.kd.objective`): L = α·soft + β·CE + γ·PatientKD. With
+`meta`, MetaDistil or MetaAdaptiveKD (`biodistil.kd.meta`) updates the teacher (and α, β) before every student
+step. After training, the student is scored on the task's test set beside its initialisation and the teacher,
+and the share of the gap it closes, (S − S_init)/(T − S_init), is reported.
+"""
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from biodistil.config import TrainConfig
+from biodistil.data.formats import Example, TextExample
+from biodistil.errors import BiodistilError
+from biodistil.export.hf import export_model
+from biodistil.io import atomic_write_json, jsonable, number
+from biodistil.kd.meta import MetaTeacherUpdate
+from biodistil.kd.module import KDCollator, KDModule, kd_features
+from biodistil.kd.objective import check_loss_fits_task, pkd_pairs
+from biodistil.kd.recipe import KDRecipe
+from biodistil.kd.signal import CachedTeacher, OnlineTeacher, TeacherSignal
+from biodistil.kd.teacher_cache import (
+    TeacherRequest,
+    cached_teacher_outputs,
+    load_teacher_classifier,
+    teacher_test_scores,
+)
+from biodistil.kd.transfer import (
+    build_transfer_set,
+    describe_source,
+    fingerprint_examples,
+    load_transfer_set,
+    map_labels,
+    read_source,
+    save_transfer_set,
+    shape_for_task,
+)
+from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
+from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.encoding import collator_for, fit_length_to_model
+from biodistil.tasks.prediction import write_predictions
+from biodistil.tasks.recipe import load_task_split, task_spec
+from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import score_model
+from biodistil.training.engine import Engine, Selection, TrainResult, make_accelerator
+from biodistil.training.run import RunFolder
+
+
+@dataclass
+class KDSetup:
+    """Everything a kd run trains and scores, built from the recipe before the engine starts."""
+
+    task: TaskSpec
+    tokenizer: PreTrainedTokenizerBase
+    student: PreTrainedModel
+    transfer: list[Example]
+    test: list[Example]
+    init_scores: dict[str, float]
+    module: KDModule
+    features: list[dict[str, Any]]
+    pre_step: MetaTeacherUpdate | None
+
+
+def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
+    started = time.perf_counter()
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    setup = setup_kd(recipe, run.path, accelerator)
+    cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)
+    evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features))
+    engine = Engine(cfg, run.path, recipe.run.seed, accelerator)
+    result = engine.fit(setup.module, setup.features, KDCollator(collator_for(setup.task, setup.tokenizer)),
+                        resume=resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
+                        pre_step=setup.pre_step)
+    if not accelerator.is_main_process:
+        return run.model_dir
+    report = _report(recipe, setup, result, run, finished=stop_after is None or result.steps >= cfg.max_steps)
+    report["wall_seconds"] = round(time.perf_counter() - started, 1)  # this invocation (a resumed run: since resume)
+    report = jsonable(report)
+    atomic_write_json(run.path / "metrics.json", report)
+    run.write_summary(report)
+    run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report))
+    return run.model_dir
+
+
+def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
+    """The task (lengths fit to both models), the transfer set, the student (seeded fresh head) and its score
+    before training, and the module with its teacher signal and features."""
+    from accelerate.utils import set_seed
+
+    with accelerator.main_process_first():
+        student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir)
+    task = fit_length_to_model(fit_length_to_model(task_spec(recipe.task), student_path), recipe.teacher.name_or_path)
+    check_loss_fits_task(recipe.kd, task)
+    with accelerator.main_process_first():
+        transfer = transfer_examples(recipe, task, run_dir, accelerator.is_main_process)
+    train_examples, quiz_examples = split_quiz(recipe, task, transfer)
+    tokenizer = load_tokenizer(student_path)
+    test = load_task_split(task, recipe.task, "test")
+    set_seed(recipe.run.seed)
+    student = build_classifier(student_path, task)
+    if recipe.meta is not None and accelerator.num_processes > 1:
+        raise BiodistilError("Meta-learning (meta: ...) runs in one process: its teacher update is not distributed")
+    init_scores = (_init_scores(run_dir, student, task, test, tokenizer, recipe.train.batch_size * 2)
+                   if accelerator.is_main_process else {})
+    with accelerator.main_process_first():
+        module, features, pre_step = build_training(recipe, task, student, tokenizer, train_examples, quiz_examples,
+                                                    accelerator.device, run_dir)
+    return KDSetup(task, tokenizer, student, transfer, test, init_scores, module, features, pre_step)
+
+
+def _train_config(recipe: KDRecipe, num_features: int, processes: int) -> TrainConfig:
+    """The recipe's train section, with max_steps from kd.epochs when given."""
+    cfg = recipe.train
+    if recipe.kd.epochs is None:
+        return cfg
+    per_step = cfg.batch_size * cfg.grad_accumulation * processes
+    return cfg.model_copy(update={"max_steps": steps_for_epochs(num_features, per_step, recipe.kd.epochs)})
+
+
+def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolder, finished: bool) -> dict[str, Any]:
+    """metrics.json: the run, its transfer set and, once finished, the scores (and the exported model)."""
+    report = {"task": setup.task.name, "metric": setup.task.headline_key, "steps": result.steps, "finished": finished,
+              "transfer": {"source": describe_source(recipe.transfer.source), "size": len(setup.transfer),
+                           "randomized": recipe.transfer.random is not None,
+                           "fingerprint": fingerprint_examples(setup.transfer)},
+              "teacher_outputs": recipe.outputs_mode(), "result": asdict(result)}
+    if finished:
+        report.update(_final_scores(recipe, setup.task, setup.student, setup.tokenizer, setup.test,
+                                    setup.init_scores, run.path))
+        if recipe.export.enabled:
+            export_model(setup.student, setup.tokenizer, run.model_dir)
+            report["model_dir"] = str(run.model_dir)
+    if setup.pre_step is not None:
+        report["meta"] = setup.pre_step.final_values()
+    return report
+
+
+def transfer_examples(recipe: KDRecipe, task: TaskSpec, run_dir: Path, is_main: bool) -> list[Example]:
+    """The run's transfer set: built from the recipe once and kept in `<run>/transfer_set` (reused on resume)."""
+    folder = run_dir / "transfer_set"
+    if (folder / "transfer.json").is_file():
+        return load_transfer_set(folder)
+    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold)
+    if is_main:
+        save_transfer_set(examples, folder, {"task": task.name, "source": describe_source(recipe.transfer.source),
+                                             "randomized": recipe.transfer.random is not None})
+    return examples
+
+
+def split_quiz(recipe: KDRecipe, task: TaskSpec, examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """(training examples, quiz examples): meta.quiz when given, else a seeded `quiz_fraction` of the transfer set."""
+    meta = recipe.meta
+    if meta is None:
+        return examples, []
+    if meta.quiz is not None:
+        source = read_source(meta.quiz, task, recipe.task.data_dir, recipe.task.fold)
+        pairs = any(isinstance(e, TextExample) and e.text_pair is not None for e in examples)
+        quiz = map_labels(shape_for_task(source, task, pairs), task, recipe.transfer.label_map,
+                          f"meta.quiz {describe_source(meta.quiz)}")
+        return examples, quiz
+    order = np.random.default_rng(recipe.run.seed).permutation(len(examples))
+    size = max(1, math.ceil(meta.quiz_fraction * len(examples)))
+    if len(examples) - size < recipe.train.batch_size:
+        raise BiodistilError(f"The transfer set has {len(examples)} examples: too few to split a quiz set of {size} "
+                             f"and keep a batch of {recipe.train.batch_size}; give meta.quiz or more data")
+    quiz = set(order[:size].tolist())
+    return ([e for i, e in enumerate(examples) if i not in quiz], [examples[i] for i in sorted(quiz)])
+
+
+def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                   train_examples: list[Example], quiz_examples: list[Example], device: torch.device,
+                   run_dir: Path) -> tuple[KDModule, list[dict[str, Any]], MetaTeacherUpdate | None]:
+    """The module with its teacher signal, its training features and (meta-learning) the pre-step that updates
+    the teacher."""
+    pairs: list[tuple[int, int]] = []
+    signal = None
+    if recipe.kd.soft_loss != "none":
+        teacher_layers = int(AutoConfig.from_pretrained(recipe.teacher.name_or_path).num_hidden_layers)
+        pairs = pkd_pairs(recipe.kd, student, teacher_layers)
+        signal = teacher_signal(recipe, task, tokenizer, train_examples, [t for _, t in pairs], teacher_layers,
+                                device)
+    meta = recipe.meta
+    module = KDModule(student, task, recipe.kd, signal, pairs, trainable_teacher=meta is not None,
+                      adaptive=meta is not None and meta.mode == "adaptive")
+    features = kd_features(task, train_examples, tokenizer, signal)
+    if meta is None:
+        return module, features, None
+    quiz = kd_features(task, quiz_examples, tokenizer, signal)
+    pre_step = MetaTeacherUpdate(module, quiz, KDCollator(collator_for(task, tokenizer)), meta, recipe.train,
+                                 recipe.run.seed, run_dir / "meta.jsonl")
+    return module, features, pre_step
+
+
+def teacher_signal(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase, examples: list[Example],
+                   cls_layers: list[int], teacher_layers: int, device: torch.device) -> TeacherSignal:
+    """The recipe's source of teacher outputs: cached once over the transfer examples, or the teacher online."""
+    teacher_path = recipe.teacher.name_or_path
+    if recipe.outputs_mode() == "cached":
+        request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar)
+        table = cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device)
+        return CachedTeacher(table, cls_layers, teacher_layers)
+    _check_same_tokenizer(teacher_path, tokenizer)
+    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), cls_layers)
+
+
+def _check_same_tokenizer(teacher_path: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    if load_tokenizer(teacher_path).get_vocab() != tokenizer.get_vocab():
+        raise BiodistilError("Online teacher outputs (and meta-learning) feed the student's batches to the teacher, "
+                             "so teacher and student must share a tokenizer; use kd.teacher_outputs: cached")
+
+
+def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: list[Example],
+                 tokenizer: PreTrainedTokenizerBase, batch_size: int) -> dict[str, float]:
+    """S_init: the student's initialisation (fresh head, seeded) scored on the test set before any training."""
+    path = run_dir / "init_scores.json"
+    if path.is_file():
+        return {key: number(value) for key, value in json.loads(path.read_text()).items()}
+    scores = score_model(student, tokenizer, task, test, batch_size).scores if test else {}
+    atomic_write_json(path, jsonable(scores))
+    return scores
+
+
+def _dev_selection(recipe: KDRecipe, task: TaskSpec, tokenizer, cfg, num_features: int):
+    """With kd.select_on_dev: score the dev split with the task metric and keep the best weights."""
+    if not recipe.kd.select_on_dev:
+        return None, None, cfg
+    dev = load_task_split(task, recipe.task, "dev")
+    if not dev:
+        raise BiodistilError(f"kd.select_on_dev: task {task.name} has no dev split")
+    if cfg.eval_every == 0:
+        cfg = cfg.model_copy(update={"eval_every": max(1, num_features // cfg.batch_size)})
+
+    def evaluate_fn(module: KDModule) -> dict[str, float]:
+        return score_model(module.student, tokenizer, task, dev, cfg.batch_size * 2).scores
+
+    return evaluate_fn, Selection(metric=task.headline_key, mode="max"), cfg
+
+
+def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer, test: list[Example],
+                  init_scores: dict[str, float], run_dir: Path) -> dict[str, Any]:
+    if not test:
+        return {}
+    scored = score_model(student, tokenizer, task, test, recipe.train.batch_size * 2)
+    scores = scored.scores
+    write_predictions(run_dir / "test_predictions.jsonl", test, scored.predictions)
+    teacher = teacher_test_scores(recipe.teacher.name_or_path, task, test, recipe.kd.cache_dir,
+                                  recipe.train.batch_size * 2)
+    return {"test": scores, "init": init_scores, "teacher": teacher,
+            "gap_closed": gap_closed(scores, init_scores, teacher)}
+
+
+def _report_rows(report: dict[str, Any]) -> dict[str, object]:
+    rows: dict[str, object] = {"task / metric": f"{report['task']} / {report['metric']}",
+                               "transfer set": f"{report['transfer']['source']} ({report['transfer']['size']} "
+                                               f"examples)", "teacher outputs": report["teacher_outputs"],
+                               "steps": report["steps"]}
+    for name in ("test", "init", "teacher", "gap_closed"):
+        if name in report:
+            rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in report[name].items())
+    if "meta" in report:
+        rows["meta"] = ", ".join(f"{k} {number(v):.4g}" for k, v in report["meta"].items())
+    rows["model"] = f"`{report['model_dir']}`" if "model_dir" in report else "not exported"
+    return rows
+
+
+def gap_closed(student: dict[str, float], init: dict[str, float], teacher: dict[str, float]) -> dict[str, float]:
+    """(S − S_init)/(T − S_init) per metric key: the share of the initialisation–teacher gap the student closes
+    (NaN where the teacher does not beat the initialisation by a margin)."""
+    gaps = {}
+    for key in student.keys() & init.keys() & teacher.keys():
+        span = teacher[key] - init[key]
+        finite = all(math.isfinite(v) for v in (student[key], init[key], teacher[key]))
+        gaps[key] = (student[key] - init[key]) / span if finite and abs(span) > 1e-12 else math.nan
+    return dict(sorted(gaps.items()))

@@ -1,0 +1,109 @@
+"""The loss of task-specific distillation as terms of the objective registry (`biodistil.methods.objective`).
+
+    L = α·soft(z_S, z_T) + β·CE(y, z_S) [+ γ·PatientKD]
+
+`kd.soft_loss` names the soft term's kind: `hinton` is `logit_kl` (T²·KL(softmax(z_T/T) ‖ softmax(z_S/T))),
+`logit_mse` is `logit_mse` ((1/C)·Σ_c (z_S,c − z_T,c)²) and `sigmoid` is `sigmoid_kd`; `none` leaves only β·CE,
+the fine-tune baseline on the transfer set's gold labels. The terms are computed by the same dispatch as the
+masked-LM terms (`weighted_sum`) on a classifier's outputs read as features: logits at every token position
+(token tasks; the soft term covers the positions in `kd_mask`, the first sub-word of each word) or one row per
+example, and the [CLS] states of the PatientKD layers. Log names: `soft`, `ce`, `pkd`.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from biodistil.config import TermConfig
+from biodistil.errors import BiodistilError
+from biodistil.kd.recipe import KDOptions
+from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
+from biodistil.methods.objective import TERM_KINDS, Term, TermInputs, Weight, weighted_sum
+from biodistil.models.features import Features
+from biodistil.tasks.registry import TaskSpec
+
+Batch = dict[str, torch.Tensor]
+SOFT_KINDS = {"hinton": "logit_kl", "logit_mse": "logit_mse", "sigmoid": "sigmoid_kd"}
+
+
+def kd_terms(cfg: KDOptions, pairs: Sequence[tuple[int, int]] = ()) -> list[Term]:
+    """The recipe's terms: α·soft (unless soft_loss none), β·CE (when β > 0), γ·PatientKD over `pairs`."""
+    terms = []
+    if cfg.soft_loss != "none":
+        terms.append(Term(TermConfig(loss=SOFT_KINDS[cfg.soft_loss], weight=cfg.alpha), (), "soft"))
+    if cfg.beta > 0:
+        terms.append(Term(TermConfig(loss="ce", weight=cfg.beta), (), "ce"))
+    if cfg.patient is not None:
+        terms.append(Term(TermConfig(loss="patient_kd", weight=cfg.patient.gamma), tuple(pairs), "pkd"))
+    return terms
+
+
+def classifier_features(logits: torch.Tensor, hidden: dict[int, torch.Tensor], num_layers: int) -> Features:
+    """A classifier's outputs as the objective's features: one logit row per token position of [B, L, C] logits,
+    or per example of [B, C] logits (its position 0), and the hidden states (or [CLS] states, [B, 1, D]) of the
+    layers the terms read."""
+    shape = logits.shape[:-1] if logits.dim() == 3 else (logits.shape[0], 1)
+    positions = torch.ones(shape, dtype=torch.bool, device=logits.device)
+    return Features(hidden=hidden, logits=logits.reshape(-1, logits.size(-1)), num_layers=num_layers,
+                    positions=positions)
+
+
+class KDObjective:
+    """The weighted terms of a `kd` recipe, computed on student and teacher features of one batch."""
+
+    def __init__(self, cfg: KDOptions, task: TaskSpec, pairs: Sequence[tuple[int, int]] = ()):
+        self.terms = kd_terms(cfg, pairs)
+        self.temperature = cfg.temperature
+        self.multi_label = task.kind == "multilabel_classification"
+        self._ce = Term(TermConfig(loss="ce"), (), "ce")
+
+    def __call__(self, student: Features, teacher: Features | None, batch: Batch,
+                 weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L and the value of each term; `weights` replaces α (`soft`) and β (`ce`) when they are learned."""
+        terms = [t for t in self.terms if teacher is not None or not TERM_KINDS[t.cfg.loss].needs_teacher]
+        return weighted_sum(self, terms, self.inputs(student, teacher, batch), weights)
+
+    def task_loss(self, student: Features, batch: Batch) -> torch.Tensor:
+        """CE(y, z_S) alone, whatever β is (MetaDistil's quiz loss)."""
+        return weighted_sum(self, [self._ce], self.inputs(student, None, batch))[0]
+
+    def inputs(self, student: Features, teacher: Features | None, batch: Batch) -> TermInputs:
+        """The term inputs of one batch: labels shaped like the logit positions and the named position sets
+        `all` (where the teacher term counts: `kd_mask`, else everywhere), `masked` (gold labels) and `cls`
+        (examples whose teacher [CLS] states are known: `pkd_mask`, else all)."""
+        shape = student.positions.shape
+        labels = batch.get("labels")
+        if labels is not None and not self.multi_label:
+            labels = labels.reshape(shape)
+        everywhere = torch.ones(shape, dtype=torch.bool, device=student.positions.device)
+        masks = {"all": batch["kd_mask"].bool() if "kd_mask" in batch else everywhere,
+                 "masked": labels != -100 if labels is not None and not self.multi_label else everywhere,
+                 "cls": batch["pkd_mask"].bool().reshape(-1, 1) if "pkd_mask" in batch else everywhere[:, :1]}
+        return TermInputs(student=student, teacher=teacher, labels=labels,
+                          attention_mask=batch["attention_mask"].bool(), masks=masks,
+                          temperature=self.temperature, multi_label=self.multi_label)
+
+
+def check_loss_fits_task(cfg: KDOptions, task: TaskSpec) -> None:
+    """The soft loss must suit the task's outputs: softmax KD is not for multi-label tasks, sigmoid KD is binary."""
+    if cfg.soft_loss == "hinton" and task.kind == "multilabel_classification":
+        raise BiodistilError(f"kd.soft_loss hinton (softmax over classes) does not fit multi-label task {task.name}; "
+                             "use sigmoid or logit_mse")
+    if cfg.soft_loss == "sigmoid" and (task.kind == "token_classification" or (
+            task.kind == "sequence_classification" and task.num_labels > 2)):
+        raise BiodistilError(f"kd.soft_loss sigmoid is binary KD; task {task.name} has {task.num_labels} "
+                             f"{'tags' if task.kind == 'token_classification' else 'classes'}: use hinton or "
+                             "logit_mse")
+
+
+def pkd_pairs(cfg: KDOptions, student: PreTrainedModel, teacher_layers: int) -> list[tuple[int, int]]:
+    """(student layer, teacher layer) pairs of PatientKD (PKD-Skip or PKD-Last), [] without PatientKD."""
+    if cfg.patient is None:
+        return []
+    layers = int(student.config.num_hidden_layers)
+    pairs = (pkd_skip_map if cfg.patient.layer_map == "skip" else pkd_last_map)(layers, teacher_layers)
+    if not pairs:
+        raise BiodistilError(f"PatientKD maps the student's layers 1..M−1 to teacher layers; this student has "
+                             f"{layers} layer(s), so there is nothing to map: use a deeper student or drop kd.patient")
+    return pairs

@@ -1,0 +1,81 @@
+"""The KD module and its teacher signals: a frozen teacher gets no gradient and is not part of what is trained;
+cached and online teacher outputs are the same through one interface; token tasks are cached per word."""
+
+import torch
+from kd_fixtures import save_teacher, write_token_task
+
+from biodistil.data.formats import TokenExample
+from biodistil.kd.module import KDCollator, KDModule, kd_features
+from biodistil.kd.recipe import KDOptions
+from biodistil.kd.signal import CachedTeacher, OnlineTeacher
+from biodistil.kd.teacher_cache import (
+    TeacherRequest,
+    attach_teacher_outputs,
+    cached_teacher_outputs,
+    load_teacher_classifier,
+    with_placeholder_labels,
+)
+from biodistil.kd.transfer import unlabelled
+from biodistil.methods.finetune import build_classifier
+from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
+from biodistil.tasks.registry import get_task
+
+
+def test_plain_kd_sends_no_gradient_to_the_teacher(kd_models, pair_task, tmp_path):
+    teacher_path, student_path = kd_models
+    teacher = load_teacher_classifier(teacher_path, pair_task)
+    before = {name: p.detach().clone() for name, p in teacher.named_parameters()}
+    student = build_classifier(student_path, pair_task)
+    module = KDModule(student, pair_task, KDOptions(), OnlineTeacher(teacher))
+    tokenizer = load_tokenizer(str(student_path))
+    examples = pair_task.load_split("train")[:8]
+    batch = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
+        kd_features(pair_task, examples, tokenizer))
+    loss, _ = module(batch)
+    loss.backward()
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    assert any(p.grad is not None for p in student.parameters())
+    assert "teacher" not in dict(module.named_children()), "a frozen teacher is not part of the trained module"
+    torch.optim.SGD(module.parameters(), lr=1.0).step()
+    assert all(torch.equal(p, before[name]) for name, p in teacher.named_parameters())
+
+
+def test_cached_outputs_equal_online_outputs(kd_models, pair_task, tmp_path):
+    teacher_path, student_path = kd_models
+    tokenizer = load_tokenizer(str(student_path))
+    examples = [unlabelled(e) for e in pair_task.load_split("train")[:10]]
+    table = cached_teacher_outputs(teacher_path, examples, TeacherRequest(pair_task, (2, 4)), tmp_path)
+    cached = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
+        kd_features(pair_task, examples, tokenizer, CachedTeacher(table, (2, 4), 4)))
+    teacher = load_teacher_classifier(teacher_path, pair_task)
+    with torch.no_grad():
+        out = teacher(**model_inputs(teacher, cached), output_hidden_states=True)
+    assert torch.allclose(cached["teacher_logits"], out.logits, atol=1e-5)
+    assert torch.allclose(cached["teacher_cls"][:, 1], out.hidden_states[4][:, 0], atol=1e-5)
+    assert "labels" not in cached, "an unlabelled transfer set gives label-free batches"
+    signals = CachedTeacher(table, (2, 4), 4), OnlineTeacher(teacher, (2, 4))
+    from_cache, online = (signal.outputs(cached) for signal in signals)
+    assert torch.allclose(from_cache.logits, online.logits, atol=1e-5), "one interface, the same teacher outputs"
+    for layer in (2, 4):
+        assert torch.allclose(from_cache.hidden_at(layer)[:, 0], online.hidden_at(layer)[:, 0], atol=1e-5)
+
+
+def test_token_task_outputs_are_cached_per_word(teacher_dir, tokenizer, tmp_path):
+    task = get_task(str(write_token_task(tmp_path / "ner")))
+    teacher_path = save_teacher(teacher_dir, task, tmp_path / "teacher")
+    examples = [TokenExample(e.id, e.tokens, []) for e in task.load_split("train")]
+    table = cached_teacher_outputs(teacher_path, examples, TeacherRequest(task), tmp_path / "cache")
+    features = kd_features(task, examples, tokenizer, CachedTeacher(table))
+    assert len(features) > len(examples), "long sentences are split into windows"
+    teacher = load_teacher_classifier(teacher_path, task)
+    encoded = encode_split(task, with_placeholder_labels(examples, task), tokenizer)
+    for feature, plain, word_ids in zip(features, encoded.features, encoded.word_ids, strict=True):
+        with torch.no_grad():
+            logits = teacher(input_ids=torch.tensor([plain["input_ids"]])).logits[0]
+        firsts = [p for p, w in enumerate(word_ids) if w is not None and (p == 0 or word_ids[p - 1] != w)]
+        assert [p for p, m in enumerate(feature["kd_mask"]) if m] == firsts
+        for position in firsts:
+            assert torch.allclose(torch.tensor(feature["teacher_logits"][position]), logits[position], atol=1e-5)
+    positions = [[int(label != -100) for label in f["labels"]] for f in encoded.features]
+    assert attach_teacher_outputs(encoded, table, task, positions)[0]["kd_mask"] == features[0]["kd_mask"]
