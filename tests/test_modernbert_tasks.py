@@ -5,12 +5,14 @@ import json
 
 import pytest
 import torch
-from modernbert_fixtures import modernbert_arch, train_bpe
+from kd_fixtures import kd_recipe, save_student, save_teacher, write_token_task
+from modernbert_fixtures import modernbert_arch, save_modernbert, train_bpe
 from transformers import AutoModelForTokenClassification, RobertaTokenizer
 
 from biodistil.config import ArchitectureConfig
 from biodistil.data.alignment import align_labels, tokenize_words, word_predictions, words_for_tokenizer
 from biodistil.data.formats import TokenExample
+from biodistil.kd.command import run_kd
 from biodistil.methods.finetune import ClassifierModule
 from biodistil.models.student import architecture_config
 from biodistil.tasks.encoding import collator_for, encode_split, model_inputs
@@ -104,3 +106,22 @@ def test_no_token_type_ids_reach_a_model_that_takes_none(tokenizer):
     assert torch.isfinite(loss) and "input_ids" in seen and "token_type_ids" not in seen
     assert "token_type_ids" not in model_inputs(models["modernbert"], batch)
     assert "token_type_ids" in model_inputs(models["bert"], batch), "models that take them keep them"
+
+
+@pytest.mark.parametrize("student_family", ["modernbert", "bert"])
+def test_task_kd_from_a_modernbert_teacher_on_ner(student_family, bpe, tmp_path):
+    """Hinton KD + PatientKD on a tiny NER task: ModernBERT teacher (BPE tokenizer), ModernBERT or BERT student."""
+    task_file = write_token_task(tmp_path / "ner")
+    base = save_modernbert(bpe, tmp_path / "base")
+    teacher = save_teacher(base, get_task(str(task_file)), tmp_path / "teacher")
+    if student_family == "modernbert":
+        student = save_modernbert(bpe, tmp_path / "student", layers=2, seed=1)
+    else:
+        student = save_student(bpe, tmp_path / "student")
+    out = tmp_path / "kd"
+    recipe = kd_recipe(task_file, teacher, student, out, kd={"epochs": 1, "patient": {"gamma": 1.0}})
+    run_kd(recipe)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["finished"] and "f1" in metrics["test"], metrics
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["soft"] > 0 and first["pkd"] > 0, "Hinton KD and PatientKD on the ModernBERT teacher's outputs"
