@@ -127,3 +127,29 @@ def test_modernbert_teacher_distils_and_the_student_finetunes_on_ncbi_disease(ki
     assert {"precision", "recall", "f1"} <= set(metrics["test"]), metrics["test"]
     rows = [json.loads(line) for line in (tuned / "test_predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and all(len(row["predicted"]) == len(row["gold"]) for row in rows)
+
+
+@pytest.mark.slow
+@needs_data
+def test_evaluate_scores_a_modernbert_and_its_half_depth_copy_on_ncbi_disease(ncbi_teacher, tmp_path):
+    from biodistil.config import validate_recipe
+    from biodistil.evaluation.recipe import EvaluateRecipe
+    from biodistil.evaluation.runner import run_evaluate
+
+    teacher, _ = ncbi_teacher
+    out = tmp_path / "eval"
+    recipe = validate_recipe(EvaluateRecipe, {
+        "run": {"output_dir": str(out), "seed": 7},
+        "models": [{"name": "teacher", "path": str(teacher)}, {"name": "half", "path": str(teacher), "layers": [0, 2]}],
+        "tasks": [{"name": "ncbi_disease", "label_policy": "all"}], "num_seeds": 1,
+        "train": {"learning_rate": 1e-3, "batch_size": 8, "epochs": 1, "progress_bar": False},
+        "data": {"root": str(data_root()), "max_examples": 16},
+    })
+    run_evaluate(recipe)
+    for model in ("teacher", "half"):
+        cell = json.loads((out / f"cells/{model}/ncbi_disease/seed-7/metrics.json").read_text())
+        assert cell["headline"] == "f1" and 0 <= cell["score"] <= 1
+        rows = [json.loads(line) for line in (out / f"cells/{model}/ncbi_disease/seed-7/predictions.jsonl").open()]
+        assert all(len(row["prediction"]) == len(row["tokens"]) == len(row["gold"]) for row in rows)
+    half = AutoConfig.from_pretrained(out / "init_models" / "half" / "init_model")
+    assert half.layer_types == [GLOBAL, LOCAL] and half.global_attn_every_n_layers == 2
