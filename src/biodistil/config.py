@@ -6,6 +6,7 @@ the offending key and the valid choices in the message; the resolved recipe is s
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -318,6 +319,18 @@ class DistillRecipe(Section):
 
 
 RecipeT = TypeVar("RecipeT", bound=Section)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`, section by section: nested mappings are merged, other values replaced. The
+    result shares nothing with its inputs (values are copied), so either may be changed afterwards."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def load_recipe(recipe_cls: type[RecipeT], path: str | Path | None, overrides: list[str] = ()) -> RecipeT:

@@ -12,7 +12,6 @@ this small learn little: the scores show that the pipeline runs, not what distil
 """
 
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from biodistil.methods.finetune import finetune_on_task
 from biodistil.methods.task_agnostic import run_distill, run_pretrain
 from biodistil.models.size import count_parameters
 from biodistil.tasks.registry import get_task
-from biodistil.training.checkpoint import latest_checkpoint
+from biodistil.training.run import run_stage
 
 
 @dataclass(frozen=True)
@@ -73,12 +72,11 @@ def run_quick_demo(out: str | Path, data: str | Path | None = None, plan: DemoPl
 def _stage(folder: Path, recipe_cls, runner, raw: dict[str, Any]) -> Path:
     """Run one stage, or reuse its model if a previous demo finished it, or resume it if interrupted."""
     model_dir = folder / "model"
-    if (model_dir / "config.json").is_file():
-        return model_dir
-    resume = latest_checkpoint(folder) is not None
-    if not resume and folder.exists():
-        shutil.rmtree(folder)  # started but no checkpoint yet: start again
-    runner(validate_recipe(recipe_cls, raw, source=f"demo stage {folder.name}"), resume=resume)
+
+    def run(resume: bool) -> None:
+        runner(validate_recipe(recipe_cls, raw, source=f"demo stage {folder.name}"), resume=resume)
+
+    run_stage(folder, (model_dir / "config.json").is_file, run)
     return model_dir
 
 
@@ -127,10 +125,13 @@ def _baseline_recipe(plan: DemoPlan, corpus: Path, out: Path, teacher: Path) -> 
 def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: DemoPlan, out: Path) -> dict:
     folder = out / "finetune" / name.replace(" ", "-")
     result_file = folder / "result.json"
-    if result_file.is_file():
-        return json.loads(result_file.read_text())
-    if folder.exists():
-        shutil.rmtree(folder)
+    run_stage(folder, result_file.is_file, lambda resume: _finetune_row(name, model_dir, task, root, plan, folder),
+              resumable=False)
+    return json.loads(result_file.read_text())
+
+
+def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: DemoPlan, folder: Path) -> None:
+    """Fine-tune one model of the quick demo on the task and write its row of the report to result.json."""
     folder.mkdir(parents=True)
     cfg = TrainConfig(batch_size=32, learning_rate=FINETUNE_LR, warmup_ratio=0.1, eval_every=0, save_every=0,
                       log_every=20, tensorboard=False)
@@ -147,8 +148,7 @@ def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: Demo
            "pretraining_steps": stage["steps"], "pretraining_tokens_per_s": stage["tokens_per_second"],
            "truncated_sentences": outcome.truncated.get("test", 0),
            "unpredicted_words": outcome.test_predictions.filled_words}
-    atomic_write_json(result_file, row)
-    return row
+    atomic_write_json(folder / "result.json", row)
 
 
 def render_report(report: dict) -> str:

@@ -3,12 +3,12 @@
 A pipeline recipe names its stages; each stage is a command, a recipe file (relative to the pipeline file)
 and dotted overrides. `${name}` in an override stands for a pipeline variable (`vars`) or, for a stage name,
 that stage's exported model folder. `shared` is a partial recipe merged into every stage whose command has
-that section (e.g. `shared.train.max_steps=10` shortens every stage). Stage k writes <output_dir>/<name>;
-a stage whose model is already exported is skipped, so a re-run continues after the last finished stage
-(with --resume, an interrupted stage continues from its checkpoint).
+that section (e.g. `shared.train.max_steps=10` shortens every stage). Stage k writes <output_dir>/<name> and runs
+as every stage of a multi-stage job does (`biodistil.training.run.run_stage`): a stage whose model is already
+exported is skipped and an interrupted one continues from its checkpoint, so a re-run continues where the last
+one stopped (with or without --resume).
 """
 
-import copy
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -22,9 +22,11 @@ from biodistil.config import (
     Section,
     _apply_override,
     _read_yaml,
+    deep_merge,
     validate_recipe,
 )
 from biodistil.errors import BiodistilError
+from biodistil.training.run import run_stage
 
 COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe}
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
@@ -60,19 +62,22 @@ class PipelineRecipe(Section):
         return self
 
 
-def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path, resume: bool = False) -> Path:
-    """Run every stage in order; return the last stage's model folder."""
+def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path) -> Path:
+    """Run every stage in order (finished ones skipped, an interrupted one resumed); return the last model folder."""
     root = Path(recipe.run.output_dir)
     values = {key: str(value) for key, value in recipe.vars.items()}
     model_dir = root
     for stage in recipe.stages:
         stage_dir = root / stage.name
         model_dir = stage_dir / "model"
-        if (model_dir / "config.json").is_file():
-            print(f"pipeline: stage '{stage.name}' already exported {model_dir}; skipping")
-        else:
+
+        def run(resume: bool, stage: StageConfig = stage, stage_dir: Path = stage_dir) -> None:
             stage_recipe = stage_recipe_for(recipe, stage, Path(base_dir), values, stage_dir)
-            _run_stage(stage.command, stage_recipe, resume and (stage_dir / "config.yaml").is_file())
+            _run_stage(stage.command, stage_recipe, resume)
+
+        exported = model_dir / "config.json"
+        if not run_stage(stage_dir, exported.is_file, run):
+            print(f"pipeline: stage '{stage.name}' already exported {model_dir}; skipping")
         values[stage.name] = str(model_dir)
     return model_dir
 
@@ -82,9 +87,8 @@ def stage_recipe_for(
 ) -> Section:
     """The stage's validated recipe: its file, then `shared`, then its overrides, then its run folder."""
     recipe_cls = COMMANDS[stage.command]
-    raw = _read_yaml(base_dir / stage.recipe)
     shared = {key: value for key, value in recipe.shared.items() if key in recipe_cls.model_fields}
-    _deep_merge(raw, shared)
+    raw = deep_merge(_read_yaml(base_dir / stage.recipe), shared)
     for item in stage.overrides:
         _apply_override(raw, _substitute(item, values, stage.name))
     _apply_override(raw, f"run.output_dir={stage_dir}")
@@ -109,12 +113,3 @@ def _substitute(text: str, values: dict[str, str], stage: str) -> str:
         return values[key]
 
     return _PLACEHOLDER.sub(replace, text)
-
-
-def _deep_merge(target: dict[str, Any], extra: dict[str, Any]) -> None:
-    """Merge `extra` into `target` in place: mappings recursively, everything else replaced."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)

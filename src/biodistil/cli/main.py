@@ -32,7 +32,7 @@ def _pipeline(args: argparse.Namespace) -> object:
     if args.stop_after is not None:
         raise BiodistilError("--stop-after applies to single commands; a pipeline resumes stage by stage")
     recipe = load_recipe(PipelineRecipe, args.recipe, recipe_overrides(args))
-    return run_pipeline(recipe, Path(args.recipe).parent, resume=args.resume)
+    return run_pipeline(recipe, Path(args.recipe).parent)  # interrupted stages always continue: --resume implied
 
 
 def _demo(args: argparse.Namespace) -> object:

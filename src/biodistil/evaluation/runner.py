@@ -42,6 +42,7 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.training.run import run_stage
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -217,12 +218,10 @@ def _parameters(model: Any) -> dict[str, int]:
 
 
 def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, Any]) -> dict[str, Any]:
-    """Fine-tune and score one cell; write predictions.jsonl and, last, metrics.json."""
+    """Fine-tune and score one cell in its (empty) folder; write predictions.jsonl and, last, metrics.json."""
     from biodistil.methods.finetune import finetune_on_task
 
     folder = cell.folder(out)
-    if folder.exists():
-        shutil.rmtree(folder)  # an unfinished cell starts again from scratch
     task = cell.task
     cfg = recipe.train.for_cell(task.learning_rate, task.batch_size)
     outcome = finetune_on_task(cell.path, task.spec, recipe.data.root, cfg, folder / "train", cell.seed,
@@ -354,15 +353,19 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
 
 
 def _run_or_skip(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str) -> dict[str, Any]:
+    """One cell as a stage of the run: skipped when finished (with the same settings), else fine-tuned from scratch
+    (cells do not resume: their checkpoints are deleted when they finish)."""
     settings = cell_settings(cell, recipe)
-    record = _finished(cell, out, settings)
-    if record is not None:
+
+    def fine_tune(resume: bool) -> None:
+        print(f"{counter} {cell.describe()}: fine-tuning", flush=True)
+        record = run_cell(cell, out, recipe, settings)
+        print(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}", flush=True)
+
+    finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
+    if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):
         print(f"{counter} {cell.describe()}: finished before, skipped", flush=True)
-        return record
-    print(f"{counter} {cell.describe()}: fine-tuning", flush=True)
-    record = run_cell(cell, out, recipe, settings)
-    print(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}", flush=True)
-    return record
+    return read_json(cell.folder(out) / "metrics.json")
 
 
 def _bench(models: Sequence[tuple[str, str]], recipe: EvaluateRecipe, out: Path, resume: bool) -> None:

@@ -7,15 +7,13 @@ initialisation scored with no training, T the teacher and S the trained student,
 An interrupted study continues with --resume: finished runs are reused, interrupted kd runs resume.
 """
 
-import json
-import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from biodistil.config import validate_recipe
+from biodistil.config import deep_merge, validate_recipe
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number
+from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.kd.teacher_cache import teacher_test_scores
@@ -23,18 +21,7 @@ from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_fine
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
-from biodistil.training.run import RunFolder
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` on top of `base`, section by section (nested mappings are merged, other values replaced)."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+from biodistil.training.run import RunFolder, run_stage
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
@@ -92,18 +79,17 @@ def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[st
 
 
 def _stage(command: str, raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Run one study run unless it finished before; an interrupted kd run resumes from its checkpoint."""
-    from biodistil.training.checkpoint import latest_checkpoint
-
+    """One run of the study (its metrics.json): skipped when finished, resumed when an interrupted kd run has a
+    checkpoint (finetune runs start again)."""
     done = folder / "metrics.json"
-    if done.is_file() and json.loads(done.read_text()).get("finished", True):
-        return json.loads(done.read_text())
-    resume = command == "kd" and latest_checkpoint(folder) is not None
-    if folder.exists() and not resume:
-        shutil.rmtree(folder)
     recipe_cls, runner = (KDRecipe, run_kd) if command == "kd" else (FinetuneRecipe, run_finetune)
-    runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
-    return json.loads(done.read_text())
+
+    def run(resume: bool) -> None:
+        runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
+
+    run_stage(folder, lambda: done.is_file() and read_json(done).get("finished", True), run,
+              resumable=command == "kd")
+    return read_json(done)
 
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:

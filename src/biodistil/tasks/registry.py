@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from biodistil.config import deep_merge
 from biodistil.data.formats import (
     READERS,
     TOKEN_FORMATS,
@@ -407,7 +408,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Fields of `override` replace those of `base`; `hyperparameters` is merged key by key."""
     merged = {**base, **override}
     if isinstance(base.get("hyperparameters"), dict) and isinstance(override.get("hyperparameters"), dict):
-        merged["hyperparameters"] = {**base["hyperparameters"], **override["hyperparameters"]}
+        merged["hyperparameters"] = deep_merge(base["hyperparameters"], override["hyperparameters"])
     return merged
 
 

@@ -1,6 +1,9 @@
-"""Run folders: the resolved recipe, metrics, checkpoints, the exported model and a short report."""
+"""Run folders: the resolved recipe, metrics, checkpoints, the exported model and a short report; and the one way
+a multi-stage job (demo, study, pipeline, evaluate) runs each of its stages in a folder of its own."""
 
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from accelerate.utils import set_seed
@@ -8,6 +11,7 @@ from accelerate.utils import set_seed
 from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.training.checkpoint import latest_checkpoint
 
 
 class RunFolder:
@@ -41,3 +45,17 @@ class RunFolder:
         if notes:
             lines += ["", *notes]
         atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
+
+
+def run_stage(folder: Path, finished: Callable[[], bool], run: Callable[[bool], object],
+              resumable: bool = True) -> bool:
+    """Run one stage of a multi-stage job in `folder`: skip it when `finished()`; resume it (`run(True)`) when it
+    was interrupted after a checkpoint and `resumable`; otherwise start it (`run(False)`) in an emptied folder.
+    Returns whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch."""
+    if finished():
+        return False
+    resume = resumable and latest_checkpoint(folder) is not None
+    if folder.exists() and not resume:
+        shutil.rmtree(folder)
+    run(resume)
+    return True

@@ -1,0 +1,54 @@
+"""The one way a multi-stage job runs a stage: skip when finished, resume when interrupted, restart when empty."""
+
+from biodistil.config import deep_merge
+from biodistil.training.run import run_stage
+
+
+def checkpointed(folder):
+    """A folder as an interrupted run leaves it: a complete checkpoint at step 2 and a stray file."""
+    step = folder / "checkpoints" / "step-0000002"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text("{}")
+    (folder / "stray.txt").write_text("left over")
+    return folder
+
+
+def test_a_finished_stage_is_skipped(tmp_path):
+    calls = []
+    assert not run_stage(tmp_path / "stage", lambda: True, calls.append)
+    assert calls == []
+
+
+def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path):
+    folder = checkpointed(tmp_path / "stage")
+    calls = []
+    assert run_stage(folder, lambda: False, calls.append)
+    assert calls == [True] and (folder / "stray.txt").is_file(), "resumed in place"
+
+
+def test_a_stage_without_checkpoint_restarts_in_an_empty_folder(tmp_path):
+    folder = tmp_path / "stage"
+    folder.mkdir()
+    (folder / "stray.txt").write_text("left over")
+    calls = []
+    run_stage(folder, lambda: False, lambda resume: calls.append((resume, folder.exists())))
+    assert calls == [(False, False)]
+
+
+def test_a_stage_that_cannot_resume_restarts_even_after_a_checkpoint(tmp_path):
+    folder = checkpointed(tmp_path / "stage")
+    calls = []
+    run_stage(folder, lambda: False, lambda resume: calls.append((resume, folder.exists())), resumable=False)
+    assert calls == [(False, False)]
+
+
+def test_deep_merge_merges_sections_and_shares_nothing():
+    base = {"train": {"batch_size": 8, "learning_rate": 1e-3}, "seeds": [1, 2]}
+    override = {"train": {"batch_size": 16}, "task": {"name": "gad"}}
+    merged = deep_merge(base, override)
+    assert merged == {"train": {"batch_size": 16, "learning_rate": 1e-3}, "seeds": [1, 2], "task": {"name": "gad"}}
+    merged["train"]["batch_size"] = 1
+    merged["seeds"].append(3)
+    merged["task"]["name"] = "x"
+    assert base == {"train": {"batch_size": 8, "learning_rate": 1e-3}, "seeds": [1, 2]}
+    assert override == {"train": {"batch_size": 16}, "task": {"name": "gad"}}
