@@ -287,3 +287,9 @@ def test_tolerance_hinge_passes_gradient_above_epsilon() -> None:
     out.backward()
     assert out.item() == pytest.approx(0.6)
     assert loss.grad.item() == pytest.approx(2.0)
+
+
+def test_tolerance_hinge_boundary() -> None:
+    # W·L exactly ε → 0; just above → W·L − ε
+    assert tolerance_hinge(torch.tensor(0.25), weight=2.0, epsilon=0.5).item() == 0.0
+    assert tolerance_hinge(torch.tensor(0.3), weight=2.0, epsilon=0.5).item() == pytest.approx(0.1)

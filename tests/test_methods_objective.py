@@ -1,4 +1,5 @@
-"""The new objective terms on real models: layer maps, projections, attention terms, relations, hinge, positions."""
+"""Objective terms on real models: layer maps, projections, attention terms, relations, hinge, positions; task
+terms are not for masked-LM objectives."""
 
 import copy
 import math
@@ -232,3 +233,9 @@ def test_old_single_pair_projection_keys_are_kept(teacher, tokenizer):
     student = narrow_student(tokenizer)
     cfg = ObjectiveConfig(terms=[TermConfig(loss="hidden_cosine")])
     assert list(Objective(cfg, student, teacher).projections) == ["hidden_cosine_sm1_tm1"]
+
+
+def test_task_terms_are_not_for_masked_lm_objectives():
+    for loss in ("ce", "sigmoid_kd", "patient_kd"):
+        with pytest.raises(ValueError, match="task-specific distillation"):
+            ObjectiveConfig(terms=[TermConfig(loss="mlm"), TermConfig(loss=loss)])

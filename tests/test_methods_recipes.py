@@ -1,11 +1,11 @@
 """Every recipe in recipes/ runs 10 steps from the CLI on the tiny teacher and exports a clean student."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from recipe_fixtures import DISTILL, RECIPES, TINY_ARCH, check_export, data_overrides, fill
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
@@ -13,31 +13,10 @@ from biodistil.cli.main import main
 from biodistil.config import DistillRecipe, PretrainRecipe, load_recipe
 from biodistil.pipeline import PipelineRecipe
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
-TINY_ARCH = ("student.architecture={model_type: bert, num_layers: 2, hidden_size: 16, num_heads: 2, "
-             "intermediate_size: 32, max_position_embeddings: 64}")
-TRAIN = ["train.max_steps=10", "train.batch_size=4", "train.grad_accumulation=1", "train.warmup_steps=0",
-         "train.eval_every=0", "train.save_every=0", "train.log_every=5", "train.progress_bar=false",
-         "train.tensorboard=false"]
-DISTILL = {  # recipe -> tiny overrides (student shapes that fit the 4-layer, 32-wide, 2-head teacher)
-    "bioclinical-modernbert-distil": [],  # its ModernBERT teacher: tests/test_modernbert_cli.py
-    "distilbiobert": [],
-    "biolm-distill-align": ["student.name_or_path={small_student}"],
-    "tinybiobert-4l-312": [TINY_ARCH],
-    "tinybiobert-6l-768": ["student.layers=[1,3]"],
-    "compactbiobert": [],
-    "mobilebert-layer": ["student.architecture={num_layers: 4, hidden_size: 32, num_heads: 2, intermediate_size: 16, "
-                         "max_position_embeddings: 64}"],
-    "minilmv2": [TINY_ARCH, "objective.terms=[{loss: minilm_relations, teacher_layer: -1, student_layer: -1, "
-                            "num_relation_heads: 2, relations: [q, k, v]}]"],
-    "vekd": ["student.layers=[0,2]", "student.vocab_expansion.vocab_size=260",
-             "student.vocab_expansion.min_frequency=1"],
-}
 PRETRAIN = {"biodistilbert": "{teacher}", "biotinybert": "{teacher}", "biomobilebert": "{mobilebert}",
             "continual-pretrain": "{teacher}"}
 PIPELINES = {"adapt-and-distill"}
-SKIPPED = {"pretrain-scratch"}  # covered by tests/test_training.py
+SKIPPED = {"pretrain-scratch"}  # covered by tests/test_methods_task_agnostic.py
 
 
 def recipe_kind(path: Path) -> str | None:
@@ -81,26 +60,6 @@ def paths(tmp_path_factory, teacher_dir, tokenizer):
     AutoModelForMaskedLM.from_config(config).save_pretrained(mobile)
     tokenizer.save_pretrained(mobile)
     return {"root": root, "teacher": str(teacher_dir), "small_student": str(small), "mobilebert": str(mobile)}
-
-
-def fill(text: str, paths: dict) -> str:
-    """Replace {teacher}, {small_student}, {mobilebert} by the fixture's folders."""
-    for key, value in paths.items():
-        text = text.replace(f"{{{key}}}", str(value))
-    return text
-
-
-def data_overrides(corpus_file, paths) -> list[str]:
-    return [f"data.train=[{corpus_file}]", "data.block_size=32", f"data.cache_dir={paths['root'] / 'cache'}",
-            "data.eval_fraction=0", *TRAIN]
-
-
-def check_export(out: Path) -> AutoModelForMaskedLM:
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["result"]["steps"] == 10 and summary["finished"]
-    weights = load_file(str(out / "model" / "model.safetensors"))
-    assert not [key for key in weights if "projection" in key], "projections are never exported"
-    return AutoModelForMaskedLM.from_pretrained(out / "model")
 
 
 @pytest.mark.parametrize("name", sorted(DISTILL))

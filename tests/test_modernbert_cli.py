@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from modernbert_fixtures import save_modernbert, train_bpe
-from test_methods_recipes import DISTILL, RECIPES, TINY_ARCH, TRAIN, check_export, data_overrides, fill
+from recipe_fixtures import DISTILL, RECIPES, TINY_ARCH, TRAIN, check_export, data_overrides, fill
 from transformers import AutoConfig
 
 from biodistil.cli.main import main

@@ -36,8 +36,7 @@ from biodistil.config import TrainConfig
 from biodistil.io import truncate_jsonl
 from biodistil.kd.module import KDModule
 from biodistil.kd.recipe import MetaConfig
-
-Batch = dict[str, torch.Tensor]
+from biodistil.training.engine import Batch
 
 
 class MetaTeacherUpdate:

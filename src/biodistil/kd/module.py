@@ -28,8 +28,8 @@ from biodistil.methods.objective import Weight
 from biodistil.models.features import Features
 from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
+from biodistil.training.engine import Batch
 
-Batch = dict[str, torch.Tensor]
 TEACHER_KEYS = ("teacher_logits", "kd_mask", "teacher_cls", "pkd_mask")
 
 

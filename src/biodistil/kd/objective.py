@@ -22,8 +22,8 @@ from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.objective import TERM_KINDS, Term, TermInputs, Weight, weighted_sum
 from biodistil.models.features import Features
 from biodistil.tasks.registry import TaskSpec
+from biodistil.training.engine import Batch
 
-Batch = dict[str, torch.Tensor]
 SOFT_KINDS = {"hinton": "logit_kl", "logit_mse": "logit_mse", "sigmoid": "sigmoid_kd"}
 
 

@@ -24,8 +24,8 @@ from biodistil.kd.teacher_cache import attach_teacher_outputs, forward_teacher
 from biodistil.models.features import Features
 from biodistil.tasks.encoding import EncodedSplit, model_inputs
 from biodistil.tasks.registry import TaskSpec
+from biodistil.training.engine import Batch
 
-Batch = dict[str, torch.Tensor]
 Positions = list[list[int]] | None  # per feature, 1 where the soft term counts (token tasks); None otherwise
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import datasets
 
-from biodistil.data.formats import TextExample, TokenExample, read_examples
+from biodistil.data.formats import Example, TextExample, TokenExample, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, atomic_write_json
@@ -30,7 +30,6 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split, seeded_subset
 from biodistil.training.run import RunFolder
 
-Example = TokenExample | TextExample
 FORMAT_VERSION = 1
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 

@@ -1,54 +1,21 @@
-"""The task-specific commands end to end: `finetune` on a tiny task, and a tiny run of every recipe of the two
-studies (finetune-*, kd-*, transfer-study*, meta-study*) on a small slice of the real data folder."""
+"""The task-side recipes end to end: a tiny run of every recipe of the two studies (finetune-*, kd-*,
+transfer-study*, meta-study*) on a small slice of the real data folder, and the small study recipes."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from kd_fixtures import save_student, save_teacher, write_pair_task
+from kd_fixtures import save_student, save_teacher
+from recipe_fixtures import QUIET, RECIPES, data_root, needs_data
 
 from biodistil.cli.main import main
 from biodistil.config import load_recipe
-from biodistil.data.paths import resolve_data_root
 from biodistil.data.vocab import train_wordpiece
-from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.models.embedded import EMBEDDED, embedded_model_folder
 from biodistil.tasks.registry import get_task
-
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
-
-
-def data_root() -> Path | None:
-    try:
-        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
-    except BiodistilError:
-        return None
-
-
-needs_data = pytest.mark.skipif(data_root() is None, reason="no biodistil data folder (../shared/data)")
-
-
-def test_finetune_command_saves_model_metrics_and_predictions(tmp_path, teacher_dir):
-    task_file = write_pair_task(tmp_path / "task")
-    out = tmp_path / "run"
-    code = main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
-                 f"task.name={task_file}", "finetune.epochs=1", "train.learning_rate=1e-3", *QUIET, "--out", str(out)])
-    assert code == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["test"]) == {"accuracy", "auroc"} and set(metrics["init"]) == {"accuracy", "auroc"}
-    assert metrics["dev"] and metrics["train"]["steps"] == 6
-    assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
-    config = json.loads((out / "model" / "config.json").read_text())
-    assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {"0": "yes",
-                                                                                                  "1": "no"}
-    predictions = [json.loads(line) for line in (out / "test_predictions.jsonl").read_text().splitlines()]
-    assert len(predictions) == 24 and predictions[0]["predicted"] in ("yes", "no")
-    assert main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), "--out", str(out), "--resume"]) == 2
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Objectives on real models: the weighted sum, gradient flow, padding, projections."""
+"""The masked-LM module on real models: the objective's weighted sum, gradient flow, padding, projections."""
 
 import pytest
 import torch
