@@ -1,14 +1,17 @@
 """The demo's quick mode end to end on the real data folder (skipped when the data is absent)."""
 
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 
+from biodistil.config import validate_recipe
 from biodistil.data.paths import resolve_data_root
-from biodistil.demo import run_demo
+from biodistil.demo import PLAN, compare, run_demo, study_recipe
 from biodistil.errors import BiodistilError
+from biodistil.kd.recipe import StudyRecipe
 
 
 def data_root() -> Path | None:
@@ -42,3 +45,25 @@ def test_quick_demo_writes_report_for_three_models(tmp_path):
 def test_missing_data_folder_is_a_clear_error(tmp_path):
     with pytest.raises(BiodistilError, match="Data folder not found"):
         run_demo(tmp_path / "demo", data=tmp_path / "nowhere", quick=True)
+
+
+def test_every_student_arm_of_the_real_demo_trains_the_same_number_of_steps(tmp_path):
+    raw = study_recipe(PLAN, tmp_path, tmp_path, "minilm-l6", train_size=5424)
+    recipe = validate_recipe(StudyRecipe, raw)
+    assert [arm.name for arm in recipe.arms] == ["distilled", "without-teacher", "label-free"]
+    batch = raw["defaults"]["kd"]["train"]["batch_size"]
+    label_free_steps = math.ceil(5424 / batch)  # one epoch over all training sentences
+    labelled = recipe.arms[0].overrides["kd"]["epochs"] * PLAN.labelled / batch
+    assert round(labelled) == round(recipe.arms[1].overrides["finetune"]["epochs"] * PLAN.labelled / batch) == \
+        label_free_steps
+    assert recipe.arms[0].overrides["transfer"] == {"source": {"max_examples": PLAN.labelled}, "keep_labels": True}
+
+
+def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():
+    def arm(mean: float, sd: float | None, seeds: int = 2) -> dict:
+        return {"f1_mean": mean, "f1_sd": sd, "seeds": seeds}
+
+    assert "more than twice the seed spread" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
+    assert "+0.040 F1" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
+    assert "not a finding" in compare("q", arm(0.70, 0.03), arm(0.66, 0.005))
+    assert "from one seed" in compare("q", arm(0.70, None, seeds=1), arm(0.60, 0.001))
