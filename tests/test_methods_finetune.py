@@ -24,3 +24,22 @@ def test_finetune_command_saves_model_metrics_and_predictions(tmp_path, teacher_
     predictions = [json.loads(line) for line in (out / "test_predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 24 and predictions[0]["predicted"] in ("yes", "no")
     assert main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), "--out", str(out), "--resume"]) == 2
+
+
+def test_finetune_resumes_an_interrupted_run_and_restarts_a_failed_one(tmp_path, teacher_dir, capsys):
+    task_file = write_pair_task(tmp_path / "task")
+    out = tmp_path / "run"
+    command = ["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
+               f"task.name={task_file}", "finetune.epochs=1", "train.save_every=2", *QUIET, "--out", str(out)]
+    assert main(command) == 0
+    for name in ("summary.json", "metrics.json"):  # as kill -9 after the last checkpoint leaves it
+        (out / name).unlink()
+    assert main(command) == 2
+    assert "interrupted at step 6; continue it with --resume" in capsys.readouterr().err
+    assert main([*command[:-2], "train.learning_rate=0.5", *command[-2:], "--resume"]) == 2
+    assert "train.learning_rate: 2e-05 -> 0.5" in capsys.readouterr().err
+    assert main([*command, "--resume"]) == 0 and (out / "metrics.json").is_file()
+    for item in out.iterdir():  # as a failure before the first checkpoint leaves it
+        if item.name != "config.yaml":
+            item.unlink() if item.is_file() else __import__("shutil").rmtree(item)
+    assert main(command) == 0 and (out / "metrics.json").is_file()

@@ -70,13 +70,48 @@ def test_resume_equals_uninterrupted_run(tmp_path, teacher_dir, corpus_file):
         r["loss"] for r in records(tmp_path / "cut", "train")]
 
 
-def test_run_folder_refuses_to_overwrite_and_resume_needs_a_checkpoint(tmp_path, teacher_dir, corpus_file):
+def test_run_folder_refuses_a_finished_run_and_restarts_a_failed_one(tmp_path, teacher_dir, corpus_file):
     recipe = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", max_steps=2)
     run_distill(recipe)
-    with pytest.raises(BiodistilError, match="already holds a run"):
+    with pytest.raises(BiodistilError, match="already holds a finished run"):
         run_distill(recipe)
-    with pytest.raises(BiodistilError, match="no run to resume"):
-        run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "other"), resume=True)
+    fresh = distill_recipe(teacher_dir, corpus_file, tmp_path / "other", max_steps=2)
+    assert (run_distill(fresh, resume=True) / "model.safetensors").is_file(), "--resume with nothing to resume starts"
+
+
+def test_resume_refuses_changed_training_settings(tmp_path, teacher_dir, corpus_file):
+    run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), stop_after=10)
+    with pytest.raises(BiodistilError, match="interrupted at step 10; continue it with --resume"):
+        run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"))
+    changed = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", learning_rate=1e-3, batch_size=4)
+    with pytest.raises(BiodistilError, match="differs") as err:
+        run_distill(changed, resume=True)
+    assert "train.batch_size: 8 -> 4" in str(err.value) and "train.learning_rate: 0.003 -> 0.001" in str(err.value)
+    bookkeeping = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", log_every=2, save_every=5)
+    assert (run_distill(bookkeeping, resume=True) / "model.safetensors").is_file()
+
+
+def test_rerunning_a_failed_command_works(tmp_path, capsys, teacher_dir, corpus_file):
+    """A run that failed before its first checkpoint leaves config.yaml; the same command then starts it again."""
+    corpus = tmp_path / "later.txt"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"teacher: {{name_or_path: {teacher_dir}}}\nstudent: {{init: teacher_layers, layers: [0, 9]}}\n"
+        f"data: {{train: [{corpus}], block_size: 32, cache_dir: {tmp_path / 'cache'}}}\n"
+        "objective: {terms: [{loss: mlm}]}\n"
+        "train: {max_steps: 2, batch_size: 4, tensorboard: false, progress_bar: false}\n")
+    command = ["distill", str(recipe), "--out", str(tmp_path / "run")]
+    assert main(command) == 2
+    assert "layer" in capsys.readouterr().err
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    recipe.write_text(recipe.read_text().replace("[0, 9]", "[0, 3]"))
+    assert main(command) == 2, "the corpus is still missing"
+    err = capsys.readouterr().err
+    assert "later.txt' matches no file" in err and "--resume" not in err
+    corpus.write_text(corpus_file.read_text())
+    assert main(command) == 0
+    assert "stopped before its first checkpoint; starting it again" in capsys.readouterr().err
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
 
 
 def test_pretrain_from_scratch_trains_a_vocabulary(tmp_path, corpus_file):

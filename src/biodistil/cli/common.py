@@ -6,16 +6,22 @@ from collections.abc import Callable
 RECIPE_HELP = "YAML recipe (see recipes/); later `key.sub=value` arguments override its values"
 
 
-def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argparse.Namespace], object]) -> None:
-    """A subcommand taking a recipe, overrides, --out, --resume and --stop-after; `runner(args)` runs it."""
+def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argparse.Namespace], object],
+                       resume: bool = True, stop_after: bool = True) -> None:
+    """A subcommand taking a recipe, overrides, --out and (where the command has them) --resume and --stop-after;
+    `runner(args)` runs it."""
     parser = sub.add_parser(name, help=help_text, description=help_text)
     parser.add_argument("recipe", help=RECIPE_HELP)
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="recipe overrides")
     parser.add_argument("--out", help="run folder (same as run.output_dir=...)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
-    parser.add_argument("--stop-after", type=int, metavar="STEP",
-                        help="checkpoint and stop at this step (resume later with --resume)")
-    parser.set_defaults(run=runner)
+    if resume:
+        parser.add_argument("--resume", action="store_true",
+                            help="continue from the run folder's latest checkpoint (a run that stopped before its "
+                            "first checkpoint starts again)")
+    if stop_after:
+        parser.add_argument("--stop-after", type=int, metavar="STEP",
+                            help="checkpoint and stop at this step (resume later with --resume)")
+    parser.set_defaults(run=runner, resume=False, stop_after=None)
 
 
 def recipe_overrides(args: argparse.Namespace) -> list[str]:

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain
     )
     add_recipe_command(sub, "distill", "Task-agnostic distillation of a masked-LM teacher into a student", _distill)
-    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill stages in order", _pipeline)
+    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill stages in order", _pipeline,
+                       stop_after=False)
     demo = sub.add_parser(
         "demo", help="Offline end-to-end demo: pre-train a teacher, distil, fine-tune on NCBI-disease, report",
         description="Offline demo on 2 CPU cores: pre-trains a small teacher on corpus/biomed.txt, distils it into "

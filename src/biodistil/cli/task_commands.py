@@ -54,10 +54,12 @@ def _study(args: argparse.Namespace) -> object:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `biodistil` parser."""
     add_recipe_command(sub, "finetune", "Fine-tune an encoder on a task of the task registry (teacher, student or "
-                       "baseline); save a Hugging Face model, metrics.json and test predictions", _finetune)
+                       "baseline); save a Hugging Face model, metrics.json and test predictions", _finetune,
+                       stop_after=False)
     add_recipe_command(sub, "kd", "Task-specific distillation: train a student on a fine-tuned teacher's outputs "
                        "over a transfer set (Hinton, logit MSE, sigmoid, PatientKD, MetaDistil, MetaAdaptiveKD)", _kd)
     add_recipe_command(sub, "transfer", "Build a transfer set (in-domain, another task, a file, text or randomized) "
-                       "and save it as a datasets folder; accepts a kd recipe", _transfer)
+                       "and save it as a datasets folder; accepts a kd recipe", _transfer, resume=False,
+                       stop_after=False)
     add_recipe_command(sub, "study", "Run a study recipe: teachers, finetune/kd arms over seeds, and a summary with "
-                       "mean scores and the gap closed", _study)
+                       "mean scores and the gap closed", _study, stop_after=False)

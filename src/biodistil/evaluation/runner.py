@@ -42,7 +42,7 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.training.run import run_stage
+from biodistil.training.run import make_folder, run_stage, single_process
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -328,8 +328,10 @@ def _check_output(out: Path, resume: bool) -> None:
 
 def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     """Run every cell of the recipe (skipping finished ones), then bench (if asked) and report."""
+    single_process("evaluate")
     out = Path(recipe.run.output_dir)
     _check_output(out, resume)
+    make_folder(out, "run.output_dir")
     if recipe.data.root is not None:
         resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
     models = check_models(recipe, out)

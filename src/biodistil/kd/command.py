@@ -81,7 +81,7 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features))
     engine = Engine(cfg, run.path, recipe.run.seed, accelerator)
     result = engine.fit(setup.module, setup.features, KDCollator(collator_for(setup.task, setup.tokenizer)),
-                        resume=resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
+                        resume=run.resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
                         pre_step=setup.pre_step)
     if not accelerator.is_main_process:
         return run.model_dir

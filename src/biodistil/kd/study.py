@@ -26,7 +26,7 @@ from biodistil.training.run import RunFolder, run_stage
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` and `report.md` in the study folder."""
-    run = RunFolder(recipe.run.output_dir, recipe, resume)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, stages=True)
     student = init_model_path(recipe.student, recipe.student_layers, run.path)  # one copy for every arm
     recipe = recipe.model_copy(update={"student": student, "student_layers": None})
     runs: list[dict[str, Any]] = []

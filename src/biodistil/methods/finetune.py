@@ -96,6 +96,7 @@ def finetune_on_task(
     patience: int | None = None,
     max_examples: int | None = None,
     select_metric: str | None = None,
+    resume: bool = False,
 ) -> FinetuneOutcome:
     """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
 
@@ -103,7 +104,7 @@ def finetune_on_task(
     `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
     `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
     `select_metric` chooses the dev score used for selection (default: the task's headline, e.g. accuracy for
-    BioASQ; the transfer study selects on AUROC).
+    BioASQ; the transfer study selects on AUROC). `resume` continues from the latest checkpoint in `run_dir`.
     """
     from accelerate.utils import set_seed
 
@@ -135,7 +136,7 @@ def finetune_on_task(
 
         selection = Selection(metric=select_metric or task.headline_key, mode="max", patience=patience)
     trained = engine.fit(ClassifierModule(model), encoded["train"], collate, evaluate_fn=evaluate_fn,
-                         selection=selection)
+                         selection=selection, resume=resume)
     model.to(engine.accelerator.device)
     dev_scores = evaluate_fn(ClassifierModule(model)) if evaluate_fn else {}
     predictions = predict(model, task, splits["test"], encoded["test"], collate, cfg.batch_size * 2)
@@ -190,13 +191,13 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
 
     from biodistil.export.hf import export_model
     from biodistil.models.loading import load_tokenizer
-    from biodistil.training.run import RunFolder
+    from biodistil.training.run import RunFolder, single_process
 
-    if resume or stop_after is not None:
-        raise BiodistilError("finetune runs start afresh: --resume and --stop-after are not supported (choose a new "
-                             "run.output_dir, or remove the old one)")
+    if stop_after is not None:
+        raise BiodistilError("finetune: --stop-after is not supported (interrupt it and continue with --resume)")
+    single_process("finetune")
     started = time.perf_counter()
-    run = RunFolder(recipe.run.output_dir, recipe)
+    run = RunFolder(recipe.run.output_dir, recipe, resume)
     path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
     task = fit_length_to_model(task_spec(recipe.task), path)
     init: dict[str, float] = {}
@@ -206,7 +207,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
         init = score_model(build_classifier(path, task), load_tokenizer(path), task, test).scores if test else {}
     outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
                                recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
-                               recipe.task.max_examples)
+                               recipe.task.max_examples, resume=run.resume)
     metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
                         "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
                         "truncated_examples": outcome.truncated,

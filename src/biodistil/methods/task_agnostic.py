@@ -39,7 +39,7 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
                      if recipe.model.tokenizer_name_or_path else _corpus_tokenizer(recipe, run, accelerator))
         model = model_from_architecture(recipe.model.architecture, tokenizer)
     module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
-    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after)
+    result = _train(module, tokenizer, recipe, run, accelerator, run.resume, stop_after)
     return _finish(run, module, tokenizer, result, accelerator, "MLM pre-training", stop_after)
 
 
@@ -61,7 +61,7 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     objective = Objective(recipe.objective, student, teacher)
     teacher.to(accelerator.device, dtype=torch.bfloat16 if recipe.teacher.dtype == "bfloat16" else torch.float32)
     module = MaskedLMModule(student, objective, teacher, shared_vocab)
-    result = _train(module, tokenizer, recipe, run, accelerator, resume, stop_after, prepare)
+    result = _train(module, tokenizer, recipe, run, accelerator, run.resume, stop_after, prepare)
     return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
 
 

@@ -1,11 +1,16 @@
 """Run folders: the resolved recipe, metrics, checkpoints, the exported model and a short report; and the one way
 a multi-stage job (demo, study, pipeline, evaluate) runs each of its stages in a folder of its own."""
 
+import errno
+import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import yaml
 from accelerate.utils import set_seed
 
 from biodistil.config import Section, dump_recipe
@@ -13,22 +18,50 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text
 from biodistil.training.checkpoint import latest_checkpoint
 
+# training settings that a resumed run may change: they only say how often to report and keep, never what is learned
+SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
+                            "train.tensorboard", "train.eval_batches")
+
 
 class RunFolder:
-    """One run's output folder. A new run refuses a folder that already holds a run, unless resuming."""
+    """One run's output folder, whatever an earlier run left there:
 
-    def __init__(self, path: str | Path, recipe: Section, resume: bool = False, is_main: bool = True):
+    * nothing (or no `config.yaml`): a new run;
+    * a run that stopped before its first checkpoint (a bad input, a crash, kill -9): emptied and started again,
+      by the same command or with `resume`;
+    * a run with a checkpoint: continued with `resume` (`self.resume` tells the engine), refused without it;
+    * a finished run: refused, unless `resume` (which finds nothing left to train and writes the outputs again).
+
+    Resuming refuses a recipe that differs from the run's `config.yaml`, listing the differences, except for
+    the bookkeeping settings of `SAFE_TO_CHANGE_ON_RESUME`. `stages=True` marks a multi-stage job (a study):
+    its stages keep their own checkpoints, so an unfinished job is always continued, never emptied.
+    """
+
+    def __init__(self, path: str | Path, recipe: Section, resume: bool = False, is_main: bool = True,
+                 stages: bool = False):
         self.path = Path(path)
         self.recipe = recipe
-        if not resume and (self.path / "config.yaml").exists():
-            raise BiodistilError(
-                f"Run folder {self.path} already holds a run; pass --resume to continue it or choose another "
-                "run.output_dir"
-            )
-        if resume and not (self.path / "config.yaml").exists():
-            raise BiodistilError(f"--resume: {self.path} holds no run to resume")
+        checkpoint = latest_checkpoint(self.path)
+        earlier = (self.path / "config.yaml").exists()
+        finished = earlier and _finished(self.path)
+        self.resume = bool(checkpoint is not None or stages) and earlier and (resume or (stages and not finished))
+        if earlier and is_main:
+            if finished and not resume:
+                raise BiodistilError(
+                    f"Run folder {self.path} already holds a finished run (see {self.path / 'report.md'}); choose "
+                    "another run.output_dir (--out), or remove the folder to run it again")
+            if checkpoint is not None and not resume and not stages:
+                raise BiodistilError(
+                    f"Run folder {self.path} holds a run interrupted at step {_step(checkpoint)}; continue it with "
+                    "--resume, or choose another run.output_dir (--out)")
+            if self.resume:
+                _check_same_recipe(self.path / "config.yaml", recipe)
+            else:  # stopped before its first checkpoint: nothing to keep
+                print(f"{self.path} holds a run that stopped before its first checkpoint; starting it again",
+                      file=sys.stderr)
+                shutil.rmtree(self.path)
         if is_main:
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_folder(self.path, "run.output_dir")
             dump_recipe(recipe, self.path / "config.yaml")
         set_seed(recipe.run.seed)  # type: ignore[attr-defined]
 
@@ -45,6 +78,85 @@ class RunFolder:
         if notes:
             lines += ["", *notes]
         atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
+
+
+def single_process(command: str) -> None:
+    """Refuse at once to run `command` under several processes (accelerate launch / torchrun)."""
+    processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if processes > 1:
+        raise BiodistilError(
+            f"{command} runs in one process, but was started as {processes} (accelerate launch / torchrun): each "
+            f"process would repeat every job and write the same files. Run `biodistil {command} ...` directly; "
+            "distill, pretrain and kd are the commands that train across processes")
+
+
+def make_folder(path: Path, setting: str) -> None:
+    """Create `path` (and its parents), or say which setting names an unusable folder and why."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".biodistil-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise BiodistilError(f"Cannot write to {setting} {path}: {output_problem(err)}") from None
+
+
+def output_problem(err: OSError) -> str:
+    """What an OSError raised while writing outputs means, and what to do about it."""
+    reasons = {
+        errno.EACCES: "permission denied; choose a folder you can write to",
+        errno.EPERM: "operation not permitted; choose a folder you can write to",
+        errno.EROFS: "the file system is read-only; choose a folder on a writable disk",
+        errno.ENOSPC: "the disk is full; free space or choose a folder on another disk",
+        errno.EDQUOT: "the disk quota is exhausted; free space or choose a folder on another disk",
+        errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
+        errno.EEXIST: "a file of that name is in the way; choose another path",
+        errno.EISDIR: "a folder is where a file should go; choose another path",
+    }
+    where = f" ({err.filename})" if err.filename else ""
+    return f"{reasons.get(err.errno, err.strerror or str(err))}{where}"
+
+
+def _finished(path: Path) -> bool:
+    try:
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return not isinstance(summary, dict) or summary.get("finished", True) is not False
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[-1])
+
+
+def recipe_differences(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf setting that differs between two recipe dictionaries."""
+    lines = []
+    for key in sorted(set(before) | set(after), key=str):
+        name = f"{prefix}{key}"
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines += recipe_differences(old, new, f"{name}.")
+        elif old != new:
+            lines.append(f"{name}: {old!r} -> {new!r}")
+    return lines
+
+
+def _check_same_recipe(saved: Path, recipe: Section) -> None:
+    try:
+        before = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise BiodistilError(f"--resume: cannot read the run's recipe {saved} ({err})") from None
+    after = yaml.safe_load(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    changed = [line for line in recipe_differences(before, after)
+               if not line.startswith(SAFE_TO_CHANGE_ON_RESUME) and not line.startswith("run.output_dir:")]
+    if changed:
+        raise BiodistilError(
+            f"--resume: the recipe differs from the one the run in {saved.parent} started with:\n  "
+            + "\n  ".join(changed)
+            + "\nA resumed run would mix the two. Resume with the run's settings (they are in " + str(saved)
+            + "), or start a new run in another run.output_dir. Only " + ", ".join(SAFE_TO_CHANGE_ON_RESUME)
+            + " may change on resume.")
 
 
 def run_stage(folder: Path, finished: Callable[[], bool], run: Callable[[bool], object],
