@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,15 +49,21 @@ def test_missing_data_folder_is_a_clear_error(tmp_path):
 
 
 def test_every_student_arm_of_the_real_demo_trains_the_same_number_of_steps(tmp_path):
-    raw = study_recipe(PLAN, tmp_path, tmp_path, "minilm-l6", train_size=5424)
+    plan = replace(PLAN, label_free=True)
+    raw = study_recipe(plan, tmp_path, tmp_path, "minilm-l6", train_size=5424)
     recipe = validate_recipe(StudyRecipe, raw)
     assert [arm.name for arm in recipe.arms] == ["distilled", "without-teacher", "label-free"]
     batch = raw["defaults"]["kd"]["train"]["batch_size"]
-    label_free_steps = math.ceil(5424 / batch)  # one epoch over all training sentences
-    labelled = recipe.arms[0].overrides["kd"]["epochs"] * PLAN.labelled / batch
-    assert round(labelled) == round(recipe.arms[1].overrides["finetune"]["epochs"] * PLAN.labelled / batch) == \
-        label_free_steps
-    assert recipe.arms[0].overrides["transfer"] == {"source": {"max_examples": PLAN.labelled}, "keep_labels": True}
+    steps = math.ceil(plan.student_epochs * plan.labelled / batch)
+    kd = raw["defaults"]["kd"]
+    assert kd["kd"]["epochs"] == recipe.arms[1].overrides["finetune"]["epochs"] == plan.student_epochs
+    assert kd["transfer"] == {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.labelled},
+                              "keep_labels": True}
+    label_free = recipe.arms[2].overrides
+    assert label_free["transfer"]["keep_labels"] is False and label_free["kd"]["beta"] == 0.0
+    assert round(label_free["kd"]["epochs"] * 5424 / batch) == steps
+    default = validate_recipe(StudyRecipe, study_recipe(PLAN, tmp_path, tmp_path, "minilm-l6", train_size=5424))
+    assert [arm.name for arm in default.arms] == ["distilled", "without-teacher"]
 
 
 def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():

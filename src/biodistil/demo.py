@@ -10,8 +10,8 @@ strict IOB2, the full test set) in one `biodistil study`:
    the same optimizer settings and the same number of steps, for every seed:
    - *distilled*: Hinton KD, 0.5·T²·KL(teacher ‖ student) + 0.5·CE(gold), on the labelled budget;
    - *without teacher*: fine-tuned on the labelled budget alone (the same data and steps, no teacher term);
-   - *distilled without labels*: label-free Hinton KD on the task's whole training text with its labels
-     dropped, so the student never sees a gold label (as when a clinical teacher's data cannot be shared);
+   - with `--label-free`, *distilled without labels*: label-free Hinton KD on the task's whole training text with
+     its labels dropped, so the student never sees a gold label (as when a teacher's data cannot be shared);
    teacher outputs are computed once per transfer set and cached for every seed;
 3. speed: parameters, CPU latency at batch 1 and throughput at batch 32 (`biodistil bench`).
 
@@ -24,7 +24,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,24 +51,26 @@ class DemoPlan:
     teacher: str = "minilm-l6"
     student_layers: tuple[int, ...] = (0, 2, 4)
     labelled: int = 1500  # labelled training sentences (a seeded subset); dev and test are smaller, so kept whole
-    transfer: int | None = None  # training sentences, labels dropped, that the teacher labels (None: all)
     max_length: int = 128
     teacher_batch_size: int = 16
     teacher_learning_rate: float = 1e-4
     teacher_epochs: float = 2.0
-    student_batch_size: int = 32  # larger batches: a step's fixed cost (the optimizer) is shared by more tokens
+    student_batch_size: int = 32  # a step's fixed cost (the AdamW update of the embeddings) shared by more tokens
     student_learning_rate: float = 2e-4  # the teacher's rate scaled with the batch
-    kd_epochs: float = 1.0
+    student_epochs: float = 2.0  # over the labelled sentences; every student arm trains this many steps
     temperature: float = 2.0
     seeds: tuple[int, ...] = (1, 2)
+    label_free: bool = False  # add the arm distilled without labels (≈ 3 more minutes per seed on 2 cores)
+    transfer: int | None = None  # its training sentences, labels dropped (None: the whole training split)
 
 
 PLAN = DemoPlan()
 
 
-def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = False,
+def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = False, label_free: bool = False,
              plan: DemoPlan = PLAN) -> Path:
     """Run (or continue) the demo in `out`; returns the path of its Markdown report."""
+    plan = replace(plan, label_free=plan.label_free or label_free)
     if quick:
         return run_quick_demo(out, data)
     out = Path(out)
@@ -103,9 +105,10 @@ def _timed(timings: dict[str, float], name: str, step):
 
 def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size: int) -> dict[str, Any]:
     """The demo as a `biodistil study` recipe: the teacher, then the three student arms × seeds."""
+    labelled = min(plan.labelled, train_size)
+    steps = math.ceil(plan.student_epochs * labelled / plan.student_batch_size)
     transfer = min(plan.transfer or train_size, train_size)
-    steps = math.ceil(plan.kd_epochs * transfer / plan.student_batch_size)
-    labelled_epochs = round(steps * plan.student_batch_size / min(plan.labelled, train_size), 4)  # the same steps
+    transfer_epochs = round(steps * plan.student_batch_size / transfer, 4)  # the label-free arm: the same steps
     train = {"batch_size": plan.student_batch_size, "learning_rate": plan.student_learning_rate,
              "warmup_ratio": 0.1, "eval_every": 0, "save_every": 0, "log_every": 20, "tensorboard": False}
     teacher_train = {"batch_size": plan.teacher_batch_size, "learning_rate": plan.teacher_learning_rate}
@@ -121,18 +124,20 @@ def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size
         "defaults": {
             "finetune": {"task": task, "finetune": {"score_init": False}, "train": train},
             "kd": {"task": task, "train": train,
-                   "kd": {"soft_loss": "hinton", "alpha": 1.0, "beta": 0.0, "temperature": plan.temperature,
-                          "epochs": plan.kd_epochs, "select_on_dev": True,
+                   "kd": {"soft_loss": "hinton", "alpha": 0.5, "beta": 0.5, "temperature": plan.temperature,
+                          "epochs": plan.student_epochs, "select_on_dev": True,
                           "cache_dir": str(out / "teacher_outputs")},
-                   "transfer": {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.transfer}}},
+                   "transfer": {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.labelled},
+                                "keep_labels": True}},
         },
         "arms": [
-            {"name": "distilled", "command": "kd", "overrides": {
-                "kd": {"alpha": 0.5, "beta": 0.5, "epochs": labelled_epochs},
-                "transfer": {"source": {"max_examples": plan.labelled}, "keep_labels": True}}},
+            {"name": "distilled", "command": "kd"},
             {"name": "without-teacher", "command": "finetune", "overrides": {
-                "finetune": {"epochs": labelled_epochs, "score_init": True}}},
-            {"name": "label-free", "command": "kd"},
+                "finetune": {"epochs": plan.student_epochs, "score_init": True}}},
+            *([{"name": "label-free", "command": "kd", "overrides": {
+                "kd": {"alpha": 1.0, "beta": 0.0, "epochs": transfer_epochs},
+                "transfer": {"source": {"max_examples": plan.transfer}, "keep_labels": False}}}]
+              if plan.label_free else []),
         ],
     }
 
@@ -169,6 +174,8 @@ def _rows(summary: dict[str, Any], models: dict[str, str], bench: dict[str, Any]
              "label-free": "distilled without labels (3 × 384)"}
     for arm, name in names.items():
         runs = [r["test"] for r in summary["runs"] if r["arm"] == arm]
+        if not runs:
+            continue
         rows.append(_row(name, runs, teacher_scores, speed["student"], arm=arm))
     return rows
 
@@ -201,7 +208,6 @@ def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render_report(report: dict[str, Any]) -> str:
     plan = report["plan"]
-    transfer = plan["transfer"] or report["train_sentences"]
     lines = [
         "# biodistil demo: does distillation work here?",
         "",
@@ -213,10 +219,12 @@ def render_report(report: dict[str, Any]) -> str:
         f"{list(plan['student_layers'])} and trains for the same number of steps (batch "
         f"{plan['student_batch_size']}, learning rate {plan['student_learning_rate']:g}): the *distilled* student "
         f"with Hinton KD (0.5·T²·KL + 0.5·CE, T = {plan['temperature']:g}) on the {plan['labelled']:,} labelled "
-        f"sentences; the student *without teacher* on the same sentences and labels alone; the student *distilled "
-        f"without labels* on the teacher's outputs only (T²·KL), over {transfer:,} training sentences with their "
-        f"labels dropped. At most {plan['max_length']} sub-words, model selection on the dev set, seeds "
-        f"{list(plan['seeds'])}.",
+        f"sentences for {plan['student_epochs']:g} epochs; the student *without teacher* on the same sentences "
+        "and labels alone" + (
+            f"; the student *distilled without labels* on the teacher's outputs only (T²·KL) over "
+            f"{plan['transfer'] or report['train_sentences']:,} training sentences with their labels dropped"
+            if plan["label_free"] else "") +
+        f". At most {plan['max_length']} sub-words, model selection on the dev set, seeds {list(plan['seeds'])}.",
         "",
         "| model | parameters (without embeddings) | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) "
         "| throughput, batch 32 (seq/s) |",
@@ -247,17 +255,18 @@ def _f1(row: dict[str, Any]) -> str:
 
 def verdict(rows: dict[str, dict[str, Any]]) -> list[str]:
     """Plain-language answers; a difference between student arms must clear twice their seed spread."""
-    teacher, distilled, plain, label_free = (rows[k] for k in ("teacher", "distilled", "without-teacher",
-                                                                "label-free"))
+    teacher, distilled, plain = rows["teacher"], rows["distilled"], rows["without-teacher"]
     lines = [f"- The distilled student keeps {100 * distilled['share_of_teacher']:.1f}% of the teacher's F1 with "
              f"{distilled['parameters'] / teacher['parameters']:.0%} of its parameters and "
              f"{teacher['latency_ms'] / distilled['latency_ms']:.1f}× its batch-1 speed.",
              compare("What the teacher adds (distilled vs without teacher, same data, labels and steps)", distilled,
-                     plain),
-             f"- Without a single gold label the student keeps {100 * label_free['share_of_teacher']:.1f}% of the "
-             "teacher's F1: everything it knows of the task came through the teacher's outputs.",
-             compare("Labels vs teacher outputs only (without teacher vs distilled without labels)", plain,
-                     label_free)]
+                     plain)]
+    if "label-free" in rows:
+        label_free = rows["label-free"]
+        lines += [f"- Without a single gold label the student keeps {100 * label_free['share_of_teacher']:.1f}% of "
+                  "the teacher's F1: everything it knows of the task came through the teacher's outputs.",
+                  compare("Gold labels vs teacher outputs only (without teacher vs distilled without labels)", plain,
+                          label_free)]
     return lines
 
 
