@@ -96,3 +96,14 @@ def kd_models(tmp_path_factory, teacher_dir, tokenizer, pair_task):
 
     root = tmp_path_factory.mktemp("kd_models")
     return save_teacher(teacher_dir, pair_task, root / "teacher"), save_student(tokenizer, root / "student")
+
+
+@pytest.fixture()
+def fresh_accelerator_state():
+    """Accelerate keeps one process-wide state whose mixed precision cannot change: a test that trains under another
+    precision than the rest of the session starts and leaves it empty."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -58,3 +58,30 @@ def test_cosine_loss_rejects_different_widths():
 def test_masked_mean():
     values = torch.tensor([1.0, 2.0, 9.0])
     assert masked_mean(values, torch.tensor([True, True, False])).item() == pytest.approx(1.5)
+
+
+def test_chunked_soft_kl_equals_the_formula_and_its_gradient(monkeypatch):
+    import biodistil.losses.distillation as distillation
+
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 14)  # rows of 7 logits: 2 rows per chunk, 3 chunks
+    generator = torch.Generator().manual_seed(0)
+    student = (3 * torch.randn(5, 7, generator=generator)).requires_grad_()
+    teacher = 3 * torch.randn(5, 7, generator=generator)
+    reference = student.detach().clone().requires_grad_()
+    log_s, log_t = torch.log_softmax(reference / 2, -1), torch.log_softmax(teacher / 2, -1)
+    expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+    expected.backward()
+    loss = soft_kl_loss(student, teacher, temperature=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_soft_kl_gives_a_teacher_that_takes_gradients_its_gradient():
+    teacher = torch.tensor([[2 * math.log(3), 0.0]], requires_grad=True)
+    loss = soft_kl_loss(torch.zeros(1, 2), teacher, temperature=2.0)
+    loss.backward()
+    # d/dz_T of T²·KL with p_T = [3/4, 1/4], p_S = [1/2, 1/2]: T·p_T·(log p_T − log p_S − KL) per logit
+    kl = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    expected = [2 * 0.75 * (math.log(1.5) - kl), 2 * 0.25 * (math.log(0.5) - kl)]
+    assert teacher.grad[0].tolist() == pytest.approx(expected, rel=1e-5)

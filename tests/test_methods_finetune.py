@@ -43,3 +43,21 @@ def test_finetune_resumes_an_interrupted_run_and_restarts_a_failed_one(tmp_path,
         if item.name != "config.yaml":
             item.unlink() if item.is_file() else __import__("shutil").rmtree(item)
     assert main(command) == 0 and (out / "metrics.json").is_file()
+
+
+def test_bf16_autocast_on_cpu_finetunes_into_an_fp32_model(tmp_path, teacher_dir, fresh_accelerator_state):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification
+
+    task_file = write_pair_task(tmp_path / "task")
+    out = tmp_path / "run"
+    code = main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
+                 f"task.name={task_file}", "finetune.epochs=8", "finetune.patience=null", "train.learning_rate=3e-3",
+                 "train.precision=bf16", "train.log_every=6", *QUIET, "--out", str(out)])
+    assert code == 0
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"], "loss falls under bf16 autocast"
+    assert {w.dtype for w in load_file(str(out / "model" / "model.safetensors")).values()} == {torch.float32}
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model", dtype=torch.float32)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

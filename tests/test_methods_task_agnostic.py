@@ -190,3 +190,16 @@ def test_offline_hub_dataset_is_a_clear_error(tmp_path, tokenizer, monkeypatch):
     cfg = CorpusConfig(hub_dataset="no-such-org/no-such-corpus", cache_dir=str(tmp_path))
     with pytest.raises(BiodistilError, match="Could not load Hub dataset 'no-such-org/no-such-corpus'"):
         load_corpus_splits(cfg, tokenizer)
+
+
+def test_bf16_autocast_on_cpu_distils_into_an_fp32_student(tmp_path, teacher_dir, corpus_file,
+                                                           fresh_accelerator_state):
+    out = tmp_path / "bf16"
+    model_dir = run_distill(distill_recipe(teacher_dir, corpus_file, out, max_steps=30, precision="bf16"))
+    train = records(out, "train")
+    assert train[-1]["loss"] < train[0]["loss"], "loss falls under bf16 autocast"
+    assert all(r["grad_norm"] > 0 for r in train)
+    student = AutoModelForMaskedLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in student.parameters())
+    weights = load_file(str(model_dir / "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {torch.float32}, "the saved student is fp32"

@@ -61,3 +61,72 @@ def test_selection_restores_best_weights_and_stops_early(tmp_path):
     assert result.best_step == 4 and result.best_score == 0.9
     assert result.steps == 8, "two evaluations without gain after step 4: stop at step 8"
     assert torch.equal(module.linear.weight, seen_weights[1]), "the best weights are restored"
+
+
+class Noisy(Regression):
+    """The regression, on inputs its hook shifted by generator noise; records where the hook ran."""
+
+    def forward(self, batch):
+        loss, logs = super().forward(batch)
+        return loss, {**logs, "shift": batch["shift"].mean()}
+
+
+def shift_inputs(batch, generator):
+    assert batch["x"].device.type == "cpu", "the hook runs in the data-loading stage, on the CPU"
+    shift = torch.rand(batch["x"].shape, generator=generator) * 0.1
+    return {**batch, "x": batch["x"] + shift, "shift": shift}
+
+
+def test_hook_runs_while_loading_and_worker_processes_give_the_same_run(tmp_path):
+    weights = []
+    for workers in (0, 1):
+        module = Noisy()
+        Engine(config(num_workers=workers, max_steps=6), tmp_path / f"w{workers}", seed=5).fit(
+            module, toy_data(), collate, prepare_batch=shift_inputs)
+        weights.append(module.linear.weight.detach().clone())
+    assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-7)
+
+
+def test_grad_norm_and_losses_are_logged_at_log_steps(tmp_path):
+    import json
+
+    Engine(config(max_steps=6, log_every=3, max_grad_norm=1.0), tmp_path / "run", seed=5).fit(
+        Regression(), toy_data(), collate)
+    train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in train] == [3, 6]
+    assert all(r["grad_norm"] > 0 and r["mse"] == r["loss"] and "_step" not in r for r in train)
+
+
+class Epochs(list):
+    """Toy data that records the epochs the engine announces."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.epochs = []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+def test_a_dataset_hears_each_epoch_before_its_batches(tmp_path):
+    data = Epochs(toy_data(16))
+    Engine(config(max_steps=5), tmp_path / "run", seed=5).fit(Regression(), data, collate)
+    assert data.epochs == [0, 1, 2]  # 2 batches of 8 per epoch
+
+
+class Diverging(Regression):
+    def forward(self, batch):
+        loss, logs = super().forward(batch)
+        self.calls = getattr(self, "calls", 0) + 1
+        return (loss * float("nan") if self.calls == 3 else loss), logs
+
+
+def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
+    import pytest
+
+    from biodistil.errors import BiodistilError
+
+    with pytest.raises(BiodistilError, match="Loss became nan at step 3"):
+        Engine(config(max_steps=8, save_every=4, log_every=4), tmp_path / "run", seed=5).fit(
+            Diverging(), toy_data(), collate)
+    assert not (tmp_path / "run" / "checkpoints").exists()

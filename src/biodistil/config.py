@@ -40,6 +40,8 @@ class TrainConfig(Section):
     max_steps: int = Field(1000, ge=1, description="optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per process per micro-batch")
     grad_accumulation: int = Field(1, ge=1)
+    num_workers: int = Field(0, ge=0, description="data-loading worker processes (collate and MLM masking); "
+                             "0 = in the training process")
     learning_rate: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -130,7 +132,9 @@ class TeacherConfig(Section):
     """The frozen teacher: a Hub id or a local folder with a masked-LM model and its tokenizer."""
 
     name_or_path: ModelRef
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="the teacher's weights and outputs; auto = bfloat16 where the hardware computes it fast "
+        "(GPUs with bf16, CPUs with AMX), else float32")
     trust_remote_code: bool = False
 
 

@@ -17,6 +17,10 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
     return F.cross_entropy(flat_logits, flat_labels, ignore_index=ignore_index)
 
 
+# elements of one chunk of the chunked KL: 2^22 float32 values (16 MiB) per temporary
+KL_CHUNK_ELEMENTS = 1 << 22
+
+
 def soft_kl_loss(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -24,12 +28,47 @@ def soft_kl_loss(
 
     Logits are [N, V] rows already restricted to the positions that count; the KL is summed over the
     vocabulary and averaged over rows. The T² factor keeps gradient size independent of T.
+
+    Computed in chunks of rows (`KL_CHUNK_ELEMENTS` values each), so the float32 temporaries stay bounded at
+    large vocabularies and batch sizes: the forward pass also forms the gradient with respect to the student,
+    ∂/∂z_S = T·(softmax(z_S/T) − softmax(z_T/T))/N, and keeps only that one [N, V] tensor for the backward pass.
+    A teacher that takes gradients (meta-learning) gets the plain autograd formula instead.
     """
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
-    log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
-    kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
-    return kl.mean() * temperature * temperature
+    if teacher_logits.requires_grad:
+        log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
+        kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
+        return kl.mean() * temperature * temperature
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}")
+    return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
+
+
+class _ChunkedSoftKL(torch.autograd.Function):
+    """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
+
+    @staticmethod
+    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        rows = student.size(0)
+        step = max(1, KL_CHUNK_ELEMENTS // max(1, student.size(-1)))
+        grad = torch.empty_like(student) if student.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=student.device)
+        for start in range(0, rows, step):
+            log_p_student = F.log_softmax(student[start:start + step].float() / temperature, dim=-1)
+            log_p_teacher = F.log_softmax(teacher[start:start + step].float() / temperature, dim=-1)
+            p_teacher = log_p_teacher.exp()
+            total += (p_teacher * (log_p_teacher - log_p_student)).sum()
+            if grad is not None:
+                grad[start:start + step] = (log_p_student.exp_() - p_teacher) * (temperature / rows)
+        ctx.save_for_backward(grad)
+        return total * (temperature * temperature / rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None
 
 
 def tempered_log_probs(

@@ -4,6 +4,8 @@ Both train a `MaskedLMModule` (student + objective) on masked corpus blocks with
 differ only in whether a teacher exists and which terms the objective holds.
 """
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -11,14 +13,14 @@ from transformers import PreTrainedModel
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
-from biodistil.models.features import extract_features
+from biodistil.models.features import Features, extract_features
 
 
 class MaskedLMModule(nn.Module):
     """What the engine trains: the student and the objective's own parameters (projections).
 
     The teacher is held by reference only, so it is never trained, checkpointed, or wrapped for
-    data-parallel training; it runs under `torch.no_grad` in eval mode.
+    data-parallel training; it runs under `torch.inference_mode` in eval mode.
     """
 
     def __init__(
@@ -45,11 +47,12 @@ class MaskedLMModule(nn.Module):
         teacher_features = None
         if self.objective.needs_teacher:
             teacher_batch = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"])}
-            with torch.no_grad():
+            with torch.inference_mode():
                 teacher_features = extract_features(
                     self.teacher, teacher_batch, self.objective.teacher_request(),
                     self.objective.logit_positions(masks, teacher=True),
                 )
+            teacher_features = outside_inference_mode(teacher_features)
         student_features = extract_features(
             self.student, batch, self.objective.student_request(), self.objective.logit_positions(masks)
         )
@@ -58,6 +61,29 @@ class MaskedLMModule(nn.Module):
             masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab,
         )
         return self.objective(inputs)
+
+
+def outside_inference_mode(features: Features) -> Features:
+    """Teacher features computed under `torch.inference_mode`, made usable by terms that save them for the backward
+    pass (hidden states, attention, Q/K/V: small copies). The logits, the one large tensor, stay as they are: the
+    logit terms only read them (`soft_kl_loss` keeps its own gradient, the others save tensors derived from them)."""
+    copy = lambda tensors: {key: value.clone() for key, value in tensors.items()}  # noqa: E731
+    return replace(
+        features, hidden=copy(features.hidden), attentions=copy(features.attentions),
+        attention_scores=copy(features.attention_scores), qkv={key: copy(value) for key, value in features.qkv.items()},
+    )
+
+
+def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast (a GPU with
+    bf16, a CPU with AMX tiles), else float32."""
+    if setting == "auto":
+        if device.type == "cuda":
+            fast = torch.cuda.is_bf16_supported()
+        else:
+            fast = device.type == "cpu" and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        setting = "bfloat16" if fast else "float32"
+    return torch.bfloat16 if setting == "bfloat16" else torch.float32
 
 
 def freeze(model: nn.Module) -> None:

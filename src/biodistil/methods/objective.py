@@ -288,14 +288,19 @@ class Objective(nn.Module):
         return _merged(_request(t, teacher=True) for t in self.terms if TERM_KINDS[t.cfg.loss].needs_teacher)
 
     def logit_positions(self, masks: dict[str, torch.Tensor], teacher: bool = False) -> torch.Tensor | None:
-        """Union of the positions of the terms that read this model's logits (None when none does)."""
+        """Union of the positions of the terms that read this model's logits (None when none does). Every named
+        set lies within "all", so a union that holds it is that very tensor (its terms then read the logits
+        without a copy, `Features.logits_at`)."""
+        kinds = [(TERM_KINDS[term.cfg.loss], term.cfg) for term in self.terms]
+        names = {kind.positions(cfg) for kind, cfg in kinds
+                 if kind.features == "logits" and (kind.needs_teacher or not teacher)}
+        if not names:
+            return None
+        if "all" in names:
+            return masks["all"]
         chosen = None
-        for term in self.terms:
-            kind = TERM_KINDS[term.cfg.loss]
-            if kind.features != "logits" or (teacher and not kind.needs_teacher):
-                continue
-            mask = masks[kind.positions(term.cfg)]
-            chosen = mask if chosen is None else chosen | mask
+        for name in sorted(names):
+            chosen = masks[name] if chosen is None else chosen | masks[name]
         return chosen
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -6,7 +6,6 @@ recipe -> run folder -> tokenizer and models -> corpus blocks -> engine -> expor
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig
@@ -15,7 +14,7 @@ from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.vocab import train_wordpiece
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
-from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.loading import load_masked_lm, load_tokenizer
@@ -59,7 +58,7 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
         check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
     objective = Objective(recipe.objective, student, teacher)
-    teacher.to(accelerator.device, dtype=torch.bfloat16 if recipe.teacher.dtype == "bfloat16" else torch.float32)
+    teacher.to(accelerator.device, dtype=teacher_dtype(recipe.teacher.dtype, accelerator.device))
     module = MaskedLMModule(student, objective, teacher, shared_vocab)
     result = _train(module, tokenizer, recipe, run, accelerator, run.resume, stop_after, prepare)
     return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)

@@ -72,6 +72,8 @@ class Features:
         """Logit rows at the True entries of `mask` [B, L], which must lie within `positions`."""
         if self.logits is None or self.positions is None:
             raise ValueError("no logits were computed")
+        if mask is self.positions:  # every computed row: no copy (a copy of [N, V] logits and of its gradient)
+            return self.logits
         return self.logits[mask[self.positions]]
 
 

@@ -9,6 +9,12 @@ metrics (JSON lines + TensorBoard) and the progress bar.
 Exact resume: the data order of each epoch is a permutation drawn from (seed, epoch); per-batch randomness
 (MLM masks) comes from a generator seeded by (seed, micro-step, process); dropout uses the torch RNG,
 which checkpoints save and restore. A resumed run therefore replays the same batches, masks and dropout.
+
+The hot path: the per-batch hook (`prepare_batch`, e.g. MLM masking) runs in the data-loading stage on the CPU
+(in `train.num_workers` worker processes when set), before the batch moves to the device; a dataset with a
+`set_epoch(epoch)` method hears each epoch's number first (static masking picks its pattern from it). Losses and
+logs stay tensors until they are logged, so a step needs no host synchronisation; they are checked for
+non-finite values at every log, evaluation and checkpoint, before anything is written.
 """
 
 import json
@@ -141,33 +147,36 @@ class Engine:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:
             acc.init_trackers("tensorboard")
-        prepare = prepare_batch or (lambda batch, _generator: batch)
+        prepare = prepare_batch or _unchanged
         started, tokens_at_start = time.perf_counter(), self.state.tokens_seen
-        window: dict[str, list[float]] = defaultdict(list)
+        window: dict[str, list[float | torch.Tensor]] = defaultdict(list)
         last_train, last_eval = {}, {}
         bar = tqdm(total=self.cfg.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
                    disable=not (acc.is_local_main_process and self.cfg.progress_bar))
-        batches = self._batches(train_data, collate)
+        batches = self._batches(train_data, collate, prepare)
         model.train()
         while self.state.step < self.cfg.max_steps:
-            logs = self._optimizer_step(model, optimizer, scheduler, batches, prepare)
+            logs = self._optimizer_step(model, optimizer, scheduler, batches)
             for key, value in logs.items():
                 window[key].append(value)
-            elapsed = time.perf_counter() - started
-            rate = (self.state.tokens_seen - tokens_at_start) / max(elapsed, 1e-9)
             bar.update(1)
-            bar.set_postfix(loss=f"{logs['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps:
-                last_train = {k: sum(v) / len(v) for k, v in window.items()}
-                self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
-                window.clear()
             stopping = stop_after is not None and self.state.step >= stop_after
-            if (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every):
+            evaluating = (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every)
+            saving = self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping
+            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps or evaluating \
+                    or saving:  # a host synchronisation: losses become floats, non-finite ones stop the run
+                rate = (self.state.tokens_seen - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                last_train = _window_means(window)
+                bar.set_postfix(loss=f"{last_train['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+                if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps:
+                    self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
+                    window.clear()
+            if evaluating:
                 last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
                 self._log("eval", last_eval)
                 if selection is not None:
                     stopping = self._select(module, last_eval, selection) or stopping
-            if self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping:
+            if saving or stopping:
                 self._save(module, optimizer, scheduler)
             if stopping:
                 break
@@ -232,13 +241,13 @@ class Engine:
         sums: dict[str, torch.Tensor] = {}
         count = torch.zeros((), device=acc.device)
         order = list(range(acc.process_index, len(eval_data), acc.num_processes))
-        loader = DataLoader(eval_data, batch_size=self.cfg.batch_size, sampler=order, collate_fn=collate,
-                            generator=torch.Generator())
-        for index, batch in enumerate(loader):
-            if self.cfg.eval_batches is not None and index >= self.cfg.eval_batches:
-                break
-            generator = torch.Generator().manual_seed(self.seed * 7919 + index * 104729 + acc.process_index)
-            batch = prepare(_to_device(batch, acc.device), generator)
+        if self.cfg.eval_batches is not None:
+            order = order[: self.cfg.eval_batches * self.cfg.batch_size]
+        batches = [(index, order[start:start + self.cfg.batch_size])
+                   for index, start in enumerate(range(0, len(order), self.cfg.batch_size))]
+        seeds = lambda index: self.seed * 7919 + index * 104729 + acc.process_index  # noqa: E731
+        for batch in self._loader(eval_data, batches, collate, prepare, seeds):
+            batch = _to_device(batch, acc.device)
             with acc.autocast():
                 loss, logs = model(batch)
             for key, value in {"loss": loss, **logs}.items():
@@ -250,60 +259,71 @@ class Engine:
         return {key: float(value / count.clamp(min=1)) for key, value in totals.items()}
 
     # ----------------------------------------------------------------------------------------- steps
-    def _optimizer_step(self, model, optimizer, scheduler, batches: Iterator[Batch], prepare) -> dict[str, float]:
+    def _optimizer_step(self, model, optimizer, scheduler, batches: Iterator[tuple[Batch, int]]) -> dict[str, Any]:
+        """One optimizer step over `grad_accumulation` micro-batches; returns the step's logs as tensors (and the
+        pre-step's floats), averaged over the micro-batches, with `grad_norm` (before clipping) when clipping."""
         acc = self.accelerator
-        sums: dict[str, float] = defaultdict(float)
-        micro_batches = [self._prepared(next(batches), prepare, offset) for offset in range(self.cfg.grad_accumulation)]
+        sums: dict[str, Any] = {}
+        micro_batches, tokens = zip(*(next(batches) for _ in range(self.cfg.grad_accumulation)), strict=True)
         if self.pre_step is not None:
-            sums.update(self.pre_step(model, micro_batches, self.state.step))
+            sums.update(self.pre_step(model, list(micro_batches), self.state.step))
         for micro, batch in enumerate(micro_batches):
             last = micro == self.cfg.grad_accumulation - 1
             with acc.no_sync(model) if not last and acc.num_processes > 1 else nullcontext():
                 with acc.autocast():
                     loss, logs = model(batch)
                 acc.backward(loss / self.cfg.grad_accumulation)
-            if not torch.isfinite(loss):
-                raise BiodistilError(
-                    f"Loss became {loss.item()} at step {self.state.step + 1}; lower train.learning_rate or "
-                    "check the data"
-                )
             for key, value in {"loss": loss, **logs}.items():
-                sums[key] += float(value.detach()) / self.cfg.grad_accumulation
+                share = value.detach().float() / self.cfg.grad_accumulation
+                sums[key] = share if key not in sums else sums[key] + share
             self.state.micro_step += 1
-            self.state.tokens_seen += int(batch["attention_mask"].sum()) * acc.num_processes
+        self.state.tokens_seen += sum(tokens) * acc.num_processes
         if self.cfg.max_grad_norm is not None:
-            acc.clip_grad_norm_(model.parameters(), self.cfg.max_grad_norm)
+            norm = acc.clip_grad_norm_(model.parameters(), self.cfg.max_grad_norm)
+            if isinstance(norm, torch.Tensor):
+                sums["grad_norm"] = norm.detach().float()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        return dict(sums)
+        sums["_step"] = self.state.step  # which step a non-finite loss belongs to (see `_window_means`)
+        return sums
 
-    def _prepared(self, batch: Batch, prepare: PrepareBatch, offset: int) -> Batch:
-        """Apply the per-batch hook with a generator seeded by (seed, micro-step, process)."""
-        generator = torch.Generator().manual_seed(
-            self.seed * 1_000_003 + (self.state.micro_step + offset) * 7_919 + self.accelerator.process_index
-        )
-        return prepare(batch, generator)
-
-    def _batches(self, data: Dataset, collate: Collate) -> Iterator[Batch]:
-        """Endless stream of this process's batches, starting at the saved data position."""
+    def _batches(self, data: Dataset, collate: Collate, prepare: PrepareBatch) -> Iterator[tuple[Batch, int]]:
+        """Endless stream of this process's prepared batches (on the device) and their token counts, starting at
+        the saved data position. The n-th batch of the stream is micro-step `micro_step + n`: its hook's generator
+        is seeded by (seed, that micro-step, process), wherever the hook runs."""
         acc = self.accelerator
         per_step = self.cfg.batch_size * acc.num_processes
         per_epoch = len(data) // per_step
+        micro_step = self.state.micro_step
+        seeds = lambda micro: self.seed * 1_000_003 + micro * 7_919 + acc.process_index  # noqa: E731
         while True:
+            if hasattr(data, "set_epoch"):
+                data.set_epoch(self.state.epoch)
             order = torch.randperm(len(data), generator=torch.Generator().manual_seed(self.seed + self.state.epoch))
             shards = [
-                order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size].tolist()
-                for k in range(self.state.batch_in_epoch, per_epoch)
+                (micro_step + n, order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size]
+                 .tolist())
+                for n, k in enumerate(range(self.state.batch_in_epoch, per_epoch))
             ]
-            # a private generator: creating a loader must not draw from the global RNG that dropout uses
-            loader = DataLoader(data, batch_sampler=shards, collate_fn=collate, generator=torch.Generator())
-            for shard in loader:
+            micro_step += len(shards)
+            for batch in self._loader(data, shards, collate, prepare, seeds):
                 self.state.batch_in_epoch += 1
-                yield _to_device(shard, acc.device)
+                tokens = int(batch["attention_mask"].sum())  # counted on the host copy: no device synchronisation
+                yield _to_device(batch, acc.device), tokens
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
+
+    def _loader(self, data: Dataset, batches: list[tuple[int, list[int]]], collate: Collate, prepare: PrepareBatch,
+                seeds: Callable[[int], int]) -> DataLoader:
+        """A loader over (number, indices) batches that collates and prepares each batch on the CPU (in worker
+        processes with `train.num_workers`), the hook's generator seeded by `seeds(number)`."""
+        tagged = [[(number, index) for index in indices] for number, indices in batches]
+        # a private generator: creating a loader must not draw from the global RNG that dropout uses
+        return DataLoader(_Numbered(data), batch_sampler=tagged, collate_fn=_Prepared(collate, prepare, seeds),
+                          num_workers=self.cfg.num_workers, generator=torch.Generator(),
+                          pin_memory=self.accelerator.device.type == "cuda")
 
     # ----------------------------------------------------------------------------------------- setup
     def _check_data(self, data: Dataset) -> None:
@@ -366,12 +386,63 @@ class Engine:
             acc.log({f"{split}/{k}": v for k, v in values.items()}, step=self.state.step)
 
 
+class _Numbered(Dataset):
+    """`data` read by (batch number, index) keys: item = (batch number, example)."""
+
+    def __init__(self, data: Dataset):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, Any]:
+        number, index = key
+        return number, self.data[index]
+
+
+class _Prepared:
+    """Collate a numbered batch, then apply the per-batch hook with a generator seeded by its number."""
+
+    def __init__(self, collate: Collate, prepare: PrepareBatch, seeds: Callable[[int], int]):
+        self.collate, self.prepare, self.seeds = collate, prepare, seeds
+
+    def __call__(self, items: list[tuple[int, Any]]) -> Batch:
+        generator = torch.Generator().manual_seed(self.seeds(items[0][0]))
+        return self.prepare(self.collate([example for _, example in items]), generator)
+
+
+def _unchanged(batch: Batch, _generator: torch.Generator) -> Batch:
+    return batch
+
+
+def _window_means(window: dict[str, list[float | torch.Tensor]]) -> dict[str, float]:
+    """The logged values of the steps since the last log, averaged (one host synchronisation). A non-finite loss
+    stops the run here, naming its step, before anything is evaluated or saved."""
+    steps = window.get("_step", [])
+    means = {}
+    for key, values in window.items():
+        if key == "_step":
+            continue
+        if key == "loss":
+            losses = torch.stack(values).tolist()
+            bad = [(step, loss) for step, loss in zip(steps, losses, strict=True) if not math.isfinite(loss)]
+            if bad:
+                raise BiodistilError(f"Loss became {bad[0][1]} at step {bad[0][0]}; lower train.learning_rate or "
+                                     "check the data")
+            means[key] = sum(losses) / len(losses)
+        else:
+            tensors = [v for v in values if isinstance(v, torch.Tensor)]
+            total = sum(float(v) for v in values if not isinstance(v, torch.Tensor))
+            means[key] = (total + (float(torch.stack(tensors).sum()) if tensors else 0.0)) / len(values)
+    return means
+
+
 def _parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:
     return {id(param) for group in optimizer.param_groups for param in group["params"]}
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
-    return {key: value.to(device) for key, value in batch.items()}
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
 def _round(value: float) -> float:
