@@ -52,3 +52,32 @@ def test_whole_word_masking_masks_every_piece_of_a_word(tokenizer):
     # a continuation piece is chosen exactly when the piece before it is (same word)
     assert torch.equal(chosen[:, 1:][continuation[:, 1:]], chosen[:, :-1][continuation[:, 1:]])
     assert chosen.any()
+
+
+def test_static_masks_depend_on_block_and_pattern_only(tokenizer):
+    from biodistil.data.masking import StaticMaskedBlocks, collate_masked_blocks
+
+    vocab = MaskingVocabulary.from_tokenizer(tokenizer)
+    ids = tokenizer(["the protein kinase gene expression cell tumour patients mutation receptor binding " * 3]
+                    )["input_ids"][0]
+    blocks = [{"input_ids": ids}] * 6
+    cfg = MaskingConfig(duplication=3, seed=7)
+    data = StaticMaskedBlocks(blocks, vocab, cfg, first_block=10)
+    first = [data[i]["labels"] for i in range(6)]
+    assert all(data[i]["block"] == 10 + i and data[i]["pattern"] == 0 for i in range(6))
+    assert not torch.equal(first[0], first[1]), "blocks of the same text get their own masks"
+    data.set_epoch(3)  # epoch 3 uses pattern 3 mod 3 = 0: the same masks
+    assert all(torch.equal(data[i]["labels"], first[i]) for i in range(6))
+    data.set_epoch(4)
+    again = StaticMaskedBlocks(blocks[:2], vocab, cfg, first_block=14)  # another selection, the same blocks 14, 15
+    again.set_epoch(1)
+    assert torch.equal(data[4]["labels"], again[0]["labels"]) and data[4]["pattern"] == 1
+    assert not torch.equal(data[4]["labels"], first[4]), "another pattern"
+    other_seed = StaticMaskedBlocks(blocks, vocab, MaskingConfig(duplication=3, seed=8), first_block=10)
+    assert not torch.equal(other_seed[0]["labels"], first[0])
+    chosen = first[0] != IGNORE_INDEX
+    assert 0 < chosen.sum() < len(ids) and not vocab.special[torch.tensor(ids)][chosen].any()
+    batch = collate_masked_blocks([data[0], {**data[1], "input_ids": data[1]["input_ids"][:5],
+                                             "labels": data[1]["labels"][:5]}], tokenizer.pad_token_id)
+    assert batch["labels"][1, 5:].eq(IGNORE_INDEX).all() and batch["attention_mask"][1].sum() == 5
+    assert batch["block"].tolist() == [10, 11] and batch["pattern"].tolist() == [1, 1]

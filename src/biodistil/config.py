@@ -89,12 +89,19 @@ class CorpusConfig(Section):
 
 
 class MaskingConfig(Section):
-    """Dynamic MLM masking: which share of tokens is predicted, and how they are corrupted."""
+    """MLM masking: which share of tokens is predicted, how they are corrupted, and whether masks are drawn anew
+    for every batch (dynamic, the default) or fixed per block (static: `duplication` seeded patterns per block,
+    epoch e using pattern e mod D, as BERT's duplication factor; what a teacher cache needs)."""
 
     probability: float = Field(0.15, gt=0, lt=1)
     mask_ratio: float = Field(0.8, ge=0, le=1)
     random_ratio: float = Field(0.1, ge=0, le=1)
     whole_word: bool = False
+    duplication: int | None = Field(
+        None, ge=1, description="static masking: D mask patterns per block, epoch e uses pattern e mod D; "
+        "null = dynamic masking (new masks every batch)")
+    seed: int = Field(0, description="static masking: the seed of every block's patterns (not run.seed, so that "
+                      "runs of other seeds, students and methods share the masks and a teacher cache)")
 
     @model_validator(mode="after")
     def _ratios_fit(self) -> MaskingConfig:
@@ -320,6 +327,13 @@ class DistillRecipe(Section):
     objective: ObjectiveConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+
+    @model_validator(mode="after")
+    def _static_masks_fit(self) -> DistillRecipe:
+        if self.masking.duplication is not None and self.student.vocab_expansion is not None:
+            raise ValueError("masking.duplication (static masks) does not apply to VE-KD (student.vocab_expansion), "
+                             "whose masking covers the new tokens batch by batch")
+        return self
 
 
 RecipeT = TypeVar("RecipeT", bound=Section)

@@ -3,14 +3,16 @@
 recipe -> run folder -> tokenizer and models -> corpus blocks -> engine -> exported model -> report.
 """
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
+from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig
 from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits, resolve_corpus_files
-from biodistil.data.masking import MaskingVocabulary
+from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.data.vocab import train_wordpiece
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
@@ -20,7 +22,7 @@ from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
-from biodistil.training.engine import Engine, PrepareBatch, TrainResult, make_accelerator
+from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult, make_accelerator
 from biodistil.training.run import RunFolder
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])
@@ -78,15 +80,43 @@ def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> Pr
 
 def _train(module, tokenizer, recipe, run: RunFolder, accelerator, resume: bool, stop_after: int | None,
            prepare: PrepareBatch | None = None) -> TrainResult:
-    """Train on the corpus tokenised with `tokenizer`; `prepare` masks each batch (default: `MaskBatch`)."""
-    with accelerator.main_process_first():
-        train_blocks, eval_blocks = load_corpus_splits(recipe.data, tokenizer)
+    """Train on the corpus tokenised with `tokenizer`; `prepare` masks each batch (default: `MaskBatch`, or the
+    static masks of `masking.duplication`)."""
+    data = corpus_data(recipe, tokenizer, accelerator)
     engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
-    pad_id = tokenizer.pad_token_id
     return engine.fit(
-        module, train_blocks, lambda examples: collate_blocks(examples, pad_id), eval_blocks,
-        prepare_batch=prepare or MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking),
-        resume=resume, stop_after=stop_after,
+        module, data.train, data.collate, data.held_out, prepare_batch=prepare or data.prepare, resume=resume,
+        stop_after=stop_after,
+    )
+
+
+@dataclass
+class CorpusData:
+    """What the engine reads: training and held-out data, how a batch is collated and masked, and where the held-out
+    blocks start in their corpus (static masks and teacher caches name blocks by their index in it)."""
+
+    train: Dataset
+    held_out: Dataset | None
+    collate: Collate
+    prepare: PrepareBatch | None
+    held_out_first_block: int = 0
+
+
+def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) -> CorpusData:
+    """The corpus blocks, masked per batch (`MaskBatch`) or, with `masking.duplication`, statically per block in the
+    data-loading stage (`StaticMaskedBlocks`, the held-out blocks under pattern 0)."""
+    with accelerator.main_process_first():
+        train, held_out = load_corpus_splits(recipe.data, tokenizer)
+    vocab = MaskingVocabulary.from_tokenizer(tokenizer)
+    pad_id = tokenizer.pad_token_id
+    first = 0 if recipe.data.eval else len(train)  # held out from the end of the training corpus, or other files
+    if recipe.masking.duplication is None:
+        return CorpusData(train, held_out, partial(collate_blocks, pad_id=pad_id), MaskBatch(vocab, recipe.masking),
+                          first)
+    return CorpusData(
+        StaticMaskedBlocks(train, vocab, recipe.masking),
+        None if held_out is None else StaticMaskedBlocks(held_out, vocab, recipe.masking, first),
+        partial(collate_masked_blocks, pad_id=pad_id), None, first,
     )
 
 
