@@ -42,6 +42,8 @@ class TrainConfig(Section):
     grad_accumulation: int = Field(1, ge=1)
     num_workers: int = Field(0, ge=0, description="data-loading worker processes (collate and MLM masking); "
                              "0 = in the training process")
+    group_by_length: bool = Field(False, description="batch examples of similar length (less padding: about 2x "
+                                  "faster fine-tuning and task KD on sentence tasks); the batches stay random")
     learning_rate: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)

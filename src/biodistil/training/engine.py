@@ -41,6 +41,7 @@ from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
+from biodistil.training.sampling import length_grouped_order
 
 Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
@@ -301,7 +302,7 @@ class Engine:
         while True:
             if hasattr(data, "set_epoch"):
                 data.set_epoch(self.state.epoch)
-            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(self.seed + self.state.epoch))
+            order = self._epoch_order(data, per_step)
             shards = [
                 (micro_step + n, order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size]
                  .tolist())
@@ -314,6 +315,14 @@ class Engine:
                 yield _to_device(batch, acc.device), tokens
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
+
+    def _epoch_order(self, data: Dataset, per_step: int) -> torch.Tensor:
+        """This epoch's permutation, drawn from (seed, epoch); length-grouped with `train.group_by_length`."""
+        generator = torch.Generator().manual_seed(self.seed + self.state.epoch)
+        if not self.cfg.group_by_length:
+            return torch.randperm(len(data), generator=generator)
+        lengths = [len(data[i]["input_ids"]) for i in range(len(data))]
+        return length_grouped_order(lengths, per_step, generator)
 
     def _loader(self, data: Dataset, batches: list[tuple[int, list[int]]], collate: Collate, prepare: PrepareBatch,
                 seeds: Callable[[int], int]) -> DataLoader:
