@@ -106,7 +106,8 @@ def test_missing_model_folder_is_an_error_before_any_work(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(BiodistilError, match=re.escape("has no config.json")):
         check_models(recipe(models=[str(tmp_path / "empty")]), tmp_path)
-    assert check_models(recipe(models=["org/hub-model"]), tmp_path) == [("hub-model", "org/hub-model")]
+    with pytest.raises(BiodistilError, match=re.escape("hf download org/hub-model --local-dir DIR")):
+        check_models(recipe(models=["org/hub-model"]), tmp_path)  # offline: neither the Hub nor its cache has it
 
 
 def test_a_model_entry_with_layers_is_evaluated_as_that_shallower_model(teacher_dir, tmp_path):

@@ -2,7 +2,10 @@
 
 import argparse
 import os
+import re
 import sys
+
+from safetensors import SafetensorError
 
 from biodistil.cli import eval_commands, export_commands, task_commands
 from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
@@ -46,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="biodistil",
         description="Distil large biomedical language models into small, fast students, and prove they still work.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of every error (also: BIODISTIL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_recipe_command(
         sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain
@@ -74,10 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
         result = args.run(args)
     except BiodistilError as err:
+        if debug:
+            raise
         print(f"biodistil {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, SafetensorError) as err:  # the environment (a full disk, a read-only folder), not a bug
+        if debug:
+            raise
+        from biodistil.training.run import output_problem
+
+        err = _os_error(err)
+        print(f"biodistil {args.command}: error: {type(err).__name__}: {output_problem(err)} (run "
+              "`biodistil --debug ...` for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("Interrupted; continue with --resume.", file=sys.stderr)
@@ -85,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     if result is not None and os.environ.get("LOCAL_RANK", "0") == "0":
         print(result)
     return 0
+
+
+def _os_error(err: Exception) -> OSError:
+    """The OSError behind an error (safetensors reports a full disk as "I/O error: ... (os error 28)")."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"os error (\d+)", str(err))
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else OSError(str(err))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,9 +129,36 @@ def build_block_dataset(
          f"v{CACHE_FORMAT_VERSION}"]
     )
     target = Path(cache_dir or default_cache_dir()) / key
-    if not (target / "dataset_info.json").is_file():
+    if (target / "dataset_info.json").is_file():
+        cached, problem = _read_cache(target)
+        if cached is not None:
+            return cached
+        print(f"The corpus cache {target} is damaged ({problem}); building it again", file=sys.stderr, flush=True)
+    try:
         atomic_directory(target, lambda tmp: _write_blocks(tmp, files, tokenizer, block_size, max_lines))
-    return datasets.load_from_disk(str(target))
+    except OSError as err:
+        raise BiodistilError(f"Cannot write the corpus cache in {target.parent} (data.cache_dir, default "
+                             f"$BIODISTIL_CACHE/corpora): {err.strerror or err}; choose a writable folder with "
+                             "space for the tokenized corpus") from None
+    cached, problem = _read_cache(target)
+    if cached is None:
+        raise BiodistilError(f"The corpus cache {target} was written but cannot be read back ({problem})")
+    return cached
+
+
+def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
+    """The cached blocks, checked against the count written beside them: (dataset, "") or (None, the problem)."""
+    try:
+        dataset = datasets.load_from_disk(str(folder))
+        expected = json.loads((folder / "blocks.json").read_text())["blocks"] if (folder / "blocks.json").is_file() \
+            else len(dataset)
+        if len(dataset) != expected or "input_ids" not in dataset.column_names:
+            return None, f"{len(dataset)} blocks instead of {expected}"
+        if len(dataset):
+            dataset[len(dataset) - 1]  # reads the end of the memory-mapped file
+        return dataset, ""
+    except Exception as err:  # pyarrow, datasets and the OS raise many types for a damaged file
+        return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
 
 
 def _write_blocks(
@@ -148,12 +176,14 @@ def _write_blocks(
             raise cause from None
         raise
     dataset.save_to_disk(str(folder / "data"))
+    blocks = len(dataset)
     del dataset
     shutil.rmtree(folder / "_build", ignore_errors=True)
     for item in (folder / "data").iterdir():
         item.rename(folder / item.name)
     (folder / "data").rmdir()
     (folder / "sources.json").write_text(json.dumps([str(f) for f in files], indent=1))
+    (folder / "blocks.json").write_text(json.dumps({"blocks": blocks}))
 
 
 def load_corpus_splits(

@@ -65,6 +65,9 @@ def load_benched(path: str, threads: int) -> torch.nn.Module | OnnxModel:
     """The bare encoder of a model folder or Hub id, or an exported ONNX graph (a `.onnx` file of an export)."""
     if path.endswith(".onnx"):
         return OnnxModel(path, threads=threads, memory_arena=False)  # no arena: freed memory is returned, as torch
+    from biodistil.models.loading import check_model
+
+    check_model(path, "bench")
     return load_encoder(path)
 
 

@@ -38,6 +38,7 @@ from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.methods.finetune import init_model_path
+from biodistil.models.loading import check_model
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import prediction_rows
@@ -173,6 +174,7 @@ def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
         if not local.exists() and _looks_like_path(entry.path):
             raise BiodistilError(f"Recipe models: model folder '{entry.path}' not found (expected a folder with "
                                  "config.json, or a Hub id such as dmis-lab/biobert-base-cased-v1.2)")
+        check_model(entry.path, f"Recipe models: {label}")
         models.append((label, init_model_path(entry.path, entry.layers, out / "init_models" / label)))
     return models
 

@@ -46,7 +46,7 @@ from biodistil.kd.transfer import (
     shape_for_task,
 )
 from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
-from biodistil.models.loading import load_tokenizer
+from biodistil.models.loading import check_model, load_tokenizer
 from biodistil.tasks.encoding import collator_for, fit_length_to_model
 from biodistil.tasks.prediction import write_predictions
 from biodistil.tasks.recipe import load_task_split, task_spec
@@ -75,6 +75,8 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
     started = time.perf_counter()
     accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    check_model(recipe.teacher.name_or_path, "teacher.name_or_path")
+    check_model(recipe.student.name_or_path, "student.name_or_path")
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     setup = setup_kd(recipe, run.path, accelerator)
     cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)

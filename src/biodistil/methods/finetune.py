@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
+from safetensors import SafetensorError
 from torch import nn
 from transformers import (
     AutoModelForSequenceClassification,
@@ -59,7 +60,7 @@ def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
     transformers_logging.set_verbosity_error()  # the "MLM head unused, new head initialised" report is expected
     try:
         return factory.from_pretrained(str(model_dir), **kwargs)
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         raise BiodistilError(f"Could not load an encoder from {model_dir}: {err}") from None
     finally:
         transformers_logging.set_verbosity(quiet)
@@ -190,12 +191,13 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     from accelerate.utils import set_seed
 
     from biodistil.export.hf import export_model
-    from biodistil.models.loading import load_tokenizer
+    from biodistil.models.loading import check_model, load_tokenizer
     from biodistil.training.run import RunFolder, single_process
 
     if stop_after is not None:
         raise BiodistilError("finetune: --stop-after is not supported (interrupt it and continue with --resume)")
     single_process("finetune")
+    check_model(recipe.model.name_or_path, "model.name_or_path")
     started = time.perf_counter()
     run = RunFolder(recipe.run.output_dir, recipe, resume)
     path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)

@@ -6,11 +6,22 @@ head weights the checkpoint lacks are freshly initialised, and `untrained_head_w
 that a method whose terms read the teacher's vocabulary logits can refuse such a teacher before any work.
 """
 
+import os
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from safetensors import SafetensorError, safe_open
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as transformers_logging
 
 from biodistil.errors import BiodistilError
@@ -61,28 +72,102 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
     return tokenizer
 
 
+def check_model(name_or_path: str, what: str = "model") -> None:
+    """Fail at once, with a message that names `what` (e.g. "model.name_or_path"), when a model cannot be loaded:
+    a folder that does not exist or lacks config.json, tokenizer or weights, weights that are corrupt or
+    truncated, or a Hub id that can be neither downloaded nor found in the Hub's cache."""
+    try:
+        _from_pretrained(AutoConfig, name_or_path)
+        _from_pretrained(AutoTokenizer, name_or_path)
+    except BiodistilError as err:
+        raise BiodistilError(f"{what}: {err}") from None
+    local = Path(resolve_model_name(name_or_path)).expanduser()
+    if not local.is_dir():
+        return
+    weights = sorted(local.glob("*.safetensors"))
+    if not weights and not any(local.glob("*.bin")):
+        raise BiodistilError(f"{what}: model folder {local} holds no weights (model.safetensors); export or "
+                             "download the model again")
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as err:
+            raise BiodistilError(f"{what}: the weights file {path} is corrupt or truncated ({_first_line(err)}); "
+                                 "export or download the model again") from None
+
+
+# files of which a saved tokenizer has at least one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
 def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
     name_or_path = resolve_model_name(name_or_path)
     local = Path(name_or_path).expanduser()
     if local.exists() and not local.is_dir():
         raise BiodistilError(f"'{name_or_path}' is a file; give the model folder (with config.json) or a Hub id")
-    if local.is_dir() and not (local / "config.json").is_file() and factory is not AutoTokenizer:
-        raise BiodistilError(f"Model folder {local} has no config.json; is it a Hugging Face model folder?")
+    if not local.exists() and looks_like_path(name_or_path):
+        raise BiodistilError(
+            f"Model folder {local} does not exist (a Hub id has the form 'name' or 'org/name'); check the path, "
+            "e.g. the model/ folder of a finished run")
+    if local.is_dir():
+        check_model_folder(local, tokenizer=factory is AutoTokenizer)
+    elif not hub_reachable():
+        kwargs["local_files_only"] = True  # the Hub's local cache only: no download retries
     source = str(local) if local.is_dir() else name_or_path
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # missing head weights are reported by biodistil, not a load table
     try:
         return factory.from_pretrained(source, **kwargs)
+    except SafetensorError as err:
+        raise BiodistilError(
+            f"The weights of {source} are corrupt or truncated ({_first_line(err)}); export or download the model "
+            "again") from None
     except OSError as err:
         if local.is_dir():
             raise BiodistilError(f"Could not load {factory.__name__} from folder {local}: {err}") from None
+        why = ("the Hugging Face Hub cannot be reached from this machine and its cache does not hold it"
+               if kwargs.get("local_files_only") else f"the Hugging Face Hub did not provide it ({_first_line(err)})")
         raise BiodistilError(
-            f"Could not load '{name_or_path}': it is not a local folder, and the Hugging Face Hub did not "
-            f"provide it ({_first_line(err)}). If this machine is offline, download the model on a "
-            f"connected machine (`hf download {name_or_path} --local-dir DIR`) and pass DIR instead."
+            f"Could not load '{name_or_path}': it is not a local folder, and {why}. If this machine is offline, "
+            f"download the model on a connected machine (`hf download {name_or_path} --local-dir DIR`) and pass "
+            "DIR instead."
         ) from None
     finally:
         transformers_logging.set_verbosity(verbosity)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether `name` can only be a local path: a Hub id is 'name' or 'org/name', never absolute or relative."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name:
+        return True
+    return "/" in name and Path(name.split("/")[0]).is_dir()  # runs/model where runs/ is a local folder
+
+
+def check_model_folder(folder: Path, tokenizer: bool = False) -> None:
+    """A Hugging Face model folder: config.json, weights, and (`tokenizer`) the tokenizer's files."""
+    if tokenizer:
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise BiodistilError(
+                f"Model folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:3])}, ...); save "
+                "the tokenizer of the model it came from into it (tokenizer.save_pretrained)")
+        return
+    if not (folder / "config.json").is_file():
+        raise BiodistilError(f"Model folder {folder} has no config.json; is it a Hugging Face model folder?")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub can be reached (False at once under HF_HUB_OFFLINE): one connection attempt,
+    instead of the many retries, each printed, of a download on a machine without network."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def _first_line(err: Exception) -> str:

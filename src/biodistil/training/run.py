@@ -112,6 +112,7 @@ def output_problem(err: OSError) -> str:
         errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
         errno.EEXIST: "a file of that name is in the way; choose another path",
         errno.EISDIR: "a folder is where a file should go; choose another path",
+        errno.ENOENT: "no such file or folder, and it cannot be created there; choose another path",
     }
     where = f" ({err.filename})" if err.filename else ""
     return f"{reasons.get(err.errno, err.strerror or str(err))}{where}"
