@@ -57,7 +57,7 @@ class DemoPlan:
     teacher_epochs: float = 2.0
     student_batch_size: int = 32  # a step's fixed cost (the AdamW update of the embeddings) shared by more tokens
     student_learning_rate: float = 2e-4  # the teacher's rate scaled with the batch
-    student_epochs: float = 4.0  # over the labelled sentences; every student arm trains this many steps
+    student_epochs: float = 3.0  # over the labelled sentences; every student arm trains this many steps
     temperature: float = 2.0
     seeds: tuple[int, ...] = (1, 2)
     label_free: bool = False  # add the arm distilled without labels (≈ 3 more minutes per seed on 2 cores)

@@ -35,15 +35,18 @@ class Predictions:
 def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
             collate: FeatureCollator, batch_size: int = 64) -> Predictions:
     """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
-    returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`)."""
+    returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`).
+    Features are batched by length (little padding), and the outputs returned in feature order."""
     model.eval()
     device = model.device
-    loader = DataLoader(encoded.features, batch_size=batch_size, collate_fn=collate)
-    outputs: list[np.ndarray] = []
+    by_length = sorted(range(len(encoded.features)), key=lambda i: len(encoded.features[i]["input_ids"]))
+    loader = DataLoader([encoded.features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
+    outputs: list[np.ndarray] = [np.empty(0)] * len(by_length)
+    rows = iter(by_length)
     for batch in loader:
         batch = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
-        logits = model(**batch).logits.float().cpu().numpy()
-        outputs.extend(logits)
+        for row in model(**batch).logits.float().cpu().numpy():
+            outputs[next(rows)] = row
     if task.kind == "token_classification":
         return _word_level(task, examples, encoded, outputs)
     if task.kind == "multilabel_classification":
@@ -64,6 +67,37 @@ def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[n
             seen[index].add(start + offset)
     filled = sum(len(e.tokens) - len(s) for e, s in zip(examples, seen, strict=True))
     return Predictions(tags, [], filled)
+
+
+def degenerate(task: TaskSpec, predictions: Predictions) -> str:
+    """What is degenerate about a split's predictions ("" when nothing): one class for every example, or no
+    entity at all (every word O) on a token task. Such a score says nothing about the model."""
+    labels = predictions.labels
+    if task.kind == "token_classification":
+        return "" if any(tag != "O" for tags in labels for tag in tags) else "every word predicted O (no entity)"
+    if len(labels) < 2:
+        return ""
+    distinct = {json.dumps(label) for label in labels}
+    return f"every example predicted {labels[0]!r}" if len(distinct) == 1 else ""
+
+
+def prediction_notes(task: TaskSpec, predictions: Predictions, truncated: dict[str, int],
+                     words: int | None = None) -> list[str]:
+    """Warnings that belong beside a score: long examples cut by truncation, test words left without a
+    prediction (scored as O), degenerate predictions."""
+    notes = []
+    cut = {split: count for split, count in truncated.items() if count}
+    if cut:
+        notes.append(f"Long examples ({task.truncation} at {task.max_length} tokens): "
+                     + ", ".join(f"{count} {split}" for split, count in cut.items()))
+    if predictions.filled_words:
+        total = f" of {words}" if words else ""
+        notes.append(f"{predictions.filled_words}{total} test words were cut off by truncation: no prediction, "
+                     "scored as O (truncation: split keeps every word)")
+    problem = degenerate(task, predictions)
+    if problem:
+        notes.append(f"Degenerate test predictions: {problem}; the score does not reflect a trained model")
+    return notes
 
 
 def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:

@@ -1,0 +1,25 @@
+"""Prediction batches features by length and returns the outputs in feature order."""
+
+import numpy as np
+from kd_fixtures import save_teacher, write_token_task
+
+from biodistil.methods.finetune import build_classifier
+from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.encoding import collator_for, encode_split
+from biodistil.tasks.prediction import predict
+from biodistil.tasks.registry import get_task
+
+
+def test_length_batched_predictions_equal_one_example_at_a_time(teacher_dir, pair_task, tmp_path):
+    for task in (pair_task, get_task(str(write_token_task(tmp_path / "ner")))):
+        model = build_classifier(save_teacher(teacher_dir, task, tmp_path / task.name), task)
+        tokenizer = load_tokenizer(str(tmp_path / task.name))
+        examples = task.load_split("test")
+        encoded = encode_split(task, examples, tokenizer)
+        lengths = [len(f["input_ids"]) for f in encoded.features]
+        assert lengths != sorted(lengths), "the split is not already in length order"
+        together = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size=5)
+        alone = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size=1)
+        assert together.labels == alone.labels
+        if alone.scores:
+            assert np.allclose(together.scores, alone.scores, atol=1e-5)
