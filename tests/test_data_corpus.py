@@ -70,3 +70,15 @@ def test_held_out_split(tmp_path, corpus_file, tokenizer):
     tiny.write_text("the protein .\n")
     with pytest.raises(BiodistilError, match="too few"):
         load_corpus_splits(CorpusConfig(train=[str(tiny)], block_size=32, cache_dir=str(tmp_path)), tokenizer)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "zero"])
+def test_a_damaged_cache_is_detected_and_rebuilt(tmp_path, corpus_file, tokenizer, capsys, damage):
+    first = len(build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path))
+    (arrow,) = tmp_path.glob("*/data-*.arrow")
+    size = arrow.stat().st_size
+    arrow.write_bytes(arrow.read_bytes()[: size // 2] if damage == "truncate" else bytes(size))
+    again = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path)
+    assert len(again) == first and again[first - 1]["input_ids"]
+    err = capsys.readouterr().err
+    assert f"The corpus cache {arrow.parent} is damaged" in err and "building it again" in err

@@ -23,3 +23,17 @@ def test_length_batched_predictions_equal_one_example_at_a_time(teacher_dir, pai
         assert together.labels == alone.labels
         if alone.scores:
             assert np.allclose(together.scores, alone.scores, atol=1e-5)
+
+
+def test_degenerate_predictions_are_named(pair_task, tmp_path):
+    from biodistil.tasks.prediction import Predictions, degenerate, prediction_notes
+
+    assert degenerate(pair_task, Predictions(["yes"] * 5, [])) == "every example predicted 'yes'"
+    assert degenerate(pair_task, Predictions(["yes", "no", "yes"], [])) == ""
+    ner = get_task(str(write_token_task(tmp_path / "ner")))
+    assert degenerate(ner, Predictions([["O", "O"], ["O"]], [])) == "every word predicted O (no entity)"
+    assert degenerate(ner, Predictions([["O", "B"], ["O"]], [])) == ""
+    notes = prediction_notes(ner, Predictions([["O", "O"], ["O"]], [], filled_words=2), {"train": 3, "test": 1}, 3)
+    assert notes[0].startswith("Long examples cut to") and "3 train, 1 test" in notes[0]
+    assert notes[1].startswith("2 of 3 test words were cut off by truncation")
+    assert notes[2].startswith("Degenerate test predictions: every word predicted O")

@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
+        if args.command not in ("report", "export"):
+            from biodistil.training.run import choose_threads
+
+            threads = choose_threads()
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                print(threads, file=sys.stderr, flush=True)
         result = args.run(args)
     except BiodistilError as err:
         if debug:

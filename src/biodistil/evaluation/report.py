@@ -65,9 +65,10 @@ def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
 def _score_cell(summary: dict[str, Any] | None, statistic: str) -> str:
     if summary is None:
         return "–"
+    flag = " (degenerate)" if summary.get("degenerate") else ""
     if statistic == "median" or summary["n"] < 2:
-        return _pct(summary[statistic])
-    return f"{_pct(summary['mean'])} ± {_pct(summary['std'])}"
+        return _pct(summary[statistic]) + flag
+    return f"{_pct(summary['mean'])} ± {_pct(summary['std'])}{flag}"
 
 
 def family_table(data: ReportData) -> list[list[str]]:
@@ -183,6 +184,14 @@ def _blocks(data: ReportData, figures: list[tuple[Path, str]]) -> list[Block]:
                                                                         "max_length."))
     capped = [name for name, task in data.tasks.items() if task.get("max_examples")]
     notes = list(data.notes)
+    for model in data.models:
+        for task, summary in model.tasks.items():
+            if summary.get("degenerate"):
+                notes.append(f"{model.label} on {task} is marked (degenerate): {'; '.join(summary['degenerate'])} "
+                             "in at least one seed; the score does not reflect a trained model.")
+            if any(summary.get("markers_cut", {}).values()):
+                notes.append(f"{model.label} on {task}: relation examples whose entity markers did not all fit in "
+                             f"max_length (the window keeps the first): {summary['markers_cut']}.")
     if capped:
         notes.insert(0, f"Examples capped ({', '.join(capped)}): a smoke run, not comparable to published scores.")
     if notes:

@@ -41,7 +41,7 @@ from biodistil.methods.finetune import init_model_path
 from biodistil.models.loading import check_model
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
-from biodistil.tasks.prediction import prediction_rows
+from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.training.run import make_folder, run_stage, single_process
 
@@ -241,7 +241,8 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
         "model": cell.label, "task": task.name, "seed": cell.seed, "fold": cell.fold, "family": task.family,
         "metric": task.spec.metric, "headline": task.spec.headline_key,
         "score": outcome.test_scores[task.spec.headline_key], "test": outcome.test_scores,
-        "dev": outcome.dev_scores, "truncated_examples": outcome.truncated,
+        "dev": outcome.dev_scores, "truncated_examples": outcome.truncated, "markers_cut": outcome.markers_cut,
+        "degenerate": degenerate(task.spec, outcome.test_predictions),
         "unpredicted_words": outcome.test_predictions.filled_words, "test_examples": len(outcome.test_examples),
         "max_length_used": fit_length_to_model(task.spec, cell.path).max_length,
         "parameters": _parameters(outcome.model),
@@ -284,6 +285,8 @@ def summarize_task(records: list[dict[str, Any]], task: PlannedTask) -> dict[str
         "metrics_mean": {k: statistics.fmean(m[k] for m in per_seed.values()) for k in keys},
         "truncated_examples": _sum_counts(r["truncated_examples"] for r in records),
         "unpredicted_words": sum(r["unpredicted_words"] for r in records),
+        "markers_cut": _sum_counts(r.get("markers_cut", {}) for r in records),
+        "degenerate": sorted({r["degenerate"] for r in records if r.get("degenerate")}),
         "test_examples": records[0]["test_examples"],
     }
 
@@ -364,7 +367,12 @@ def _run_or_skip(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str) ->
     def fine_tune(resume: bool) -> None:
         print(f"{counter} {cell.describe()}: fine-tuning", flush=True)
         record = run_cell(cell, out, recipe, settings)
-        print(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}", flush=True)
+        flag = f" (degenerate: {record['degenerate']})" if record.get("degenerate") else ""
+        print(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}{flag}", flush=True)
+        cut = {split: n for split, n in record["truncated_examples"].items() if n}
+        if cut or record["unpredicted_words"]:
+            print(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
+                  f"{record['unpredicted_words']} (see the report's Long inputs)", flush=True)
 
     finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
     if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):

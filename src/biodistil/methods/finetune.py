@@ -7,8 +7,9 @@ classification share one path, built on `biodistil.tasks`: encode the split into
 `finetune_on_task` is shared by `finetune`, the `kd` baselines, studies, `evaluate` and the quick demo.
 """
 
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.tasks.encoding import collator_for, encode_split, fit_length_to_model, model_inputs
-from biodistil.tasks.prediction import Predictions, predict, write_predictions
+from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, write_predictions
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score, score_model
@@ -83,6 +84,7 @@ class FinetuneOutcome:
     test_predictions: Predictions
     test_examples: list[Example]
     truncated: dict[str, int]
+    markers_cut: dict[str, int] = field(default_factory=dict)  # relation examples whose markers did not all fit
 
 
 def finetune_on_task(
@@ -142,8 +144,9 @@ def finetune_on_task(
     dev_scores = evaluate_fn(ClassifierModule(model)) if evaluate_fn else {}
     predictions = predict(model, task, splits["test"], encoded["test"], collate, cfg.batch_size * 2)
     truncated = {name: split.truncated_examples for name, split in encoded.items()}
+    markers_cut = {name: split.markers_cut for name, split in encoded.items() if split.markers_cut}
     return FinetuneOutcome(model, tokenizer, trained, dev_scores, score(task, splits["test"], predictions),
-                           predictions, splits["test"], truncated)
+                           predictions, splits["test"], truncated, markers_cut)
 
 
 def init_model_path(name_or_path: str, layers: list[int] | None, run_dir: Path) -> str:
@@ -212,15 +215,23 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
                                recipe.task.max_examples, resume=run.resume)
     metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
                         "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
-                        "truncated_examples": outcome.truncated,
+                        "truncated_examples": outcome.truncated, "markers_cut": outcome.markers_cut,
+                        "unpredicted_words": outcome.test_predictions.filled_words,
+                        "degenerate": degenerate(task, outcome.test_predictions),
                         "wall_seconds": round(time.perf_counter() - started, 1)})
     if recipe.export.enabled:
         export_model(outcome.model, outcome.tokenizer, run.model_dir)
         metrics["model_dir"] = str(run.model_dir)
+    words = sum(len(e.tokens) for e in outcome.test_examples) if task.kind == "token_classification" else None
+    metrics["notes"] = notes = prediction_notes(task, outcome.test_predictions, outcome.truncated, words,
+                                                        outcome.markers_cut)
+    for note in notes:
+        print(f"Warning: {note}", file=sys.stderr, flush=True)
     write_predictions(run.path / "test_predictions.jsonl", outcome.test_examples, outcome.test_predictions)
     atomic_write_json(run.path / "metrics.json", metrics)
-    run.write_summary(metrics)
-    run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir))
+    run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir),
+                     [f"**Warning:** {note}" for note in notes])
+    run.write_summary(metrics)  # last: a summary marks the run finished
     return run.model_dir
 
 
@@ -230,5 +241,7 @@ def _report_rows(metrics: dict[str, Any], outcome: FinetuneOutcome, model_dir: P
     for name in ("dev", "test", "init"):
         if metrics[name]:
             rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in metrics[name].items())
+    if metrics["degenerate"]:
+        rows["test"] = f"{rows.get('test', '')} (degenerate: {metrics['degenerate']})"
     rows["model"] = f"`{model_dir}`" if "model_dir" in metrics else "not exported"
     return rows

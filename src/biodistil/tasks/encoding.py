@@ -3,11 +3,13 @@
 Token classification (NER, PICO) encodes each sentence as words, labels its sub-words by the task's policy
 ("first" or "all", `biodistil.data.alignment`) and, with `truncation: split`, cuts long sentences into windows
 of whole words; sequence and multi-label tasks encode one text (or a pair) with its target. Truncation is
-counted per split (`EncodedSplit.truncated_examples`), never silent. `origins` and `word_ids` keep the way back
-from features to examples and words (`biodistil.tasks.prediction`).
+counted per split (`EncodedSplit.truncated_examples`), never silent; a long relation example keeps the window
+around its entity markers (`window_around_markers`; those that cannot are counted in `markers_cut`). `origins`
+and `word_ids` keep the way back from features to examples and words (`biodistil.tasks.prediction`).
 """
 
 import inspect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,9 @@ from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.tasks.registry import TaskSpec
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# the entity markers of relation-extraction texts: @GENE$, @DRUG$, @DISEASE$, @CHEMICAL$ (BLURB), BC6ENTC and
+# BC6ENTG (ChemProt's blinded entities; BC6OTHER marks entities the label is not about)
+ENTITY_MARKERS = re.compile(r"@[A-Z][A-Z_]*\$|\bBC6ENT[A-Z]\b")
 
 
 @dataclass
@@ -32,6 +37,7 @@ class EncodedSplit:
     origins: list[tuple[int, int]]
     word_ids: list[list[int | None]] = field(default_factory=list)
     truncated_examples: int = 0  # examples that lost words or text to truncation
+    markers_cut: int = 0  # relation examples whose entity markers do not all fit in one window
 
     def __len__(self) -> int:
         return len(self.features)
@@ -81,15 +87,40 @@ def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) ->
     encoded = EncodedSplit([], [])
     for index, example in enumerate(examples):
         full = tokenizer(example.text, example.text_pair, truncation=False)
+        text = example.text
         if len(full["input_ids"]) > task.max_length:
             encoded.truncated_examples += 1
+            if example.text_pair is None and ENTITY_MARKERS.search(text):
+                text, kept = window_around_markers(text, tokenizer, task.max_length)
+                encoded.markers_cut += not kept
         # longest_first cuts the longer segment (the passage of a QA pair) first, and never fails on a long question
-        enc = tokenizer(example.text, example.text_pair, truncation="longest_first", max_length=task.max_length)
+        enc = tokenizer(text, example.text_pair, truncation="longest_first", max_length=task.max_length)
         feature = {k: list(v) for k, v in enc.items()}
         feature["labels"] = _target(task, example)
         encoded.features.append(feature)
         encoded.origins.append((index, 0))
     return encoded
+
+
+def window_around_markers(text: str, tokenizer, max_length: int) -> tuple[str, bool]:
+    """The part of a long relation example that fits `max_length` tokens and holds its entity markers (@GENE$,
+    @DRUG$, ChemProt's BC6ENTC/BC6ENTG ...), centred on them, cut at word starts; and whether every marker fits.
+    When they are too far apart, the window starts at the first marker."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    spans = [m.span() for m in ENTITY_MARKERS.finditer(text)]
+    marked = [i for i, (a, b) in enumerate(offsets) if any(a < end and b > start for start, end in spans)]
+    room = max_length - tokenizer.num_special_tokens_to_add(pair=False) - 2  # margin: re-tokenising may differ
+    first, last = marked[0], marked[-1] + 1
+    kept = last - first <= room
+    start = max(0, min(first - (room - (last - first)) // 2, len(offsets) - room)) if kept else first
+    while start > 0 and offsets[start][0] > 0 and not text[offsets[start][0] - 1].isspace():
+        start -= 1  # whole words only
+    end = min(len(offsets), start + room)
+    while end < len(offsets) and end > start + 1 and offsets[end][0] > 0 and \
+            not text[offsets[end][0] - 1].isspace():
+        end -= 1
+    return text[offsets[start][0]:offsets[end - 1][1]], kept
 
 
 def _target(task: TaskSpec, example: TextExample) -> Any:

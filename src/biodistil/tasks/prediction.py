@@ -82,14 +82,19 @@ def degenerate(task: TaskSpec, predictions: Predictions) -> str:
 
 
 def prediction_notes(task: TaskSpec, predictions: Predictions, truncated: dict[str, int],
-                     words: int | None = None) -> list[str]:
-    """Warnings that belong beside a score: long examples cut by truncation, test words left without a
-    prediction (scored as O), degenerate predictions."""
+                     words: int | None = None, markers_cut: dict[str, int] | None = None) -> list[str]:
+    """Warnings that belong beside a score: long examples cut by truncation, relation examples whose entity
+    markers did not all fit, test words left without a prediction (scored as O), degenerate predictions."""
     notes = []
     cut = {split: count for split, count in truncated.items() if count}
     if cut:
-        notes.append(f"Long examples ({task.truncation} at {task.max_length} tokens): "
+        kept = " (relation examples: the window around their entity markers)" if task.kind != (
+            "token_classification") else ""
+        notes.append(f"Long examples cut to {task.max_length} tokens{kept}: "
                      + ", ".join(f"{count} {split}" for split, count in cut.items()))
+    if markers_cut:
+        notes.append("Relation examples whose entity markers are further apart than max_length (the window keeps "
+                     "the first marker): " + ", ".join(f"{count} {split}" for split, count in markers_cut.items()))
     if predictions.filled_words:
         total = f" of {words}" if words else ""
         notes.append(f"{predictions.filled_words}{total} test words were cut off by truncation: no prediction, "

@@ -15,6 +15,8 @@ a split: `biodistil.tasks.splits.read_split`.
 """
 
 import functools
+import inspect
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -149,6 +151,15 @@ class TaskSpec(BaseModel):
                 f"metric_options {sorted(unknown)} unknown to '{self.metric}' "
                 f"(accepted: {list(METRICS[self.metric].options)})"
             )
+        if "negative_labels" in METRICS[self.metric].options and self.labels:
+            default = inspect.signature(METRICS[self.metric].function).parameters["negative_labels"].default
+            negatives = [str(n) for n in self.metric_options.get("negative_labels", default)]
+            if not set(negatives) & set(self.labels):
+                raise ValueError(
+                    f"metric '{self.metric}' leaves out the negative class {negatives}, which is not among the labels "
+                    f"{self.labels}; set metric_options.negative_labels to the task's negative label(s), or it "
+                    "would be scored as a positive class"
+                )
 
     def _check_files(self) -> None:
         if not self.files:
@@ -272,6 +283,12 @@ class TaskSpec(BaseModel):
                 return self.load_hub_split(split, local_error=str(err))
             raise
         examples = read_examples(self.format, path, **self._reader_options())
+        if not examples and split in ("train", "test"):
+            raise BiodistilError(f"{path}: the {split} file of task '{self.name}' holds no examples (expected "
+                                 f"{self.format} records); check the file, or the task's files.{split}")
+        if not examples:
+            print(f"Warning: {path}: the {split} file of task '{self.name}' holds no examples; no model selection "
+                  "on it (the last step's weights are kept)", file=sys.stderr, flush=True)
         self.check_labels(examples, path)
         return examples
 
