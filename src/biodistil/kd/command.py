@@ -10,6 +10,7 @@ and the share of the gap it closes, (S − S_init)/(T − S_init), is reported.
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,7 +49,7 @@ from biodistil.kd.transfer import (
 from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
 from biodistil.models.loading import check_model, load_tokenizer
 from biodistil.tasks.encoding import collator_for, fit_length_to_model
-from biodistil.tasks.prediction import write_predictions
+from biodistil.tasks.prediction import degenerate, prediction_notes, write_predictions
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
@@ -91,8 +92,9 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     report["wall_seconds"] = round(time.perf_counter() - started, 1)  # this invocation (a resumed run: since resume)
     report = jsonable(report)
     atomic_write_json(run.path / "metrics.json", report)
-    run.write_summary(report)
-    run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report))
+    run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
+                     [f"**Warning:** {note}" for note in report.get("notes", [])])
+    run.write_summary(report)  # last: a summary marks the run finished
     return run.model_dir
 
 
@@ -259,8 +261,13 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
     write_predictions(run_dir / "test_predictions.jsonl", test, scored.predictions)
     teacher = teacher_test_scores(recipe.teacher.name_or_path, task, test, recipe.kd.cache_dir,
                                   recipe.train.batch_size * 2)
+    words = sum(len(e.tokens) for e in test) if task.kind == "token_classification" else None
+    notes = prediction_notes(task, scored.predictions, {"test": scored.truncated_examples}, words)
+    for note in notes:
+        print(f"Warning: {note}", file=sys.stderr, flush=True)
     return {"test": scores, "init": init_scores, "teacher": teacher,
-            "gap_closed": gap_closed(scores, init_scores, teacher)}
+            "gap_closed": gap_closed(scores, init_scores, teacher),
+            "degenerate": degenerate(task, scored.predictions), "notes": notes}
 
 
 def _report_rows(report: dict[str, Any]) -> dict[str, object]:
@@ -273,6 +280,8 @@ def _report_rows(report: dict[str, Any]) -> dict[str, object]:
             rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in report[name].items())
     if "meta" in report:
         rows["meta"] = ", ".join(f"{k} {number(v):.4g}" for k, v in report["meta"].items())
+    if report.get("degenerate"):
+        rows["test"] = f"{rows['test']} (degenerate: {report['degenerate']})"
     rows["model"] = f"`{report['model_dir']}`" if "model_dir" in report else "not exported"
     return rows
 
