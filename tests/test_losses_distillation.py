@@ -85,3 +85,40 @@ def test_soft_kl_gives_a_teacher_that_takes_gradients_its_gradient():
     kl = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
     expected = [2 * 0.75 * (math.log(1.5) - kl), 2 * 0.25 * (math.log(0.5) - kl)]
     assert teacher.grad[0].tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def topk_of(probabilities: list[float], k: int, temperature: float):
+    """A teacher as a cache stores it: top-k logits (here log-probabilities), their ids, the log-normaliser at T."""
+    log_p = torch.tensor([probabilities]).log()
+    values, ids = log_p.topk(k, dim=-1)
+    return values, ids, torch.logsumexp(log_p / temperature, -1)
+
+
+def test_topk_kl_is_the_kl_of_the_buckets():
+    from biodistil.losses.distillation import topk_kl_loss
+
+    # teacher [0.5, 0.25, 0.2, 0.05], student uniform, T = 1, k = 2: buckets q = [1/2, 1/4 | tail 1/4] and
+    # p = [1/4, 1/4 | tail 1/2]: KL = 1/2·ln 2 + 0 + 1/4·ln(1/2) = ln 2 / 4
+    teacher = [0.5, 0.25, 0.2, 0.05]
+    loss = topk_kl_loss(torch.zeros(1, 4), *topk_of(teacher, 2, 1.0), temperature=1.0)
+    assert loss.item() == pytest.approx(math.log(2) / 4, rel=1e-5)
+    # the full KL is larger by q_tail·KL(teacher tail [0.8, 0.2] ‖ student tail [0.5, 0.5])
+    full = soft_kl_loss(torch.zeros(1, 4), torch.tensor([teacher]).log(), temperature=1.0)
+    missing = 0.25 * (0.8 * math.log(1.6) + 0.2 * math.log(0.4))
+    assert full.item() - loss.item() == pytest.approx(missing, rel=1e-4)
+
+
+def test_topk_kl_with_temperature_and_every_token_kept_is_the_full_kl():
+    from biodistil.losses.distillation import topk_kl_loss
+
+    # T = 2: the tempered teacher is ∝ sqrt(p); with k = V no tail is left and the estimator is exact
+    teacher, student = [0.5, 0.25, 0.2, 0.05], torch.tensor([[0.3, -1.0, 2.0, 0.0]], requires_grad=True)
+    loss = topk_kl_loss(student, *topk_of(teacher, 4, 2.0), temperature=2.0)
+    tempered = torch.tensor(teacher).sqrt() / torch.tensor(teacher).sqrt().sum()
+    p = torch.softmax(student.detach() / 2, -1)[0]
+    expected = 4 * float((tempered * (tempered / p).log()).sum())
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    assert torch.isfinite(student.grad).all(), "an empty tail gives no NaN gradient"
+    # the gradient is the full KL's: T·(p_S − q)
+    assert student.grad[0].tolist() == pytest.approx((2 * (p - tempered)).tolist(), abs=1e-6)

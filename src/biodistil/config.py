@@ -318,6 +318,17 @@ class PretrainRecipe(Section):
     export: ExportConfig = Field(default_factory=ExportConfig)
 
 
+class TeacherCacheConfig(Section):
+    """Distil from a cache of the teacher's outputs (`biodistil cache-teacher`, or built by `distill` first): per
+    block and mask pattern, its top-k logits at the masked positions and the hidden states the terms read. Needs
+    static masks (masking.duplication); `logit_kl` then becomes the KL over the top-k tokens and a tail bucket."""
+
+    top_k: int = Field(64, ge=1, description="teacher logits kept per masked position")
+    dir: str | None = Field(None, description="cache folder; default ~/.cache/biodistil/teacher-mlm")
+    shard_blocks: int = Field(512, ge=1, description="blocks per shard (one file, written atomically)")
+    batch_size: int = Field(32, ge=1, description="blocks per teacher batch while building")
+
+
 class DistillRecipe(Section):
     """`biodistil distill`: task-agnostic distillation of a masked-LM teacher into a student."""
 
@@ -329,12 +340,20 @@ class DistillRecipe(Section):
     objective: ObjectiveConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    teacher_cache: TeacherCacheConfig | None = Field(
+        None, description="distil from cached teacher outputs instead of running the teacher (needs "
+        "masking.duplication)")
 
     @model_validator(mode="after")
     def _static_masks_fit(self) -> DistillRecipe:
         if self.masking.duplication is not None and self.student.vocab_expansion is not None:
             raise ValueError("masking.duplication (static masks) does not apply to VE-KD (student.vocab_expansion), "
                              "whose masking covers the new tokens batch by batch")
+        if self.teacher_cache is not None and self.masking.duplication is None:
+            raise ValueError("teacher_cache needs static masks, whose outputs can be stored: set masking.duplication "
+                             "(mask patterns per block, e.g. 4)")
+        if self.teacher_cache is not None and self.data.hub_dataset:
+            raise ValueError("teacher_cache needs corpus files (data.train), not data.hub_dataset")
         return self
 
 

@@ -26,6 +26,13 @@ def _distill(args: argparse.Namespace) -> object:
     return run_recipe(DistillRecipe, run_distill, args)
 
 
+def _cache_teacher(args: argparse.Namespace) -> object:
+    from biodistil.config import DistillRecipe, load_recipe
+    from biodistil.methods.task_agnostic import run_cache_teacher
+
+    return run_cache_teacher(load_recipe(DistillRecipe, args.recipe, recipe_overrides(args)))
+
+
 def _pipeline(args: argparse.Namespace) -> object:
     from pathlib import Path
 
@@ -56,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "pretrain", "MLM pre-training: from scratch with a corpus vocabulary, or continual", _pretrain
     )
     add_recipe_command(sub, "distill", "Task-agnostic distillation of a masked-LM teacher into a student", _distill)
+    add_recipe_command(
+        sub, "cache-teacher", "Store a distill recipe's teacher outputs (top-k logits, hidden states) per block and "
+        "mask pattern, so that distill runs without the teacher (the recipe's teacher_cache section); an "
+        "interrupted build continues when run again", _cache_teacher, resume=False, stop_after=False)
     add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill stages in order", _pipeline,
                        stop_after=False)
     demo = sub.add_parser(

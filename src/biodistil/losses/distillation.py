@@ -71,6 +71,45 @@ class _ChunkedSoftKL(torch.autograd.Function):
         return grad * grad_output.to(grad.dtype), None, None
 
 
+def topk_kl_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_ids: torch.Tensor,
+    teacher_log_norm: torch.Tensor, temperature: float = 1.0,
+) -> torch.Tensor:
+    """T²·KL over k+1 buckets: the teacher's k most probable tokens and the rest of the vocabulary as one tail.
+
+    The teacher arrives as a cache stores it, per row: its logits `teacher_logits` [N, k] of its top-k tokens
+    `teacher_ids` [N, k] (shifted by any per-row constant, e.g. minus the largest logit) and `teacher_log_norm` [N] =
+    log Σ_j exp(z_j / T) over the whole vocabulary (the same shift), so that q_i = exp(z_i / T − log_norm) is exactly
+    softmax(z_T/T)_i. Buckets: q_i for the k tokens and q_tail = max(1 − Σ_i q_i, 0), renormalised to sum 1 (16-bit
+    storage rounds); the student's are p_i = softmax(z_S/T)_i and p_tail = Σ_{j ∉ top-k} softmax(z_S/T)_j (a
+    log-sum-exp over the tail):
+
+        L = T²·(1/N)·Σ_rows [Σ_i q_i·log(q_i / p_i) + q_tail·log(q_tail / p_tail)].
+
+    By the chain rule of the KL, L = T²·KL(full) − T²·q_tail·KL(q(·|tail) ‖ p(·|tail)): the estimator misses only
+    the KL inside the tail, weighted by the teacher's tail mass, so it never exceeds the full KL.
+    """
+    if student_logits.numel() == 0:
+        return student_logits.sum() * 0.0
+    t = float(temperature)
+    scaled = student_logits.float() / t
+    log_z = torch.logsumexp(scaled, -1, keepdim=True)
+    ids = teacher_ids.long()
+    log_p = scaled.gather(-1, ids) - log_z
+    q = (teacher_logits.float() / t - teacher_log_norm.float().unsqueeze(-1)).exp()
+    tail_term = 0.0
+    if ids.size(-1) < scaled.size(-1):  # a tail bucket (none when the k tokens are the whole vocabulary)
+        q_tail = (1.0 - q.sum(-1)).clamp(min=0.0)
+        total = q.sum(-1) + q_tail
+        q, q_tail = q / total.unsqueeze(-1), q_tail / total
+        log_p_tail = torch.logsumexp(scaled.scatter(-1, ids, float("-inf")), -1) - log_z.squeeze(-1)
+        tail_term = torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
+    else:
+        q = q / q.sum(-1, keepdim=True)
+    kl = (torch.xlogy(q, q) - q * log_p).sum(-1) + tail_term
+    return kl.mean() * t * t
+
+
 def tempered_log_probs(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

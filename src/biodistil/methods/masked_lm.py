@@ -4,8 +4,6 @@ Both train a `MaskedLMModule` (student + objective) on masked corpus blocks with
 differ only in whether a teacher exists and which terms the objective holds.
 """
 
-from dataclasses import replace
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -13,46 +11,48 @@ from transformers import PreTrainedModel
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
-from biodistil.models.features import Features, extract_features
+from biodistil.methods.teacher_signal import OnlineTeacher, TeacherSignal
+from biodistil.models.features import extract_features
 
 
 class MaskedLMModule(nn.Module):
     """What the engine trains: the student and the objective's own parameters (projections).
 
-    The teacher is held by reference only, so it is never trained, checkpointed, or wrapped for
-    data-parallel training; it runs under `torch.inference_mode` in eval mode.
+    The teacher's outputs come from a teacher signal (`biodistil.methods.teacher_signal`): a teacher model (held by
+    reference only, so it is never trained, checkpointed, or wrapped for data-parallel training; it runs under
+    `torch.inference_mode` in eval mode) or a teacher cache. The module never asks which.
     """
 
     def __init__(
-        self, student: PreTrainedModel, objective: Objective, teacher: PreTrainedModel | None = None,
+        self, student: PreTrainedModel, objective: Objective, teacher: PreTrainedModel | TeacherSignal | None = None,
         shared_vocab: int | None = None,
     ):
         super().__init__()
         self.student = student
         self.objective = objective
         self.shared_vocab = shared_vocab  # VE-KD: the teacher's vocabulary size, a prefix of the student's
-        self._teacher = (teacher,)  # a tuple hides it from nn.Module registration
-        if teacher is not None:
-            freeze(teacher)
+        signal = OnlineTeacher(teacher) if isinstance(teacher, nn.Module) else teacher
+        self._signal = (signal,)  # a tuple hides the teacher from nn.Module registration
+        if signal is not None and signal.model is not None:
+            freeze(signal.model)
+
+    @property
+    def signal(self) -> TeacherSignal | None:
+        return self._signal[0]
 
     @property
     def teacher(self) -> PreTrainedModel | None:
-        return self._teacher[0]
+        return self.signal.model if self.signal is not None else None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One student pass and (without gradients) one teacher pass; the teacher reads `teacher_input_ids`
-        when the batch has them (VE-KD), else the student's ids."""
+        """One student pass and the teacher's outputs from its signal (no gradients)."""
         labels, attention = batch["labels"], batch["attention_mask"].bool()
         masks = position_masks(attention, labels, batch.get("new_tokens"))
         teacher_features = None
         if self.objective.needs_teacher:
-            teacher_batch = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"])}
-            with torch.inference_mode():
-                teacher_features = extract_features(
-                    self.teacher, teacher_batch, self.objective.teacher_request(),
-                    self.objective.logit_positions(masks, teacher=True),
-                )
-            teacher_features = outside_inference_mode(teacher_features)
+            teacher_features = self.signal.outputs(
+                batch, self.objective.teacher_request(), self.objective.logit_positions(masks, teacher=True)
+            )
         student_features = extract_features(
             self.student, batch, self.objective.student_request(), self.objective.logit_positions(masks)
         )
@@ -61,17 +61,6 @@ class MaskedLMModule(nn.Module):
             masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab,
         )
         return self.objective(inputs)
-
-
-def outside_inference_mode(features: Features) -> Features:
-    """Teacher features computed under `torch.inference_mode`, made usable by terms that save them for the backward
-    pass (hidden states, attention, Q/K/V: small copies). The logits, the one large tensor, stay as they are: the
-    logit terms only read them (`soft_kl_loss` keeps its own gradient, the others save tensors derived from them)."""
-    copy = lambda tensors: {key: value.clone() for key, value in tensors.items()}  # noqa: E731
-    return replace(
-        features, hidden=copy(features.hidden), attentions=copy(features.attentions),
-        attention_scores=copy(features.attention_scores), qkv={key: copy(value) for key, value in features.qkv.items()},
-    )
 
 
 def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:

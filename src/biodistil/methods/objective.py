@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.masking import IGNORE_INDEX
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss
+from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss, topk_kl_loss
 from biodistil.losses.layers import (
     attention_kl_loss,
     attention_mse_loss,
@@ -43,7 +43,7 @@ from biodistil.losses.task import logit_mse_loss, patient_kd_loss, sigmoid_kd_lo
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.models.attention import restrict_to_window
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, Features, TopKLogits, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 
 Pairs = tuple[tuple[int, int], ...]
@@ -90,11 +90,13 @@ class Term:
 
 @dataclass(frozen=True)
 class TermKind:
-    """A kind of loss term: which features it reads and how it is computed."""
+    """A kind of loss term: which features it reads and how it is computed; `cached`: whether it can read a teacher
+    cache instead of a running teacher (top-k logits at the masked positions, hidden states of mapped layers)."""
 
     needs_teacher: bool
     features: FeatureKind
     compute: Callable[["Objective", Term, TermInputs], torch.Tensor]
+    cached: bool = False
 
     def positions(self, cfg: TermConfig) -> str:
         return "masked" if cfg.loss == "mlm" else cfg.positions
@@ -111,14 +113,21 @@ def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Student and teacher logits at the term's positions, over the vocabulary both models share."""
     rows = x.masks[term.cfg.positions]
     student, teacher = x.student.logits_at(rows), x.teacher.logits_at(rows)
-    if x.shared_vocab is not None:
+    if x.shared_vocab is not None and not isinstance(teacher, TopKLogits):
         student, teacher = student[:, : x.shared_vocab], teacher[:, : x.shared_vocab]
     return student, teacher
 
 
 def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions."""
-    return soft_kl_loss(*_logit_rows(term, x), x.temperature)
+    """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions; from a teacher cache, the KL over the teacher's
+    top-k tokens and one tail bucket (`topk_kl_loss`)."""
+    student, teacher = _logit_rows(term, x)
+    if isinstance(teacher, TopKLogits):
+        if teacher.temperature != x.temperature:
+            raise BiodistilError(f"The teacher cache was built for temperature {teacher.temperature}, the objective "
+                                 f"uses {x.temperature}")
+        return topk_kl_loss(student, teacher.values, teacher.ids, teacher.log_norm, x.temperature)
+    return soft_kl_loss(student, teacher, x.temperature)
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
@@ -222,11 +231,11 @@ def _minilm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
 
 TERM_KINDS: dict[str, TermKind] = {
     "mlm": TermKind(False, "logits", _mlm),
-    "logit_kl": TermKind(True, "logits", _logit_kl),
+    "logit_kl": TermKind(True, "logits", _logit_kl, cached=True),
     "soft_ce": TermKind(True, "logits", _soft_ce),
     "logit_mse": TermKind(True, "logits", _logit_mse),
-    "hidden_cosine": TermKind(True, "hidden", _hidden(cosine_embedding_loss)),
-    "hidden_mse": TermKind(True, "hidden", _hidden(hidden_mse_loss)),
+    "hidden_cosine": TermKind(True, "hidden", _hidden(cosine_embedding_loss), cached=True),
+    "hidden_mse": TermKind(True, "hidden", _hidden(hidden_mse_loss), cached=True),
     "attention_mse": TermKind(True, "attention", _attention_mse),
     "attention_kl": TermKind(True, "attention", _attention_kl),
     "minilm_relations": TermKind(True, "qkv", _minilm),
@@ -286,6 +295,21 @@ class Objective(nn.Module):
 
     def teacher_request(self) -> FeatureRequest:
         return _merged(_request(t, teacher=True) for t in self.terms if TERM_KINDS[t.cfg.loss].needs_teacher)
+
+    def cache_request(self) -> FeatureRequest:
+        """What a teacher cache must hold for these terms (`teacher_request`), after checking that every teacher
+        term can read one: a cache keeps the top-k logits at the masked positions and hidden states."""
+        for term in self.terms:
+            kind = TERM_KINDS[term.cfg.loss]
+            if kind.needs_teacher and not kind.cached:
+                cacheable = sorted(name for name, k in TERM_KINDS.items() if k.cached)
+                raise BiodistilError(f"Objective term {term.cfg.loss} needs the running teacher ({kind.features}); a "
+                                     f"teacher cache serves {', '.join(cacheable)}. Remove teacher_cache or the term")
+            if kind.needs_teacher and kind.features == "logits" and term.cfg.positions != "masked":
+                raise BiodistilError(f"Objective term {term.cfg.loss} with positions: {term.cfg.positions}: a teacher "
+                                     "cache holds the teacher's logits at the masked positions only; use positions: "
+                                     "masked (DistilBERT's soft MLM) or remove teacher_cache")
+        return self.teacher_request()
 
     def logit_positions(self, masks: dict[str, torch.Tensor], teacher: bool = False) -> torch.Tensor | None:
         """Union of the positions of the terms that read this model's logits (None when none does). Every named

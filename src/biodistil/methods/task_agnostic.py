@@ -3,10 +3,12 @@
 recipe -> run folder -> tokenizer and models -> corpus blocks -> engine -> exported model -> report.
 """
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
+import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
@@ -14,11 +16,23 @@ from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, Ter
 from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits, resolve_corpus_files
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.data.vocab import train_wordpiece
+from biodistil.errors import BiodistilError
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, teacher_dtype
 from biodistil.methods.objective import Objective
+from biodistil.methods.teacher_cache import (
+    BuildReport,
+    Cache,
+    CacheReader,
+    CacheSpec,
+    build_cache,
+    cache_spec,
+    teacher_cache_root,
+)
+from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
+from biodistil.models.families import num_layers
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
@@ -26,68 +40,6 @@ from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult
 from biodistil.training.run import RunFolder
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])
-
-
-def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
-    if recipe.model.init == "continual":
-        tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
-        model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
-    else:
-        tokenizer = (load_tokenizer(recipe.model.tokenizer_name_or_path, recipe.model.trust_remote_code)
-                     if recipe.model.tokenizer_name_or_path else _corpus_tokenizer(recipe, run, accelerator))
-        model = model_from_architecture(recipe.model.architecture, tokenizer)
-    module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
-    result = _train(module, tokenizer, recipe, run, accelerator, run.resume, stop_after)
-    return _finish(run, module, tokenizer, result, accelerator, "MLM pre-training", stop_after)
-
-
-def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective."""
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
-    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
-    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
-    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
-    shared_vocab, prepare = None, None
-    if recipe.student.vocab_expansion is not None:  # VE-KD: the student reads an expanded vocabulary
-        student, tokenizer, shared_vocab = expanded_student(recipe, teacher, tokenizer, run.path, accelerator)
-        prepare = VocabExpansionMaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking, shared_vocab)
-        notes.append(f"Vocabulary expanded from {shared_vocab:,} to {len(tokenizer):,} tokens (VE-KD).")
-    else:
-        student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
-        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-    objective = Objective(recipe.objective, student, teacher)
-    teacher.to(accelerator.device, dtype=teacher_dtype(recipe.teacher.dtype, accelerator.device))
-    module = MaskedLMModule(student, objective, teacher, shared_vocab)
-    result = _train(module, tokenizer, recipe, run, accelerator, run.resume, stop_after, prepare)
-    return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
-
-
-def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> PreTrainedTokenizerBase:
-    """Train the WordPiece vocabulary once per run (kept in the run folder, so a resumed run reuses it)."""
-    folder = run.path / "tokenizer"
-    if accelerator.is_main_process and not (folder / "tokenizer.json").is_file():
-        cfg = recipe.model.tokenizer
-        files = resolve_corpus_files(recipe.data.train)
-        tokenizer = train_wordpiece(iter_lines(files, cfg.max_lines), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
-        atomic_directory(folder, tokenizer.save_pretrained)
-    accelerator.wait_for_everyone()
-    return load_tokenizer(str(folder))
-
-
-def _train(module, tokenizer, recipe, run: RunFolder, accelerator, resume: bool, stop_after: int | None,
-           prepare: PrepareBatch | None = None) -> TrainResult:
-    """Train on the corpus tokenised with `tokenizer`; `prepare` masks each batch (default: `MaskBatch`, or the
-    static masks of `masking.duplication`)."""
-    data = corpus_data(recipe, tokenizer, accelerator)
-    engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
-    return engine.fit(
-        module, data.train, data.collate, data.held_out, prepare_batch=prepare or data.prepare, resume=resume,
-        stop_after=stop_after,
-    )
 
 
 @dataclass
@@ -117,6 +69,168 @@ def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) 
         StaticMaskedBlocks(train, vocab, recipe.masking),
         None if held_out is None else StaticMaskedBlocks(held_out, vocab, recipe.masking, first),
         partial(collate_masked_blocks, pad_id=pad_id), None, first,
+    )
+
+
+def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    if recipe.model.init == "continual":
+        tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
+        model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
+    else:
+        tokenizer = (load_tokenizer(recipe.model.tokenizer_name_or_path, recipe.model.trust_remote_code)
+                     if recipe.model.tokenizer_name_or_path else _corpus_tokenizer(recipe, run, accelerator))
+        model = model_from_architecture(recipe.model.architecture, tokenizer)
+    module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
+    data = corpus_data(recipe, tokenizer, accelerator)
+    result = _train(module, data, recipe, run, accelerator, run.resume, stop_after)
+    return _finish(run, module, tokenizer, result, accelerator, "MLM pre-training", stop_after)
+
+
+def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective."""
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
+    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
+    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
+    shared_vocab, prepare = None, None
+    if recipe.student.vocab_expansion is not None:  # VE-KD: the student reads an expanded vocabulary
+        student, tokenizer, shared_vocab = expanded_student(recipe, teacher, tokenizer, run.path, accelerator)
+        prepare = VocabExpansionMaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking, shared_vocab)
+        notes.append(f"Vocabulary expanded from {shared_vocab:,} to {len(tokenizer):,} tokens (VE-KD).")
+    else:
+        student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
+        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+    objective = Objective(recipe.objective, student, teacher)
+    dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
+    data = corpus_data(recipe, tokenizer, accelerator)
+    signal: TeacherSignal = OnlineTeacher(teacher)
+    if recipe.teacher_cache is not None:  # the teacher runs once per (block, pattern), before training, if at all
+        caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
+        reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
+        notes.append(_cache_note(caches, reports))
+        signal = CachedTeacher(caches[0].reader(), caches[-1].reader() if data.held_out is not None else None)
+        data = replace(data, train=signal.data(data.train, data.collate)[0],
+                       held_out=None if data.held_out is None else signal.data(data.held_out, data.collate, True)[0],
+                       collate=signal.data(data.train, data.collate)[1])
+        del teacher
+    else:
+        teacher.to(accelerator.device, dtype=dtype)
+    module = MaskedLMModule(student, objective, signal, shared_vocab)
+    result = _train(module, replace(data, prepare=prepare or data.prepare), recipe, run, accelerator, run.resume,
+                    stop_after)
+    return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
+
+
+def run_cache_teacher(recipe: DistillRecipe) -> Path:
+    """`biodistil cache-teacher`: build (or complete) the teacher cache a distill recipe with `teacher_cache` reads,
+    every process writing its own shards; returns the training corpus's cache folder."""
+    if recipe.teacher_cache is None:
+        raise BiodistilError("cache-teacher needs a recipe with a teacher_cache section (and masking.duplication)")
+    accelerator = make_accelerator("no")
+    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
+    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
+    student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
+    check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+    objective = Objective(recipe.objective, student, teacher)
+    dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
+    data = corpus_data(recipe, tokenizer, accelerator)
+    caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
+    reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
+    if accelerator.is_main_process:
+        print(_cache_note(caches, reports))
+    return caches[0].cache.folder
+
+
+@dataclass
+class CorpusCache:
+    """A teacher cache over one corpus (training, or held-out files), the patterns a run reads from it, and the
+    corpus's blocks by index."""
+
+    cache: Cache
+    patterns: list[int]
+    blocks: Callable[[int], list[int]]
+
+    def reader(self) -> CacheReader:
+        return CacheReader(self.cache, self.patterns)
+
+
+def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer, objective: Objective,
+                   data: CorpusData, processes: int) -> list[CorpusCache]:
+    """The caches a run reads: the training corpus's (patterns 0 .. min(D, epochs of the run) − 1; pattern 0 of the
+    held-out blocks at its end too) and, when the held-out blocks come from other files, theirs (pattern 0)."""
+    cfg, request = recipe.teacher_cache, objective.cache_request()
+    root = teacher_cache_root(cfg.dir)
+    train, held_out = data.train.blocks, data.held_out.blocks if data.held_out is not None else None
+
+    def spec(files: list[str], max_lines: int | None, blocks: int) -> CacheSpec:
+        return cache_spec(teacher, dtype, tokenizer, files, max_lines, recipe.data.block_size, recipe.masking,
+                          request, cfg.top_k, recipe.objective.temperature, cfg.shard_blocks,
+                          num_layers(teacher.config), blocks)
+
+    per_epoch = max(1, len(train) // (recipe.train.batch_size * processes))
+    epochs = -(-recipe.train.max_steps * recipe.train.grad_accumulation // per_epoch)
+    patterns = list(range(min(recipe.masking.duplication, epochs)))
+    if recipe.data.eval:
+        caches = [CorpusCache(Cache(root, spec(recipe.data.train, recipe.data.max_lines, len(train))), patterns,
+                              lambda b: train[b]["input_ids"])]
+        if held_out is not None:
+            caches.append(CorpusCache(Cache(root, spec(recipe.data.eval, None, len(held_out))), [0],
+                                      lambda b: held_out[b]["input_ids"]))
+        return caches
+    size = len(train) + (len(held_out) if held_out is not None else 0)
+
+    def block(b: int) -> list[int]:
+        return train[b]["input_ids"] if b < len(train) else held_out[b - len(train)]["input_ids"]
+
+    return [CorpusCache(Cache(root, spec(recipe.data.train, recipe.data.max_lines, size)), patterns, block)]
+
+
+def _build(corpus: CorpusCache, teacher, dtype: torch.dtype, tokenizer, recipe: DistillRecipe,
+           accelerator) -> BuildReport:
+    """Build what the cache misses, the teacher on this process's device in `dtype` for the time of it."""
+    teacher.to(accelerator.device, dtype=dtype).eval()
+    return build_cache(
+        corpus.cache, teacher, corpus.blocks, MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking,
+        corpus.patterns, recipe.teacher_cache.batch_size, tokenizer.pad_token_id, accelerator.process_index,
+        accelerator.num_processes, accelerator.wait_for_everyone, recipe.train.progress_bar,
+    )
+
+
+def _cache_note(caches: list[CorpusCache], reports: list[BuildReport]) -> str:
+    parts = []
+    for corpus, report in zip(caches, reports, strict=True):
+        spec = corpus.cache.spec
+        size = corpus.cache.size_bytes(corpus.patterns)
+        tokens = spec.blocks * spec.block_size * len(corpus.patterns)  # every block but the last is full
+        parts.append(f"`{corpus.cache.folder}` (patterns {corpus.patterns}, {report.built} shards built here, "
+                     f"{report.reused} reused; {size / 2**20:,.1f} MiB, {size / tokens:,.0f} MB per million tokens and "
+                     "pattern)")
+    return "Teacher cache (top-k logits and hidden states instead of the teacher): " + "; ".join(parts) + "."
+
+
+def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> PreTrainedTokenizerBase:
+    """Train the WordPiece vocabulary once per run (kept in the run folder, so a resumed run reuses it)."""
+    folder = run.path / "tokenizer"
+    if accelerator.is_main_process and not (folder / "tokenizer.json").is_file():
+        cfg = recipe.model.tokenizer
+        files = resolve_corpus_files(recipe.data.train)
+        tokenizer = train_wordpiece(iter_lines(files, cfg.max_lines), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
+        atomic_directory(folder, tokenizer.save_pretrained)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(folder))
+
+
+def _train(module, data: CorpusData, recipe, run: RunFolder, accelerator, resume: bool,
+           stop_after: int | None) -> TrainResult:
+    """Train on the corpus data (`corpus_data`), masked by `data.prepare` or statically."""
+    engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
+    return engine.fit(
+        module, data.train, data.collate, data.held_out, prepare_batch=data.prepare, resume=resume,
+        stop_after=stop_after,
     )
 
 

@@ -41,14 +41,30 @@ class FeatureRequest:
 
 
 @dataclass
+class TopKLogits:
+    """A teacher's vocabulary distribution at N positions, as a teacher cache keeps it: the logits of its k most
+    probable tokens minus the row's largest logit, their ids, and the log-normaliser log Σ_j exp((z_j − max z) / T)
+    over the whole vocabulary at the cache's temperature T (see `biodistil.losses.distillation.topk_kl_loss`)."""
+
+    values: torch.Tensor  # [N, k]
+    ids: torch.Tensor  # [N, k]
+    log_norm: torch.Tensor  # [N]
+    temperature: float
+
+    def __getitem__(self, rows: torch.Tensor) -> "TopKLogits":
+        return TopKLogits(self.values[rows], self.ids[rows], self.log_norm[rows], self.temperature)
+
+
+@dataclass
 class Features:
     """What a forward pass returned, keyed by non-negative layer index.
 
-    `logits` has one row per True entry of `positions` ([B, L] bool, row-major order).
+    `logits` has one row per True entry of `positions` ([B, L] bool, row-major order): vocabulary logits, or a
+    cached teacher's top-k (`TopKLogits`).
     """
 
     hidden: dict[int, torch.Tensor]
-    logits: torch.Tensor | None
+    logits: torch.Tensor | TopKLogits | None
     num_layers: int
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] probabilities
     # {"q", "k", "v"} -> [B, L, H·d], heads concatenated; Q and K after the rotary embedding in rotary families
@@ -68,7 +84,7 @@ class Features:
     def qkv_at(self, index: int) -> dict[str, torch.Tensor]:
         return self.qkv[normalise_block(index, self.num_layers)]
 
-    def logits_at(self, mask: torch.Tensor) -> torch.Tensor:
+    def logits_at(self, mask: torch.Tensor) -> torch.Tensor | TopKLogits:
         """Logit rows at the True entries of `mask` [B, L], which must lie within `positions`."""
         if self.logits is None or self.positions is None:
             raise ValueError("no logits were computed")

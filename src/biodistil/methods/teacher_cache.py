@@ -1,0 +1,353 @@
+"""A cache of a masked-LM teacher's outputs over a corpus: task-agnostic distillation without running the teacher.
+
+The teacher's outputs depend on the masked input, so an entry belongs to one (block, mask pattern) of static masking
+(`biodistil.data.masking.StaticMaskedBlocks`: pattern p of block b is drawn from (masking seed, b, p) alone). An
+entry holds, for every masked position of the block, the teacher's top-k logits minus the position's largest logit
+(float16: near 0, where the mass is, they are most precise) and their token ids (int32), and the log-normaliser
+log Σ_j exp((z_j − max z) / T) over the whole vocabulary at the objective's temperature (float32), from which
+`topk_kl_loss` recovers the teacher's exact tempered probabilities of the k tokens and its tail mass; and, when the
+objective's terms read them, the teacher's hidden states of the mapped layers at every position (bfloat16, stored as
+their 16-bit patterns).
+
+Layout of `<teacher_cache.dir>/<key>/`: `key.json` (what the key was made of), and per pattern p
+`pattern-<p>/shard-<s>.arrow` (Arrow IPC files, memory-mapped when read: one row per block, blocks s·S .. (s+1)·S − 1
+of the corpus, S = `shard_blocks`) and `pattern-<p>/complete.json` (written once every shard of the pattern exists).
+The key is a hash of the teacher's weights and dtype, the tokenizer, the corpus files, the block size, the masking
+settings and seed, k, the temperature and the cached layers: a change of any of them gives another folder (a rebuild).
+Each shard is written to a temporary file and renamed into place, so a shard either exists whole or not at all;
+`build_cache` writes only the shards that are missing or unreadable (an interrupted build resumes), each process
+taking the shards s ≡ rank (mod processes). A reader refuses a pattern without `complete.json` or with a missing,
+truncated or foreign shard, naming it: a partial cache is never used.
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from biodistil.config import MaskingConfig
+from biodistil.data.corpus import corpus_fingerprint, default_cache_dir, resolve_corpus_files, tokenizer_fingerprint
+from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, static_mask
+from biodistil.errors import BiodistilError
+from biodistil.io import atomic_write_json
+from biodistil.models.features import FeatureRequest, TopKLogits, extract_features
+
+CACHE_VERSION = 2
+TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm")
+
+
+def teacher_cache_root(explicit: str | Path | None = None) -> Path:
+    """`teacher_cache.dir`, else ~/.cache/biodistil/teacher-mlm (or $BIODISTIL_CACHE/teacher-mlm)."""
+    return Path(explicit).expanduser() if explicit else default_cache_dir().parent / "teacher-mlm"
+
+
+def weights_fingerprint(model: PreTrainedModel) -> str:
+    """sha256 of a model's configuration and every tensor of its state (names, shapes, dtypes and bytes)."""
+    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())
+        digest.update((data.view(torch.int16) if data.dtype == torch.bfloat16 else data).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """What one cache holds and how it is laid out; `key()` names its folder."""
+
+    teacher: str  # weights_fingerprint of the teacher
+    teacher_dtype: str
+    teacher_layers: int
+    tokenizer: str
+    corpus: str  # corpus_fingerprint of the source files (and max_lines)
+    block_size: int
+    masking: dict[str, Any]
+    top_k: int
+    temperature: float
+    hidden_layers: tuple[int, ...]  # hidden-state indices 0..teacher_layers
+    logits: bool
+    shard_blocks: int
+    blocks: int  # blocks of the corpus (the held-out ones at its end included)
+
+    def key(self) -> str:
+        payload = json.dumps({**self.__dict__, "version": CACHE_VERSION}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase, files: list[str],
+               max_lines: int | None, block_size: int, masking: MaskingConfig, request: FeatureRequest, top_k: int,
+               temperature: float, shard_blocks: int, teacher_layers: int, blocks: int) -> CacheSpec:
+    """The spec of the cache of `teacher` over the corpus `files` for a cache request (`Objective.cache_request`)."""
+    settings = masking.model_dump(include={"probability", "mask_ratio", "random_ratio", "whole_word", "seed"})
+    layers = tuple(sorted(index + teacher_layers + 1 if index < 0 else index for index in request.hidden))
+    return CacheSpec(
+        teacher=weights_fingerprint(teacher), teacher_dtype=str(dtype).removeprefix("torch."),
+        teacher_layers=teacher_layers, tokenizer=tokenizer_fingerprint(tokenizer),
+        corpus=corpus_fingerprint(resolve_corpus_files(files), max_lines), block_size=block_size, masking=settings,
+        top_k=top_k, temperature=float(temperature), hidden_layers=layers, logits=request.logits,
+        shard_blocks=shard_blocks, blocks=blocks,
+    )
+
+
+@dataclass(frozen=True)
+class Cache:
+    """One cache folder: `root`/<the spec's key>."""
+
+    root: Path
+    spec: CacheSpec
+
+    @property
+    def blocks(self) -> int:
+        return self.spec.blocks
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.spec.key()
+
+    @property
+    def shards(self) -> int:
+        return -(-self.blocks // self.spec.shard_blocks)
+
+    def shard_path(self, pattern: int, shard: int) -> Path:
+        return self.folder / f"pattern-{pattern}" / f"shard-{shard:05d}.arrow"
+
+    def shard_range(self, shard: int) -> range:
+        start = shard * self.spec.shard_blocks
+        return range(start, min(start + self.spec.shard_blocks, self.blocks))
+
+    def complete(self, pattern: int) -> bool:
+        return (self.folder / f"pattern-{pattern}" / "complete.json").is_file()
+
+    def schema(self, rank: int = 0) -> pa.Schema:
+        fields = [pa.field("block", pa.int64()), pa.field("positions", pa.list_(pa.int16()))]
+        if self.spec.logits:
+            fields += [pa.field("topk_logits", pa.list_(pa.float16())), pa.field("topk_ids", pa.list_(pa.int32())),
+                       pa.field("log_norm", pa.list_(pa.float32()))]
+        fields += [pa.field(f"hidden_{layer}", pa.list_(pa.int16())) for layer in self.spec.hidden_layers]
+        return pa.schema(fields, metadata={"key": self.spec.key(), "rank": str(rank)})
+
+    def check_shard(self, pattern: int, shard: int) -> str | None:
+        """Why the shard cannot be used (missing, unreadable, another cache's, wrong size), or None."""
+        path = self.shard_path(pattern, shard)
+        if not path.is_file():
+            return f"{path} is missing"
+        try:
+            with pa.memory_map(str(path)) as source:
+                reader = pa.ipc.open_file(source)
+                key = (reader.schema.metadata or {}).get(b"key", b"").decode()
+                rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        except (pa.ArrowInvalid, OSError) as err:
+            return f"{path} is unreadable or truncated ({err})"
+        if key != self.spec.key():
+            return f"{path} belongs to another cache (key {key or 'none'})"
+        if rows != len(self.shard_range(shard)):
+            return f"{path} holds {rows} blocks, expected {len(self.shard_range(shard))}"
+        return None
+
+    def size_bytes(self, patterns: Sequence[int]) -> int:
+        return sum(self.shard_path(p, s).stat().st_size for p in patterns for s in range(self.shards)
+                   if self.shard_path(p, s).is_file())
+
+
+# ----------------------------------------------------------------------------------------------- writing
+@dataclass
+class BuildReport:
+    built: int = 0
+    reused: int = 0
+
+
+def build_cache(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int], Sequence[int]],
+                vocab: MaskingVocabulary, masking: MaskingConfig, patterns: Sequence[int], batch_size: int,
+                pad_id: int, rank: int = 0, processes: int = 1, barrier: Callable[[], None] = lambda: None,
+                progress: bool = True, stop_after_shards: int | None = None) -> BuildReport:
+    """Write the shards of `patterns` that are missing or unusable; this process takes shards s ≡ rank (mod
+    processes). `blocks(b)` gives block b's token ids. After every process is done (`barrier`), the main process
+    checks each pattern's shards and marks it complete. `stop_after_shards` stops after writing that many (tests of
+    an interrupted build)."""
+    report = BuildReport()
+    if rank == 0:
+        cache.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache.folder / "key.json", {**cache.spec.__dict__, "version": CACHE_VERSION})
+    barrier()
+    todo = [(p, s) for p in patterns for s in range(rank, cache.shards, processes)
+            if not cache.complete(p) and cache.check_shard(p, s) is not None]
+    report.reused = sum(1 for p in patterns for s in range(rank, cache.shards, processes)) - len(todo)
+    for pattern, shard in tqdm(todo, desc="teacher cache", unit="shard", disable=not (progress and rank == 0)):
+        if stop_after_shards is not None and report.built >= stop_after_shards:
+            break
+        _write_shard(cache, teacher, blocks, vocab, masking, pattern, shard, batch_size, pad_id, rank)
+        report.built += 1
+    barrier()
+    if rank == 0 and stop_after_shards is None:
+        for pattern in patterns:
+            if cache.complete(pattern):
+                continue
+            problems = [why for s in range(cache.shards) if (why := cache.check_shard(pattern, s))]
+            if problems:
+                raise BiodistilError(f"Teacher cache {cache.folder}: pattern {pattern} is incomplete after building: "
+                                     f"{problems[0]}")
+            atomic_write_json(cache.folder / f"pattern-{pattern}" / "complete.json",
+                              {"pattern": pattern, "shards": cache.shards, "blocks": cache.blocks})
+    barrier()
+    return report
+
+
+@torch.inference_mode()
+def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int], Sequence[int]],
+                 vocab: MaskingVocabulary, masking: MaskingConfig, pattern: int, shard: int, batch_size: int,
+                 pad_id: int, rank: int) -> None:
+    spec = cache.spec
+    columns: dict[str, list[Any]] = {name: [] for name in cache.schema().names}
+    device = next(teacher.parameters()).device
+    request = FeatureRequest(hidden=set(spec.hidden_layers), logits=spec.logits)
+    numbers = list(cache.shard_range(shard))
+    for start in range(0, len(numbers), batch_size):
+        chunk = numbers[start:start + batch_size]
+        masked = [static_mask(blocks(b), vocab, masking, masking.seed, b, pattern) for b in chunk]
+        length = max(len(ids) for ids, _ in masked)
+        ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
+        labels = torch.full((len(chunk), length), IGNORE_INDEX, dtype=torch.long)
+        attention = torch.zeros((len(chunk), length), dtype=torch.long)
+        for row, (corrupted, target) in enumerate(masked):
+            ids[row, :len(corrupted)], labels[row, :len(target)], attention[row, :len(corrupted)] = corrupted, target, 1
+        positions = labels != IGNORE_INDEX
+        features = extract_features(teacher, {"input_ids": ids.to(device), "attention_mask": attention.to(device)},
+                                    request, positions.to(device))
+        counts = positions.sum(1).tolist()
+        if spec.logits:
+            logits = features.logits.float()
+            logits = logits - logits.max(dim=-1, keepdim=True).values
+            top = logits.topk(spec.top_k, dim=-1)
+            log_norm = torch.logsumexp(logits / spec.temperature, dim=-1)
+            values = top.values.to(torch.float16).cpu().split(counts)
+            top_ids = top.indices.to(torch.int32).cpu().split(counts)
+            norms = log_norm.cpu().split(counts)
+        for row, block in enumerate(chunk):
+            n = int(attention[row].sum())
+            columns["block"].append(block)
+            columns["positions"].append(positions[row].nonzero().squeeze(1).to(torch.int16).numpy())
+            if spec.logits:
+                columns["topk_logits"].append(values[row].reshape(-1).numpy())
+                columns["topk_ids"].append(top_ids[row].reshape(-1).numpy())
+                columns["log_norm"].append(norms[row].numpy())
+            for layer in spec.hidden_layers:
+                state = features.hidden[layer][row, :n].to(torch.bfloat16).cpu().contiguous()
+                columns[f"hidden_{layer}"].append(state.view(torch.int16).reshape(-1).numpy())
+    schema = cache.schema(rank)
+    arrays = [pa.array(columns[field.name], type=field.type) for field in schema]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    path = cache.shard_path(pattern, shard)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    os.replace(temporary, path)
+
+
+# ----------------------------------------------------------------------------------------------- reading
+class CacheReader:
+    """The entries of a complete cache, read from memory-mapped shards (opened lazily, once per process)."""
+
+    def __init__(self, cache: Cache, patterns: Sequence[int]):
+        for pattern in patterns:
+            if not cache.complete(pattern):
+                raise BiodistilError(
+                    f"Teacher cache {cache.folder} has no complete pattern {pattern} (an interrupted or missing "
+                    "build); run `biodistil cache-teacher` with the recipe (it resumes) or `biodistil distill`, which "
+                    "builds what is missing first")
+            for shard in range(cache.shards):
+                if (why := cache.check_shard(pattern, shard)) is not None:
+                    raise BiodistilError(f"Teacher cache {cache.folder} is damaged: {why}; run `biodistil "
+                                         "cache-teacher` with the recipe to rebuild the shard")
+        self.cache = cache
+        self._open: dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # worker processes open their own memory maps
+        return {"cache": self.cache, "_open": {}}
+
+    def _shard(self, pattern: int, shard: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        key = (pattern, shard)
+        if key not in self._open:
+            source = pa.memory_map(str(self.cache.shard_path(pattern, shard)))
+            batch = pa.ipc.open_file(source).get_batch(0)
+            self._open[key] = {
+                name: (column.offsets.to_numpy(), column.values.to_numpy(zero_copy_only=True))
+                for name, column in zip(batch.schema.names, batch.columns, strict=True) if name != "block"
+            }
+        return self._open[key]
+
+    def entry(self, block: int, pattern: int) -> dict[str, np.ndarray]:
+        """The stored arrays of one (block, pattern), copied out of the memory map."""
+        shard, row = divmod(block, self.cache.spec.shard_blocks)
+        columns = self._shard(pattern, shard)
+        return {name: np.array(values[offsets[row]:offsets[row + 1]]) for name, (offsets, values) in columns.items()}
+
+
+class CachedBlocks(Dataset):
+    """Statically masked blocks with the teacher's cached outputs for their (block, pattern) attached."""
+
+    def __init__(self, blocks: Any, reader: CacheReader):
+        self.blocks, self.reader = blocks, reader
+        spec = reader.cache.spec
+        self.k, self.layers = spec.top_k, spec.hidden_layers
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.blocks.set_epoch(epoch)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.blocks[index]
+        entry = self.reader.entry(item["block"], item["pattern"])
+        masked = (item["labels"] != IGNORE_INDEX).nonzero().squeeze(1)
+        if not np.array_equal(entry["positions"], masked.numpy()):
+            raise BiodistilError(f"Teacher cache {self.reader.cache.folder}: block {item['block']}, pattern "
+                                 f"{item['pattern']} was masked differently from this run's masks")
+        out = dict(item)
+        if "topk_ids" in entry:
+            out["teacher_topk_logits"] = torch.from_numpy(entry["topk_logits"]).reshape(-1, self.k)
+            out["teacher_topk_ids"] = torch.from_numpy(entry["topk_ids"]).reshape(-1, self.k)
+            out["teacher_log_norm"] = torch.from_numpy(entry["log_norm"])
+        for layer in self.layers:
+            bits = torch.from_numpy(entry[f"hidden_{layer}"])
+            out[f"teacher_hidden_{layer}"] = bits.view(torch.bfloat16).reshape(len(item["input_ids"]), -1)
+        return out
+
+
+class CachedCollate:
+    """`collate` for the blocks, plus the teacher's outputs: top-k rows concatenated in row-major order of the masked
+    positions, hidden states padded to [B, L, D]."""
+
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]], layers: Sequence[int]):
+        self.collate, self.layers = collate, tuple(layers)
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        names = set(TEACHER_FIELDS) | {f"teacher_hidden_{layer}" for layer in self.layers}
+        batch = self.collate([{k: v for k, v in item.items() if k not in names} for item in items])
+        if "teacher_topk_ids" in items[0]:
+            for name in TEACHER_FIELDS:
+                batch[name] = torch.cat([item[name] for item in items])
+        length = batch["input_ids"].size(1)
+        for layer in self.layers:
+            states = [item[f"teacher_hidden_{layer}"] for item in items]
+            padded = states[0].new_zeros((len(states), length, states[0].size(-1)))
+            for row, state in enumerate(states):
+                padded[row, :len(state)] = state
+            batch[f"teacher_hidden_{layer}"] = padded
+        return batch
+
+
+def topk_rows(batch: dict[str, torch.Tensor], temperature: float) -> TopKLogits:
+    return TopKLogits(batch["teacher_topk_logits"], batch["teacher_topk_ids"], batch["teacher_log_norm"],
+                      temperature)

@@ -1,0 +1,203 @@
+"""The teacher cache of task-agnostic distillation: the same outputs as the running teacher, keys that rebuild,
+partial caches detected and completed, resume mid-cache and mid-training, two processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+import torch
+from numerics import perturbed
+from safetensors.torch import load_file
+
+from biodistil.config import DistillRecipe, validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.methods.masked_lm import MaskedLMModule
+from biodistil.methods.objective import Objective
+from biodistil.methods.task_agnostic import corpus_data, run_cache_teacher, run_distill, teacher_caches
+from biodistil.methods.teacher_cache import CacheReader, build_cache
+from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
+from biodistil.models.loading import load_masked_lm, load_tokenizer
+from biodistil.models.student import build_student
+
+TERMS = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
+         {"loss": "hidden_cosine"}]
+
+
+def cache_recipe(teacher_dir, corpus_file, tmp_path, out="run", top_k=16, **train) -> DistillRecipe:
+    """DistilBERT's triple loss (KL at the masked positions) from a cache, static masks with 2 patterns; 339 blocks
+    (322 for training: 40 batches of 8 per epoch), caches of 3 shards per pattern."""
+    return validate_recipe(DistillRecipe, {
+        "run": {"output_dir": str(tmp_path / out), "seed": 3},
+        "teacher": {"name_or_path": str(teacher_dir), "dtype": "float32"},
+        "student": {"init": "teacher_layers", "layers": [0, 2]},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(tmp_path / "corpus"),
+                 "eval_fraction": 0.05},
+        "masking": {"duplication": 2},
+        "objective": {"temperature": 2.0, "terms": TERMS},
+        "teacher_cache": {"top_k": top_k, "shard_blocks": 128, "dir": str(tmp_path / "cache")},
+        "train": {"max_steps": 50, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 10,
+                  "save_every": 10, "log_every": 5, "progress_bar": False, "tensorboard": False, **train},
+    })
+
+
+class Setup:
+    """What a distill run builds before training: teacher, tokenizer, objective, data and its caches."""
+
+    def __init__(self, recipe: DistillRecipe):
+        from biodistil.training.engine import make_accelerator
+
+        self.recipe = recipe
+        self.accelerator = make_accelerator("no")
+        self.tokenizer = load_tokenizer(recipe.teacher.name_or_path)
+        self.teacher = load_masked_lm(recipe.teacher.name_or_path)
+        self.student, _ = build_student(recipe.student, self.teacher, self.tokenizer)
+        self.objective = Objective(recipe.objective, self.student, self.teacher)
+        self.data = corpus_data(recipe, self.tokenizer, self.accelerator)
+        self.caches = teacher_caches(recipe, self.teacher, torch.float32, self.tokenizer, self.objective, self.data, 1)
+
+    def build(self, **options):
+        from biodistil.data.masking import MaskingVocabulary
+
+        corpus = self.caches[0]
+        return build_cache(corpus.cache, self.teacher, corpus.blocks, MaskingVocabulary.from_tokenizer(self.tokenizer),
+                           self.recipe.masking, corpus.patterns, 16, self.tokenizer.pad_token_id, progress=False,
+                           **options)
+
+
+def shard_bytes(cache, patterns):
+    return {(p, s): cache.shard_path(p, s).read_bytes() for p in patterns for s in range(cache.shards)}
+
+
+def test_cached_outputs_are_the_running_teachers(tmp_path, teacher_dir, corpus_file):
+    tokenizer = load_tokenizer(str(teacher_dir))
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path, top_k=len(tokenizer)))  # k = V: no tail
+    setup.build()
+    corpus = setup.caches[0]
+    assert corpus.patterns == [0, 1] and corpus.cache.shards == 3, "50 steps of 8 over 322 blocks: 2 epochs"
+    signal = CachedTeacher(corpus.reader())
+    dataset, collate = signal.data(setup.data.train, setup.data.collate)
+    dataset.set_epoch(1)
+    batch = collate([dataset[i] for i in (0, 5, 70, 300)])
+    assert batch["pattern"].tolist() == [1] * 4 and batch["block"].tolist() == [0, 5, 70, 300]
+    student = perturbed(setup.student, seed=1)  # a student clearly unlike its teacher: KL far above rounding
+    cached = MaskedLMModule(student, setup.objective, signal)
+    online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))
+    student.eval()  # no dropout: both passes see the same student
+    _, cached_logs = cached(batch)
+    _, online_logs = online({k: v for k, v in batch.items() if not k.startswith("teacher_")})
+    # top-k over the whole vocabulary is the full KL; hidden states stored in bfloat16 (8 bits of mantissa)
+    assert cached_logs["loss_logit_kl"].item() == pytest.approx(online_logs["loss_logit_kl"].item(), rel=1e-3)
+    assert cached_logs["loss_hidden_cosine"].item() == pytest.approx(online_logs["loss_hidden_cosine"].item(),
+                                                                     rel=2e-2, abs=1e-4)
+    assert cached_logs["loss_mlm"].item() == online_logs["loss_mlm"].item()
+
+
+def test_cache_distillation_trains_and_reports_the_cache(tmp_path, teacher_dir, corpus_file):
+    recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, max_steps=30)
+    model_dir = run_distill(recipe)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"] and {"loss_logit_kl", "grad_norm"} <= set(train[0])
+    assert [r["step"] for r in records if r["split"] == "eval"] == [10, 20, 30]
+    assert (model_dir / "model.safetensors").is_file()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Teacher cache" in report and "MB per million tokens" in report and "shards built here" in report
+    # a second student reuses the cache: nothing is built
+    again = run_distill(cache_recipe(teacher_dir, corpus_file, tmp_path, out="second", max_steps=30))
+    assert "0 shards built here" in (again.parent / "report.md").read_text()
+
+
+def test_a_changed_key_builds_another_cache(tmp_path, teacher_dir, corpus_file):
+    first = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    first.build()
+    for change in ({"top_k": 8}, {"masking": {"duplication": 2, "seed": 1}},
+                   {"objective": {"temperature": 1.0, "terms": TERMS}}):
+        recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, **{k: v for k, v in change.items() if k == "top_k"})
+        recipe = recipe.model_copy(update={k: type(getattr(recipe, k)).model_validate(v)
+                                           for k, v in change.items() if k != "top_k"})
+        other = Setup(recipe)
+        assert other.caches[0].cache.folder != first.caches[0].cache.folder, change
+        assert other.build().built == other.caches[0].cache.shards * 2, "every shard is built for the new key"
+    perturbed = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    with torch.no_grad():
+        perturbed.teacher.bert.embeddings.word_embeddings.weight[5, 0] += 1.0
+    perturbed.caches = teacher_caches(perturbed.recipe, perturbed.teacher, torch.float32, perturbed.tokenizer,
+                                      perturbed.objective, perturbed.data, 1)
+    assert perturbed.caches[0].cache.folder != first.caches[0].cache.folder, "other teacher weights, another key"
+    assert first.build().built == 0, "the first cache is still complete"
+
+
+def test_a_partial_cache_is_detected_and_completed(tmp_path, teacher_dir, corpus_file):
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    cache, patterns = setup.caches[0].cache, setup.caches[0].patterns
+    assert setup.build(stop_after_shards=2).built == 2, "an interrupted build (as after kill -9)"
+    with pytest.raises(BiodistilError, match="no complete pattern 0"):
+        CacheReader(cache, patterns)
+    assert setup.build().built == 2 * cache.shards - 2, "a second build writes only what is missing"
+    complete = shard_bytes(cache, patterns)
+    CacheReader(cache, patterns)
+    # damage: a truncated shard and a missing one are named, and rebuilding restores exactly those
+    truncated, missing = cache.shard_path(1, 0), cache.shard_path(0, 2)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow is unreadable or truncated"):
+        CacheReader(cache, patterns)
+    missing.unlink()
+    with pytest.raises(BiodistilError, match=r"pattern-0/shard-00002\.arrow is missing"):
+        CacheReader(cache, patterns)
+    for pattern in patterns:
+        (cache.folder / f"pattern-{pattern}" / "complete.json").unlink()
+    with pytest.raises(BiodistilError, match="no complete pattern"):
+        CacheReader(cache, patterns)
+    (cache.folder / "pattern-0" / ".shard-00001.arrow.123.tmp").write_bytes(b"partial write")  # left by a crash
+    assert setup.build().built == 2
+    assert shard_bytes(cache, patterns) == complete, "the rebuilt shards equal the first build's"
+    CacheReader(cache, patterns)
+
+
+def test_resume_from_cache_equals_an_uninterrupted_run(tmp_path, teacher_dir, corpus_file):
+    full = run_distill(cache_recipe(teacher_dir, corpus_file, tmp_path, out="full", max_steps=50))
+    cut = cache_recipe(teacher_dir, corpus_file, tmp_path, out="cut", max_steps=50)
+    run_distill(cut, stop_after=30)  # past the first epoch (40 batches): pattern 1 is read after resuming
+    resumed = run_distill(cut, resume=True)
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_terms_a_cache_cannot_serve_are_refused(tmp_path, teacher_dir, corpus_file):
+    recipe = cache_recipe(teacher_dir, corpus_file, tmp_path)
+    for terms, message in (([{"loss": "attention_mse", "student_layer": 1, "teacher_layer": 2}], "needs the running"),
+                           ([{"loss": "logit_kl", "positions": "all"}], "positions: all")):
+        changed = recipe.model_copy(update={"objective": recipe.objective.model_copy(
+            update={"terms": [type(recipe.objective.terms[0]).model_validate(t) for t in terms]})})
+        with pytest.raises(BiodistilError, match=message):
+            run_distill(changed.model_copy(update={"run": changed.run.model_copy(
+                update={"output_dir": str(tmp_path / message[:5])})}))
+    with pytest.raises(BiodistilError, match=r"masking\.duplication"):
+        validate_recipe(DistillRecipe, {**recipe.model_dump(mode="json"), "masking": {}})
+
+
+@pytest.mark.slow
+def test_two_processes_write_and_read_disjoint_shards(tmp_path, teacher_dir, corpus_file):
+    recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, out="ddp", max_steps=6, save_every=3, eval_every=3)
+    recipe = recipe.model_copy(update={"teacher_cache": recipe.teacher_cache.model_copy(update={"shard_blocks": 32})})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe.model_dump(mode="json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "biodistil"]
+    done = subprocess.run([*launch, "cache-teacher", str(path)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = next((tmp_path / "cache").iterdir())
+    shards = sorted((folder / "pattern-0").glob("shard-*.arrow"))
+    ranks = [pa.ipc.open_file(pa.memory_map(str(s))).schema.metadata[b"rank"].decode() for s in shards]
+    assert ranks == ["0", "1"] * (len(shards) // 2) + ["0"] * (len(shards) % 2), "shard s written by rank s mod 2"
+    done = subprocess.run([*launch, "distill", str(path)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 shards built here" in (tmp_path / "ddp" / "report.md").read_text()
+    assert (tmp_path / "ddp" / "model" / "model.safetensors").is_file()
+    assert run_cache_teacher(recipe) == folder, "complete: the command finds it and builds nothing"
