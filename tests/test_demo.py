@@ -68,9 +68,10 @@ def test_every_student_arm_of_the_real_demo_trains_the_same_number_of_steps(tmp_
 
 def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():
     def arm(mean: float, sd: float | None, seeds: int = 2) -> dict:
-        return {"f1_mean": mean, "f1_sd": sd, "seeds": seeds}
+        return {"model": f"model at {mean}", "f1_mean": mean, "f1_sd": sd, "seeds": seeds}
 
     assert "more than twice the seed spread" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
     assert "+0.040 F1" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
+    assert "model at 0.7 scores higher than the model at 0.66" in compare("q", arm(0.66, 0.005), arm(0.70, 0.01))
     assert "not a finding" in compare("q", arm(0.70, 0.03), arm(0.66, 0.005))
     assert "from one seed" in compare("q", arm(0.70, None, seeds=1), arm(0.60, 0.001))

@@ -280,5 +280,6 @@ def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str
     if abs(gain) <= 2 * spread:
         return (f"- {question}: {gain:+.3f} F1, within twice the seed spread (sd up to {spread:.3f}): not a finding "
                 "at this scale.")
+    better, worse = (first, second) if gain > 0 else (second, first)
     return (f"- {question}: {gain:+.3f} F1, more than twice the seed spread (sd up to {spread:.3f}, "
-            f"{first['seeds']} seeds).")
+            f"{first['seeds']} seeds): the {better['model']} scores higher than the {worse['model']}.")
