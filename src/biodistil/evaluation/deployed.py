@@ -26,7 +26,7 @@ from biodistil.export.runtime import OnnxModel, is_export_folder, read_descripti
 from biodistil.io import atomic_write_json, atomic_write_text
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import summarize_seeds
-from biodistil.tasks.prediction import prediction_rows
+from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import Scored, score_model
 from biodistil.tasks.splits import read_split
@@ -152,13 +152,15 @@ def _record(item: Deployed, task: TaskSpec, plan: ScoringPlan, scored: Scored, e
             "parameters": parameters, "task": task.name, "split": plan.split, "fold": plan.fold, "metric": task.metric,
             "headline": task.headline_key, "score": scored.scores[task.headline_key], "test": scored.scores,
             "truncated_examples": {plan.split: scored.truncated_examples},
-            "unpredicted_words": scored.predictions.filled_words, "test_examples": examples}
+            "unpredicted_words": scored.predictions.filled_words, "test_examples": examples,
+            "degenerate": degenerate(task, scored.predictions)}
 
 
 def _summary(record: dict[str, Any], family: str) -> dict[str, Any]:
     return {"family": family, "metric": record["metric"], "headline": record["headline"],
             **summarize_seeds([record["score"]]), "seeds": {}, "metrics_mean": record["test"],
             "truncated_examples": record["truncated_examples"], "unpredicted_words": record["unpredicted_words"],
+            "degenerate": [record["degenerate"]] if record.get("degenerate") else [],
             "test_examples": record["test_examples"]}
 
 
@@ -200,7 +202,8 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         atomic_write_text(cell / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         records.append(_record(item, task, plan, scored, len(examples), parameters))
         atomic_write_json(cell / "metrics.json", records[-1])
-        print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {records[-1]['score']:.4f}",
+        flag = f" (degenerate: {records[-1]['degenerate']})" if records[-1]["degenerate"] else ""
+        print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {records[-1]['score']:.4f}{flag}",
               flush=True)
     atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records))
     if bench is not None:
