@@ -122,3 +122,12 @@ def test_report_needs_results(tmp_path):
     write_run(tmp_path / "run", {"a": {}}, ["a"])
     with pytest.raises(BiodistilError, match="reference model 'zz'"):
         build_report([tmp_path / "run"], reference="zz")
+
+
+def test_a_degenerate_score_is_marked_beside_it():
+    from biodistil.evaluation.report import _score_cell
+
+    summary = {"n": 2, "mean": 0.846, "std": 0.0, "median": 0.846, "degenerate": ["every example predicted 'yes'"]}
+    assert _score_cell(summary, "mean").endswith("(degenerate)")
+    plain = _score_cell({**summary, "degenerate": []}, "median")
+    assert _score_cell(summary, "median") == f"{plain} (degenerate)"

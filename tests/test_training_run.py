@@ -52,3 +52,38 @@ def test_deep_merge_merges_sections_and_shares_nothing():
     merged["task"]["name"] = "x"
     assert base == {"train": {"batch_size": 8, "learning_rate": 1e-3}, "seeds": [1, 2]}
     assert override == {"train": {"batch_size": 16}, "task": {"name": "gad"}}
+
+
+def test_the_thread_count_is_chosen_and_said(monkeypatch):
+    import os
+
+    import torch
+
+    from biodistil.training.run import choose_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 0.0, 0.0))
+        assert choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, "a busy machine"
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+        usable = len(os.sched_getaffinity(0))
+        assert choose_threads().startswith("CPU threads: ") and 1 <= torch.get_num_threads() <= usable
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_study_folder_is_continued_not_emptied(tmp_path):
+    from biodistil.config import RunConfig, Section
+    from biodistil.training.run import RunFolder
+
+    class Recipe(Section):
+        run: RunConfig
+
+    recipe = Recipe(run=RunConfig(output_dir=str(tmp_path / "study")))
+    RunFolder(recipe.run.output_dir, recipe, stages=True)
+    (tmp_path / "study" / "task" / "arm").mkdir(parents=True)
+    again = RunFolder(recipe.run.output_dir, recipe, stages=True)
+    assert again.resume and (tmp_path / "study" / "task" / "arm").is_dir()
