@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from biodistil.training.run import output_problem
 
+        if isinstance(err, SafetensorError) and not re.search(r"os error \d+", str(err)):
+            print(f"biodistil {args.command}: error: a weights file (safetensors) is corrupt or truncated ({err}); "
+                  "export or download the model again (run `biodistil --debug ...` for the file)", file=sys.stderr)
+            return 2
         err = _os_error(err)
         print(f"biodistil {args.command}: error: {type(err).__name__}: {output_problem(err)} (run "
               "`biodistil --debug ...` for the traceback)", file=sys.stderr)
