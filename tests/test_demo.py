@@ -2,24 +2,15 @@
 
 import json
 import math
-import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from recipe_fixtures import data_root
 
 from biodistil.config import validate_recipe
-from biodistil.data.paths import resolve_data_root
 from biodistil.demo import PLAN, compare, run_demo, study_recipe
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import StudyRecipe
-
-
-def data_root() -> Path | None:
-    try:
-        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
-    except BiodistilError:
-        return None
 
 
 @pytest.mark.slow

@@ -3,13 +3,13 @@ other than the traced ones, int8 drift within a loose bound, scoring exports on 
 fine-tuning metric code (skipped without the data folder), ONNX rows in `bench`, and clear errors."""
 
 import json
-import os
 import sys
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 import torch
+from recipe_fixtures import data_root, needs_data
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
@@ -19,7 +19,6 @@ from transformers import (
 )
 
 from biodistil.cli.main import main
-from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.bench import run_bench
 from biodistil.evaluation.deployed import expand_models
@@ -31,15 +30,6 @@ from biodistil.export.runtime import OnnxModel, require_onnx
 needs_onnx = pytest.mark.skipif(not all(find_spec(n) for n in ("onnx", "onnxruntime", "onnxscript")),
                                 reason="the optional extra 'export' is not installed")
 
-
-def data_root() -> Path | None:
-    try:
-        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
-    except BiodistilError:
-        return None
-
-
-needs_data = pytest.mark.skipif(data_root() is None, reason="no biodistil data folder")
 
 
 def tiny_config(tokenizer, **extra) -> BertConfig:

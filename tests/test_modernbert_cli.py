@@ -3,33 +3,30 @@ tiny ModernBERT teacher distils into a half-depth ModernBERT student and into a 
 and score on a slice of NCBI-disease (skipped without the data folder)."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
 from modernbert_fixtures import save_modernbert, train_bpe
-from recipe_fixtures import DISTILL, RECIPES, TINY_ARCH, TRAIN, check_export, data_overrides, fill
+from recipe_fixtures import (
+    DISTILL,
+    QUIET,
+    RECIPES,
+    TINY_ARCH,
+    TRAIN,
+    check_export,
+    data_overrides,
+    data_root,
+    fill,
+    needs_data,
+)
 from transformers import AutoConfig
 
 from biodistil.cli.main import main
 from biodistil.config import ArchitectureConfig
-from biodistil.data.paths import resolve_data_root
-from biodistil.errors import BiodistilError
 from biodistil.models.student import model_from_architecture
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
-QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
 
-
-def data_root() -> Path | None:
-    try:
-        return resolve_data_root(os.environ.get("BIODISTIL_DATA"))
-    except BiodistilError:
-        return None
-
-
-needs_data = pytest.mark.skipif(data_root() is None, reason="no biodistil data folder (../shared/data)")
 ARCHITECTURE_STUDENTS = {"tinybiobert-4l-312", "mobilebert-layer", "minilmv2", "biolm-distill-align"}
 
 
