@@ -1,27 +1,45 @@
-"""Throughput of one distillation step against plain MLM training of the same student, on the same batches.
+"""Throughput and peak memory of distillation against plain MLM training of the same student, on the same batches.
 
-    python bench/throughput.py [--teacher-layers 6 --hidden 384 --vocab 30522 --seq 128 --batch 16]
+    python bench/throughput.py [--teacher-layers 6 --hidden 384 --heads 6 --vocab 30522 --seq 128 --batch 16]
+    python bench/throughput.py --only live-all --teacher-layers 4 --hidden 256 --heads 4 --vocab 8000 --batch 32
 
-Measures, in one process and on identical batches:
-  distill   teacher forward (no grad) + student forward/backward + AdamW step, DistilBERT triple loss
-            (KL over every non-padding position; distill-masked-kl: KL at the masked positions only);
-  mlm       student forward/backward + AdamW step, MLM loss, logits only at masked positions (biodistil);
-  mlm-full  the same with Hugging Face's default MLM head over the whole vocabulary at every position.
-Prints tokens/s (median over repeats) and the ratios. Weights are random: speed does not depend on them.
+Measures, in one process, on identical batches (the same blocks under the same static masks) and the same student
+(the teacher's every other layer), each step = reading and collating the batch + forward/backward + AdamW step:
+  mlm          plain MLM of the student (logits only at the masked positions);
+  live-all     live distillation, DistilBERT's triple loss 2·MLM + 5·T²·KL + cosine(last hidden), KL at every
+               position: the teacher runs on the batch (inference mode, `teacher.dtype`: auto = bf16 where the
+               hardware has it);
+  live-masked  the same with the KL at the masked positions only;
+  cache        distillation from a teacher cache (built once beforehand, not timed): batches read from memory-mapped
+               Arrow shards, top-k KL at the masked positions + cosine, no teacher.
+The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
+median over the rounds. Peak memory: the largest resident set size sampled (every millisecond) during each mode's
+steps; with --only MODE the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to
+compare with another program's. Weights are random: speed does not depend on them. The last line is JSON.
 """
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
-from biodistil.data.masking import MaskingVocabulary, mask_tokens
-from biodistil.methods.masked_lm import MaskedLMModule
+from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
+from biodistil.methods.masked_lm import MaskedLMModule, teacher_dtype
 from biodistil.methods.objective import Objective
+from biodistil.methods.teacher_cache import Cache, CacheReader, CacheSpec, build_cache
+from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
 from biodistil.models.student import student_from_teacher_layers
+
+MODES = ("mlm", "live-all", "live-masked", "cache")
 
 
 def parse() -> argparse.Namespace:
@@ -32,91 +50,155 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--top-k", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=6, help="measured rounds (one step of every mode each)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
+    parser.add_argument("--teacher-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    parser.add_argument("--only", choices=MODES, help="run this mode alone (its peak RSS is the process's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--bf16", action="store_true", help="autocast to bfloat16")
     return parser.parse_args()
 
 
-def batches(args, count: int) -> list[dict[str, torch.Tensor]]:
+class PeakRSS:
+    """Largest resident set size seen by a sampling thread while `watching` (Linux /proc/self/statm)."""
+
+    def __init__(self, every: float = 0.001):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak, self.watching, self.every = 0, False, every
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def current(self) -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * self.page
+
+    def _run(self) -> None:
+        while True:
+            if self.watching:
+                self.peak = max(self.peak, self.current())
+            time.sleep(self.every)
+
+    def start(self) -> None:
+        self.peak, self.watching = self.current(), True
+
+    def stop(self) -> int:
+        self.watching = False
+        return max(self.peak, self.current())
+
+
+def blocks_and_vocab(args) -> tuple[list[dict], MaskingVocabulary]:
     generator = torch.Generator().manual_seed(0)
     special = torch.zeros(args.vocab, dtype=torch.bool)
     special[:5] = True
     vocab = MaskingVocabulary(mask_id=4, special=special, word_start=torch.ones(args.vocab, dtype=torch.bool))
-    out = []
-    for _ in range(count):
-        ids = torch.randint(5, args.vocab, (args.batch, args.seq), generator=generator)
-        ids[:, 0], ids[:, -1] = 2, 3
-        attention = torch.ones_like(ids)
-        corrupted, labels = mask_tokens(ids, attention, vocab, MaskingConfig(), generator)
-        out.append({"input_ids": corrupted.to(args.device), "attention_mask": attention.to(args.device),
-                    "labels": labels.to(args.device)})
-    return out
+    count = args.batch * (args.warmup + args.repeats)
+    ids = torch.randint(5, args.vocab, (count, args.seq), generator=generator)
+    ids[:, 0], ids[:, -1] = 2, 3
+    return [{"input_ids": row.tolist()} for row in ids], vocab
 
 
-def timed(step, data, args) -> float:
-    """Median tokens/s of `step` over the measured batches."""
-    rates = []
-    for index, batch in enumerate(data):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step(batch)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if index >= args.warmup:
-            rates.append(batch["attention_mask"].sum().item() / (time.perf_counter() - start))
-    return statistics.median(rates)
+def objective_config(positions: str | None) -> ObjectiveConfig:
+    if positions is None:
+        return ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm")])
+    return ObjectiveConfig(temperature=2.0, terms=[TermConfig(loss="mlm", weight=2.0),
+                                                   TermConfig(loss="logit_kl", weight=5.0, positions=positions),
+                                                   TermConfig(loss="hidden_cosine")])
 
 
-def training_step(module, optimizer, args):
-    def step(batch):
-        with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16):
-            loss = module(batch)[0] if isinstance(module, MaskedLMModule) else module(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args) -> CacheReader:
+    spec = CacheSpec(
+        teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype), teacher_layers=args.teacher_layers,
+        tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(), top_k=args.top_k,
+        temperature=2.0, hidden_layers=(args.teacher_layers,), logits=True, shard_blocks=256, blocks=len(blocks),
+    )
+    cache = Cache(folder, spec)
+    build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, masking, [0], args.batch, 0, progress=False)
+    return CacheReader(cache, [0])
 
 
 def main() -> None:
     args = parse()
     torch.manual_seed(0)
+    device = torch.device(args.device)
     config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.teacher_layers,
                         num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
                         max_position_embeddings=max(512, args.seq))
-    teacher = BertForMaskedLM(config).to(args.device)
-    student = student_from_teacher_layers(teacher).to(args.device)
-    data = batches(args, args.warmup + args.repeats)
-
-    triple = ObjectiveConfig(temperature=2.0, terms=[TermConfig(loss="mlm", weight=2.0),
-                                                    TermConfig(loss="logit_kl", weight=5.0),
-                                                    TermConfig(loss="hidden_cosine")])
-    distill = MaskedLMModule(student, Objective(triple, student, teacher), teacher)
-    at_masked = triple.model_copy(update={"terms": [TermConfig(loss="mlm", weight=2.0),
-                                                    TermConfig(loss="logit_kl", weight=5.0, positions="masked"),
-                                                    TermConfig(loss="hidden_cosine")]})
-    distill_masked = MaskedLMModule(student, Objective(at_masked, student, teacher), teacher)
-    mlm_only = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm")])
-    mlm = MaskedLMModule(student, Objective(mlm_only, student, None))
-    results = {}
-    modes = (("distill", distill), ("distill-masked-kl", distill_masked), ("mlm", mlm), ("mlm-full", student))
-    for name, module in modes:
+    teacher = BertForMaskedLM(config)
+    student = student_from_teacher_layers(teacher).to(device)
+    dtype = teacher_dtype(args.teacher_dtype, device)
+    teacher.to(device, dtype=dtype).eval()
+    blocks, vocab = blocks_and_vocab(args)
+    masking = MaskingConfig(duplication=1)
+    masked = StaticMaskedBlocks(blocks, vocab, masking)
+    collate = lambda items: collate_masked_blocks(items, pad_id=0)  # noqa: E731
+    modes = [args.only] if args.only else list(MODES)
+    workdir = tempfile.TemporaryDirectory()
+    signals = {"mlm": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
+    data = {mode: (masked, collate) for mode in signals}
+    if "cache" in modes:
+        cached = CachedTeacher(build_teacher_cache(Path(workdir.name), teacher, blocks, vocab, masking, args))
+        signals["cache"], data["cache"] = cached, cached.data(masked, collate)
+    if args.only == "cache":
+        teacher.to("meta")  # no teacher in memory while the student trains from the cache
+    positions = {"mlm": None, "live-all": "all", "live-masked": "masked", "cache": "masked"}
+    modules = {}
+    for mode in modes:
+        objective = Objective(objective_config(positions[mode]), student, teacher if mode != "mlm" else None)
+        module = MaskedLMModule(student, objective, signals[mode]).train()
         optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
-        module.train()
-        results[name] = timed(training_step(module, optimizer, args), data, args)
+        modules[mode] = (module, optimizer)
 
-    threads = torch.get_num_threads()
-    print(f"device {args.device} ({threads} CPU threads), bf16={args.bf16}; teacher {args.teacher_layers} layers, "
-          f"student {student.config.num_hidden_layers} layers, hidden {args.hidden}, vocab {args.vocab}, "
-          f"batch {args.batch} x {args.seq} tokens; median of {args.repeats} steps")
-    for name, rate in results.items():
-        print(f"  {name:18s} {rate:12,.0f} tokens/s")
-    print(f"  distill / mlm           = {results['distill'] / results['mlm']:.2f}")
-    print(f"  distill-masked-kl / mlm = {results['distill-masked-kl'] / results['mlm']:.2f}")
-    print(f"  mlm / mlm-full-vocab    = {results['mlm'] / results['mlm-full']:.2f}  (logits only at masked positions)")
+    def step(mode: str, index: int) -> int:
+        module, optimizer = modules[mode]
+        dataset, collate_fn = data[mode]
+        batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
+        batch = {key: value.to(device) for key, value in batch.items()}
+        loss, _ = module(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return int(batch["attention_mask"].sum())
+
+    sampler = PeakRSS()
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    peaks: dict[str, int] = dict.fromkeys(modes, 0)
+    for index in range(args.warmup + args.repeats):
+        for mode in modes:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            sampler.start()
+            started = time.perf_counter()
+            tokens = step(mode, index)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else sampler.stop()
+            sampler.watching = False
+            if index >= args.warmup:
+                rates[mode].append(tokens / seconds)
+                peaks[mode] = max(peaks[mode], peak)
+
+    tokens_per_s = {mode: statistics.median(values) for mode, values in rates.items()}
+    result = {
+        "device": str(device), "threads": torch.get_num_threads(), "load_1min": os.getloadavg()[0],
+        "teacher": f"{args.teacher_layers} x {args.hidden}, {dtype}".replace("torch.", ""),
+        "student_layers": student.config.num_hidden_layers, "vocab": args.vocab, "batch": f"{args.batch} x {args.seq}",
+        "top_k": args.top_k, "rounds": args.repeats,
+        "tokens_per_s": {mode: round(rate) for mode, rate in tokens_per_s.items()},
+        "peak_memory_mb": {mode: round(peak / 2**20) for mode, peak in peaks.items()},
+    }
+    if "mlm" in tokens_per_s:
+        result["ratio_to_mlm"] = {mode: round(rate / tokens_per_s["mlm"], 3) for mode, rate in tokens_per_s.items()}
+    if args.only:
+        result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(f"{result['device']} ({result['threads']} threads, load {result['load_1min']:.2f}); teacher "
+          f"{result['teacher']}, student {result['student_layers']} layers, vocab {args.vocab}, batch "
+          f"{result['batch']}; median of {args.repeats} alternated rounds")
+    for mode in modes:
+        ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm" if "ratio_to_mlm" in result else ""
+        print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}")
+    print(json.dumps(result))
+    workdir.cleanup()
 
 
 if __name__ == "__main__":

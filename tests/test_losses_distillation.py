@@ -122,3 +122,22 @@ def test_topk_kl_with_temperature_and_every_token_kept_is_the_full_kl():
     assert torch.isfinite(student.grad).all(), "an empty tail gives no NaN gradient"
     # the gradient is the full KL's: T·(p_S − q)
     assert student.grad[0].tolist() == pytest.approx((2 * (p - tempered)).tolist(), abs=1e-6)
+
+
+def test_topk_kl_gradient_formed_in_the_forward_pass_equals_autograd():
+    from biodistil.losses.distillation import topk_kl_loss
+
+    generator = torch.Generator().manual_seed(0)
+    teacher = 3 * torch.randn(6, 11, generator=generator)
+    shifted = teacher - teacher.max(-1, keepdim=True).values
+    values, ids = shifted.topk(4, dim=-1)
+    log_norm = torch.logsumexp(shifted / 2, -1)
+    student = (2 * torch.randn(6, 11, generator=generator)).requires_grad_()
+    fused = topk_kl_loss(student, values, ids, log_norm, temperature=2.0)
+    fused.backward()
+    reference = student.detach().clone().requires_grad_()
+    teacher_values = values.clone().requires_grad_()  # a teacher that takes gradients: the autograd formula
+    expected = topk_kl_loss(reference, teacher_values, ids, log_norm, temperature=2.0)
+    expected.backward()
+    assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)

@@ -45,6 +45,12 @@ def soft_kl_loss(
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
 
 
+def _log_softmax_copy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(z/T) in a new float32 tensor, computed in place in it."""
+    scaled = logits.to(torch.float32, copy=True).div_(temperature)
+    return scaled.sub_(torch.logsumexp(scaled, -1, keepdim=True))
+
+
 class _ChunkedSoftKL(torch.autograd.Function):
     """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
 
@@ -54,13 +60,13 @@ class _ChunkedSoftKL(torch.autograd.Function):
         step = max(1, KL_CHUNK_ELEMENTS // max(1, student.size(-1)))
         grad = torch.empty_like(student) if student.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=student.device)
-        for start in range(0, rows, step):
-            log_p_student = F.log_softmax(student[start:start + step].float() / temperature, dim=-1)
-            log_p_teacher = F.log_softmax(teacher[start:start + step].float() / temperature, dim=-1)
+        for start in range(0, rows, step):  # three [chunk, V] float32 temporaries, the rest in place
+            log_p_student = _log_softmax_copy(student[start:start + step], temperature)
+            log_p_teacher = _log_softmax_copy(teacher[start:start + step], temperature)
             p_teacher = log_p_teacher.exp()
-            total += (p_teacher * (log_p_teacher - log_p_student)).sum()
+            total += torch.dot(p_teacher.reshape(-1), log_p_teacher.sub_(log_p_student).reshape(-1))
             if grad is not None:
-                grad[start:start + step] = (log_p_student.exp_() - p_teacher) * (temperature / rows)
+                grad[start:start + step] = log_p_student.exp_().sub_(p_teacher).mul_(temperature / rows)
         ctx.save_for_backward(grad)
         return total * (temperature * temperature / rows)
 
@@ -91,23 +97,68 @@ def topk_kl_loss(
     """
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
-    t = float(temperature)
+    if teacher_logits.requires_grad or teacher_log_norm.requires_grad:
+        return _topk_kl_reference(student_logits, teacher_logits, teacher_ids, teacher_log_norm, float(temperature))
+    return _FusedTopKKL.apply(student_logits, teacher_logits, teacher_ids, teacher_log_norm, float(temperature))
+
+
+def _teacher_buckets(teacher_logits: torch.Tensor, teacher_log_norm: torch.Tensor, t: float,
+                     tail: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, k], q_tail [N]): the teacher's tempered probabilities of its k tokens and its tail mass, renormalised."""
+    q = (teacher_logits.float() / t - teacher_log_norm.float().unsqueeze(-1)).exp()
+    if not tail:
+        return q / q.sum(-1, keepdim=True), torch.zeros_like(q[:, 0])
+    q_tail = (1.0 - q.sum(-1)).clamp(min=0.0)
+    total = q.sum(-1) + q_tail
+    return q / total.unsqueeze(-1), q_tail / total
+
+
+def _topk_kl_reference(student_logits, teacher_logits, teacher_ids, teacher_log_norm, t: float) -> torch.Tensor:
+    """`topk_kl_loss` by autograd (a teacher that takes gradients)."""
     scaled = student_logits.float() / t
     log_z = torch.logsumexp(scaled, -1, keepdim=True)
     ids = teacher_ids.long()
     log_p = scaled.gather(-1, ids) - log_z
-    q = (teacher_logits.float() / t - teacher_log_norm.float().unsqueeze(-1)).exp()
-    tail_term = 0.0
-    if ids.size(-1) < scaled.size(-1):  # a tail bucket (none when the k tokens are the whole vocabulary)
-        q_tail = (1.0 - q.sum(-1)).clamp(min=0.0)
-        total = q.sum(-1) + q_tail
-        q, q_tail = q / total.unsqueeze(-1), q_tail / total
+    tail = ids.size(-1) < scaled.size(-1)  # a tail bucket (none when the k tokens are the whole vocabulary)
+    q, q_tail = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail)
+    kl = (torch.xlogy(q, q) - q * log_p).sum(-1)
+    if tail:
         log_p_tail = torch.logsumexp(scaled.scatter(-1, ids, float("-inf")), -1) - log_z.squeeze(-1)
-        tail_term = torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
-    else:
-        q = q / q.sum(-1, keepdim=True)
-    kl = (torch.xlogy(q, q) - q * log_p).sum(-1) + tail_term
+        kl = kl + torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
     return kl.mean() * t * t
+
+
+class _FusedTopKKL(torch.autograd.Function):
+    """`topk_kl_loss` with its student gradient formed in the forward pass (one [N, V] tensor kept):
+    ∂L/∂z_S,j = T·(p_j − r_j)/N with r_i = q_i on the k tokens and r_j = q_tail·p_j/p_tail on the tail."""
+
+    @staticmethod
+    def forward(ctx, student, teacher_logits, teacher_ids, teacher_log_norm, t: float) -> torch.Tensor:
+        rows, vocab = student.shape
+        ids = teacher_ids.long()
+        tail = ids.size(-1) < vocab
+        q, q_tail = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail)
+        log_p = student.to(torch.float32, copy=True).div_(t)
+        log_p.sub_(torch.logsumexp(log_p, -1, keepdim=True))
+        log_p_top = log_p.gather(-1, ids)
+        kl = (torch.xlogy(q, q) - q * log_p_top).sum(-1)
+        log_p.scatter_(-1, ids, float("-inf"))  # now the tail only: p_j for j outside the k tokens, 0 on them
+        if tail:
+            log_p_tail = torch.logsumexp(log_p, -1)
+            kl = kl + torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
+            scale = torch.where(q_tail > 0, 1.0 - (q_tail.clamp(min=1e-38).log() - log_p_tail).exp(), 1.0)
+        grad = None
+        if student.requires_grad:
+            grad = log_p.exp_().mul_((scale.unsqueeze(-1) if tail else 1.0) * (t / rows))
+            grad = grad.scatter_(-1, ids, (log_p_top.exp() - q).mul_(t / rows)).to(student.dtype)
+        ctx.save_for_backward(grad)
+        return kl.mean() * t * t
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None, None, None
 
 
 def tempered_log_probs(
