@@ -45,6 +45,18 @@ def soft_kl_loss(
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
 
 
+def _spend(ctx, grad_output: torch.Tensor) -> torch.Tensor | None:
+    """The gradient kept by a fused loss, scaled in place by the incoming one (no second [N, V] tensor); a second
+    backward pass through the same graph (retain_graph) would see it scaled already, so it is refused."""
+    (grad,) = ctx.saved_tensors
+    if grad is None:
+        return None
+    if ctx.spent:
+        raise RuntimeError("a fused distillation loss can be back-propagated once (its gradient is used up)")
+    ctx.spent = True
+    return grad.mul_(grad_output.to(grad.dtype))
+
+
 def _log_softmax_copy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(z/T) in a new float32 tensor, computed in place in it."""
     scaled = logits.to(torch.float32, copy=True).div_(temperature)
@@ -68,13 +80,13 @@ class _ChunkedSoftKL(torch.autograd.Function):
             if grad is not None:
                 grad[start:start + step] = log_p_student.exp_().sub_(p_teacher).mul_(temperature / rows)
         ctx.save_for_backward(grad)
+        ctx.spent = False
         return total * (temperature * temperature / rows)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype), None, None
+        return _spend(ctx, grad_output), None, None
 
 
 def topk_kl_loss(
@@ -152,13 +164,13 @@ class _FusedTopKKL(torch.autograd.Function):
             grad = log_p.exp_().mul_((scale.unsqueeze(-1) if tail else 1.0) * (t / rows))
             grad = grad.scatter_(-1, ids, (log_p_top.exp() - q).mul_(t / rows)).to(student.dtype)
         ctx.save_for_backward(grad)
+        ctx.spent = False
         return kl.mean() * t * t
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype), None, None, None, None
+        return _spend(ctx, grad_output), None, None, None, None
 
 
 def tempered_log_probs(
