@@ -51,6 +51,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=64)
+    parser.add_argument("--tail-samples", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=6, help="measured rounds (one step of every mode each)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     parser.add_argument("--teacher-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
@@ -108,7 +109,8 @@ def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args) -> 
     spec = CacheSpec(
         teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype), teacher_layers=args.teacher_layers,
         tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(), top_k=args.top_k,
-        temperature=2.0, hidden_layers=(args.teacher_layers,), logits=True, shard_blocks=256, blocks=len(blocks),
+        tail_samples=args.tail_samples, temperature=2.0, hidden_layers=(args.teacher_layers,), logits=True,
+        shard_blocks=256, blocks=len(blocks),
     )
     cache = Cache(folder, spec)
     build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, masking, [0], args.batch, 0, progress=False)
@@ -183,7 +185,7 @@ def main() -> None:
         "device": str(device), "threads": torch.get_num_threads(), "load_1min": os.getloadavg()[0],
         "teacher": f"{args.teacher_layers} x {args.hidden}, {dtype}".replace("torch.", ""),
         "student_layers": student.config.num_hidden_layers, "vocab": args.vocab, "batch": f"{args.batch} x {args.seq}",
-        "top_k": args.top_k, "rounds": args.repeats,
+        "top_k": args.top_k, "tail_samples": args.tail_samples, "rounds": args.repeats,
         "tokens_per_s": {mode: round(rate) for mode, rate in tokens_per_s.items()},
         "peak_memory_mb": {mode: round(peak / 2**20) for mode, peak in peaks.items()},
     }

@@ -141,3 +141,40 @@ def test_topk_kl_gradient_formed_in_the_forward_pass_equals_autograd():
     expected.backward()
     assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_sampled_tail_estimates_the_full_kl():
+    from biodistil.losses.distillation import topk_kl_loss
+
+    # teacher [0.5, 0.25, 0.2, 0.05], k = 2: the tail given the tail is [0.8, 0.2]; five draws 2, 2, 2, 2, 3 hold
+    # exactly those frequencies, so the estimate is the full KL: 1/2·ln 2 + 0.2·ln(0.8) + 0.05·ln(0.2)
+    teacher = [0.5, 0.25, 0.2, 0.05]
+    values, ids, log_norm = topk_of(teacher, 2, 1.0)
+    draws = torch.tensor([[2, 2, 2, 2, 3]])
+    tail_logits = torch.tensor([teacher]).log().gather(-1, draws)
+    student = torch.zeros(1, 4, requires_grad=True)
+    loss = topk_kl_loss(student, values, ids, log_norm, 1.0, tail_logits, draws)
+    full = 0.5 * math.log(2) + 0.2 * math.log(0.8) + 0.05 * math.log(0.2)
+    assert loss.item() == pytest.approx(full, rel=1e-5)
+    loss.backward()  # p − q̂ with q̂ = [1/2, 1/4, 4/5·1/4, 1/5·1/4]
+    assert student.grad[0].tolist() == pytest.approx([0.25 - 0.5, 0.0, 0.25 - 0.2, 0.25 - 0.05], abs=1e-6)
+
+
+def test_sampled_tail_gradient_formed_in_the_forward_pass_equals_autograd():
+    from biodistil.losses.distillation import topk_kl_loss
+
+    generator = torch.Generator().manual_seed(1)
+    teacher = 3 * torch.randn(6, 11, generator=generator)
+    shifted = teacher - teacher.max(-1, keepdim=True).values
+    values, ids = shifted.topk(4, dim=-1)
+    tail = torch.softmax(shifted / 2, -1).scatter(-1, ids, 0.0)
+    draws = torch.multinomial(tail, 5, replacement=True, generator=generator)
+    tail_logits, log_norm = shifted.gather(-1, draws), torch.logsumexp(shifted / 2, -1)
+    student = (2 * torch.randn(6, 11, generator=generator)).requires_grad_()
+    fused = topk_kl_loss(student, values, ids, log_norm, 2.0, tail_logits, draws)
+    fused.backward()
+    reference = student.detach().clone().requires_grad_()
+    expected = topk_kl_loss(reference, values.clone().requires_grad_(), ids, log_norm, 2.0, tail_logits, draws)
+    expected.backward()
+    assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)

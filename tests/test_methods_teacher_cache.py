@@ -201,3 +201,29 @@ def test_two_processes_write_and_read_disjoint_shards(tmp_path, teacher_dir, cor
     assert "0 shards built here" in (tmp_path / "ddp" / "report.md").read_text()
     assert (tmp_path / "ddp" / "model" / "model.safetensors").is_file()
     assert run_cache_teacher(recipe) == folder, "complete: the command finds it and builds nothing"
+
+
+def test_the_distilbert_recipe_distils_from_a_cache_on_the_command_line(tmp_path, teacher_dir, corpus_file):
+    from recipe_fixtures import RECIPES, TRAIN
+
+    from biodistil.cli.main import main
+
+    overrides = [str(RECIPES / "distilbiobert.yaml"), f"teacher.name_or_path={teacher_dir}", "teacher.dtype=float32",
+                 f"data.train=[{corpus_file}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'corpus'}",
+                 "masking.duplication=2", "teacher_cache.top_k=16", f"teacher_cache.dir={tmp_path / 'cache'}", *TRAIN]
+    assert main(["cache-teacher", *overrides]) == 0
+    assert main(["distill", *overrides, "--out", str(tmp_path / "run")]) == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "0 shards built here" in report and (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+def test_the_cache_holds_draws_from_the_teachers_tail(tmp_path, teacher_dir, corpus_file):
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))  # top-16 of 200 tokens, 64 draws of the rest
+    setup.build()
+    dataset, collate = CachedTeacher(setup.caches[0].reader()).data(setup.data.train, setup.data.collate)
+    batch = collate([dataset[i] for i in range(8)])
+    rows = int((batch["labels"] != -100).sum())
+    assert batch["teacher_topk_ids"].shape == (rows, 16) and batch["teacher_tail_ids"].shape == (rows, 64)
+    top, draws = batch["teacher_topk_ids"], batch["teacher_tail_ids"]
+    assert not (draws.unsqueeze(-1) == top.unsqueeze(1)).any(), "draws come from outside the top-k"
+    assert (batch["teacher_tail_logits"].float() <= batch["teacher_topk_logits"][:, -1:].float()).all()

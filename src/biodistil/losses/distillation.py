@@ -91,78 +91,105 @@ class _ChunkedSoftKL(torch.autograd.Function):
 
 def topk_kl_loss(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_ids: torch.Tensor,
-    teacher_log_norm: torch.Tensor, temperature: float = 1.0,
+    teacher_log_norm: torch.Tensor, temperature: float = 1.0, tail_logits: torch.Tensor | None = None,
+    tail_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """T²·KL over k+1 buckets: the teacher's k most probable tokens and the rest of the vocabulary as one tail.
+    """T²·KL from the teacher's top-k tokens, with the rest of the vocabulary as one tail bucket or, given samples of
+    the tail, an unbiased estimate of the whole KL.
 
     The teacher arrives as a cache stores it, per row: its logits `teacher_logits` [N, k] of its top-k tokens
     `teacher_ids` [N, k] (shifted by any per-row constant, e.g. minus the largest logit) and `teacher_log_norm` [N] =
     log Σ_j exp(z_j / T) over the whole vocabulary (the same shift), so that q_i = exp(z_i / T − log_norm) is exactly
-    softmax(z_T/T)_i. Buckets: q_i for the k tokens and q_tail = max(1 − Σ_i q_i, 0), renormalised to sum 1 (16-bit
-    storage rounds); the student's are p_i = softmax(z_S/T)_i and p_tail = Σ_{j ∉ top-k} softmax(z_S/T)_j (a
-    log-sum-exp over the tail):
+    softmax(z_T/T)_i. Teacher buckets: q_i for the k tokens and q_tail = max(1 − Σ_i q_i, 0), renormalised to sum 1
+    (16-bit storage rounds); the student's: p_i = softmax(z_S/T)_i and p_tail = Σ_{j ∉ top-k} softmax(z_S/T)_j.
 
-        L = T²·(1/N)·Σ_rows [Σ_i q_i·log(q_i / p_i) + q_tail·log(q_tail / p_tail)].
+    Tail bucket (no samples):
 
-    By the chain rule of the KL, L = T²·KL(full) − T²·q_tail·KL(q(·|tail) ‖ p(·|tail)): the estimator misses only
-    the KL inside the tail, weighted by the teacher's tail mass, so it never exceeds the full KL.
+        L = T²·(1/N)·Σ_rows [Σ_i q_i·log(q_i / p_i) + q_tail·log(q_tail / p_tail)]
+          = T²·KL(full) − T²·(1/N)·Σ_rows q_tail·KL(q(·|tail) ‖ p(·|tail)),
+
+    which misses the KL inside the tail, weighted by the teacher's tail mass, and never exceeds the full KL.
+
+    Sampled tail: `tail_ids` [N, m] are m draws s from the teacher's tail q(·|tail) and `tail_logits` their logits
+    (the same shift). Adding q_tail times the m-sample estimate of KL(q(·|tail) ‖ p(·|tail)) cancels the bucket term:
+
+        L = T²·(1/N)·Σ_rows [Σ_i q_i·log(q_i / p_i) + (q_tail / m)·Σ_s log(q_s / p_s)],
+
+    an unbiased estimate of the full KL, whose gradient T·(p − q̂)/N compares the student with the sampled teacher
+    distribution q̂ (q_i on the k tokens, q_tail/m per draw of a tail token).
     """
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
+    samples = None if tail_ids is None else (tail_logits, tail_ids.long())
     if teacher_logits.requires_grad or teacher_log_norm.requires_grad:
-        return _topk_kl_reference(student_logits, teacher_logits, teacher_ids, teacher_log_norm, float(temperature))
-    return _FusedTopKKL.apply(student_logits, teacher_logits, teacher_ids, teacher_log_norm, float(temperature))
+        return _topk_kl_reference(student_logits, teacher_logits, teacher_ids.long(), teacher_log_norm,
+                                  float(temperature), samples)
+    return _FusedTopKKL.apply(student_logits, teacher_logits, teacher_ids.long(), teacher_log_norm,
+                              float(temperature), samples)
 
 
-def _teacher_buckets(teacher_logits: torch.Tensor, teacher_log_norm: torch.Tensor, t: float,
-                     tail: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q [N, k], q_tail [N]): the teacher's tempered probabilities of its k tokens and its tail mass, renormalised."""
-    q = (teacher_logits.float() / t - teacher_log_norm.float().unsqueeze(-1)).exp()
+def _teacher_buckets(teacher_logits: torch.Tensor, teacher_log_norm: torch.Tensor, t: float, tail: bool,
+                     samples: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q [N, k], q_tail [N], q_s [N, m] or None): the teacher's tempered probabilities of its k tokens, its tail mass
+    and the probabilities of the tail samples, renormalised with the first two to sum 1."""
+    log_norm = teacher_log_norm.float().unsqueeze(-1)
+    q = (teacher_logits.float() / t - log_norm).exp()
     if not tail:
-        return q / q.sum(-1, keepdim=True), torch.zeros_like(q[:, 0])
+        return q / q.sum(-1, keepdim=True), torch.zeros_like(q[:, 0]), None
     q_tail = (1.0 - q.sum(-1)).clamp(min=0.0)
-    total = q.sum(-1) + q_tail
-    return q / total.unsqueeze(-1), q_tail / total
+    total = (q.sum(-1) + q_tail).unsqueeze(-1)
+    q_s = None if samples is None else (samples[0].float() / t - log_norm).exp() / total
+    return q / total, q_tail / total.squeeze(-1), q_s
 
 
-def _topk_kl_reference(student_logits, teacher_logits, teacher_ids, teacher_log_norm, t: float) -> torch.Tensor:
+def _topk_kl_reference(student_logits, teacher_logits, ids, teacher_log_norm, t: float, samples) -> torch.Tensor:
     """`topk_kl_loss` by autograd (a teacher that takes gradients)."""
     scaled = student_logits.float() / t
-    log_z = torch.logsumexp(scaled, -1, keepdim=True)
-    ids = teacher_ids.long()
-    log_p = scaled.gather(-1, ids) - log_z
+    log_p_all = scaled - torch.logsumexp(scaled, -1, keepdim=True)
     tail = ids.size(-1) < scaled.size(-1)  # a tail bucket (none when the k tokens are the whole vocabulary)
-    q, q_tail = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail)
-    kl = (torch.xlogy(q, q) - q * log_p).sum(-1)
-    if tail:
-        log_p_tail = torch.logsumexp(scaled.scatter(-1, ids, float("-inf")), -1) - log_z.squeeze(-1)
+    q, q_tail, q_s = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail, samples)
+    kl = (torch.xlogy(q, q) - q * log_p_all.gather(-1, ids)).sum(-1)
+    if tail and samples is not None:
+        log_ratio = q_s.log() - log_p_all.gather(-1, samples[1])
+        kl = kl + q_tail * log_ratio.mean(-1)
+    elif tail:
+        log_p_tail = torch.logsumexp(log_p_all.scatter(-1, ids, float("-inf")), -1)
         kl = kl + torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
     return kl.mean() * t * t
 
 
 class _FusedTopKKL(torch.autograd.Function):
     """`topk_kl_loss` with its student gradient formed in the forward pass (one [N, V] tensor kept):
-    ∂L/∂z_S,j = T·(p_j − r_j)/N with r_i = q_i on the k tokens and r_j = q_tail·p_j/p_tail on the tail."""
+    ∂L/∂z_S,j = T·(p_j − r_j)/N, r_i = q_i on the k tokens and, on the tail, r_j = q_tail·p_j/p_tail (bucket) or
+    r_j = (q_tail/m)·(draws of j) (samples)."""
 
     @staticmethod
-    def forward(ctx, student, teacher_logits, teacher_ids, teacher_log_norm, t: float) -> torch.Tensor:
+    def forward(ctx, student, teacher_logits, ids, teacher_log_norm, t: float, samples) -> torch.Tensor:
         rows, vocab = student.shape
-        ids = teacher_ids.long()
         tail = ids.size(-1) < vocab
-        q, q_tail = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail)
+        q, q_tail, q_s = _teacher_buckets(teacher_logits, teacher_log_norm, t, tail, samples)
         log_p = student.to(torch.float32, copy=True).div_(t)
         log_p.sub_(torch.logsumexp(log_p, -1, keepdim=True))
         log_p_top = log_p.gather(-1, ids)
         kl = (torch.xlogy(q, q) - q * log_p_top).sum(-1)
-        log_p.scatter_(-1, ids, float("-inf"))  # now the tail only: p_j for j outside the k tokens, 0 on them
-        if tail:
+        scale = None
+        if tail and samples is not None:
+            kl = kl + q_tail * (q_s.log() - log_p.gather(-1, samples[1])).mean(-1)
+        elif tail:
+            log_p.scatter_(-1, ids, float("-inf"))  # now the tail only: p_j outside the k tokens, 0 on them
             log_p_tail = torch.logsumexp(log_p, -1)
             kl = kl + torch.xlogy(q_tail, q_tail) - q_tail * log_p_tail
             scale = torch.where(q_tail > 0, 1.0 - (q_tail.clamp(min=1e-38).log() - log_p_tail).exp(), 1.0)
         grad = None
         if student.requires_grad:
-            grad = log_p.exp_().mul_((scale.unsqueeze(-1) if tail else 1.0) * (t / rows))
-            grad = grad.scatter_(-1, ids, (log_p_top.exp() - q).mul_(t / rows)).to(student.dtype)
+            factor = t / rows
+            grad = log_p.exp_().mul_(scale.unsqueeze(-1) * factor if scale is not None else factor)
+            grad.scatter_(-1, ids, (log_p_top.exp() - q).mul_(factor))
+            if tail and samples is not None:
+                draws = samples[1]
+                grad.scatter_add_(-1, draws, (-factor * q_tail / draws.size(-1)).unsqueeze(-1).expand_as(draws))
+            grad = grad.to(student.dtype)
         ctx.save_for_backward(grad)
         ctx.spent = False
         return kl.mean() * t * t
@@ -170,7 +197,7 @@ class _FusedTopKKL(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        return _spend(ctx, grad_output), None, None, None, None
+        return _spend(ctx, grad_output), None, None, None, None, None
 
 
 def tempered_log_probs(

@@ -120,13 +120,14 @@ def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions; from a teacher cache, the KL over the teacher's
-    top-k tokens and one tail bucket (`topk_kl_loss`)."""
+    top-k tokens and the tail: one bucket, or draws from it (`topk_kl_loss`)."""
     student, teacher = _logit_rows(term, x)
     if isinstance(teacher, TopKLogits):
         if teacher.temperature != x.temperature:
             raise BiodistilError(f"The teacher cache was built for temperature {teacher.temperature}, the objective "
                                  f"uses {x.temperature}")
-        return topk_kl_loss(student, teacher.values, teacher.ids, teacher.log_norm, x.temperature)
+        return topk_kl_loss(student, teacher.values, teacher.ids, teacher.log_norm, x.temperature,
+                            teacher.tail_values, teacher.tail_ids)
     return soft_kl_loss(student, teacher, x.temperature)
 
 

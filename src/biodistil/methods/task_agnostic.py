@@ -168,7 +168,7 @@ def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer
 
     def spec(files: list[str], max_lines: int | None, blocks: int) -> CacheSpec:
         return cache_spec(teacher, dtype, tokenizer, files, max_lines, recipe.data.block_size, recipe.masking,
-                          request, cfg.top_k, recipe.objective.temperature, cfg.shard_blocks,
+                          request, cfg.top_k, cfg.tail_samples, recipe.objective.temperature, cfg.shard_blocks,
                           num_layers(teacher.config), blocks)
 
     per_epoch = max(1, len(train) // (recipe.train.batch_size * processes))

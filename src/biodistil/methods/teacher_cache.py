@@ -37,13 +37,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import MaskingConfig
 from biodistil.data.corpus import corpus_fingerprint, default_cache_dir, resolve_corpus_files, tokenizer_fingerprint
-from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, static_mask
+from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, pattern_seed, static_mask
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json
 from biodistil.models.features import FeatureRequest, TopKLogits, extract_features
 
-CACHE_VERSION = 2
-TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm")
+CACHE_VERSION = 3
+TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm", "teacher_tail_logits",
+                  "teacher_tail_ids")
 
 
 def teacher_cache_root(explicit: str | Path | None = None) -> Path:
@@ -73,6 +74,7 @@ class CacheSpec:
     block_size: int
     masking: dict[str, Any]
     top_k: int
+    tail_samples: int
     temperature: float
     hidden_layers: tuple[int, ...]  # hidden-state indices 0..teacher_layers
     logits: bool
@@ -86,7 +88,7 @@ class CacheSpec:
 
 def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase, files: list[str],
                max_lines: int | None, block_size: int, masking: MaskingConfig, request: FeatureRequest, top_k: int,
-               temperature: float, shard_blocks: int, teacher_layers: int, blocks: int) -> CacheSpec:
+               tail_samples: int, temperature: float, shard_blocks: int, teacher_layers: int, blocks: int) -> CacheSpec:
     """The spec of the cache of `teacher` over the corpus `files` for a cache request (`Objective.cache_request`)."""
     settings = masking.model_dump(include={"probability", "mask_ratio", "random_ratio", "whole_word", "seed"})
     layers = tuple(sorted(index + teacher_layers + 1 if index < 0 else index for index in request.hidden))
@@ -94,8 +96,8 @@ def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrain
         teacher=weights_fingerprint(teacher), teacher_dtype=str(dtype).removeprefix("torch."),
         teacher_layers=teacher_layers, tokenizer=tokenizer_fingerprint(tokenizer),
         corpus=corpus_fingerprint(resolve_corpus_files(files), max_lines), block_size=block_size, masking=settings,
-        top_k=top_k, temperature=float(temperature), hidden_layers=layers, logits=request.logits,
-        shard_blocks=shard_blocks, blocks=blocks,
+        top_k=top_k, tail_samples=tail_samples, temperature=float(temperature), hidden_layers=layers,
+        logits=request.logits, shard_blocks=shard_blocks, blocks=blocks,
     )
 
 
@@ -133,6 +135,8 @@ class Cache:
         if self.spec.logits:
             fields += [pa.field("topk_logits", pa.list_(pa.float16())), pa.field("topk_ids", pa.list_(pa.int32())),
                        pa.field("log_norm", pa.list_(pa.float32()))]
+            if self.spec.tail_samples:
+                fields += [pa.field("tail_logits", pa.list_(pa.float16())), pa.field("tail_ids", pa.list_(pa.int32()))]
         fields += [pa.field(f"hidden_{layer}", pa.list_(pa.int16())) for layer in self.spec.hidden_layers]
         return pa.schema(fields, metadata={"key": self.spec.key(), "rank": str(rank)})
 
@@ -211,6 +215,7 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
     device = next(teacher.parameters()).device
     request = FeatureRequest(hidden=set(spec.hidden_layers), logits=spec.logits)
     numbers = list(cache.shard_range(shard))
+    generator = torch.Generator(device=device).manual_seed(pattern_seed(masking.seed, shard, pattern) ^ 0x7A11)
     for start in range(0, len(numbers), batch_size):
         chunk = numbers[start:start + batch_size]
         masked = [static_mask(blocks(b), vocab, masking, masking.seed, b, pattern) for b in chunk]
@@ -232,6 +237,10 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
             values = top.values.to(torch.float16).cpu().split(counts)
             top_ids = top.indices.to(torch.int32).cpu().split(counts)
             norms = log_norm.cpu().split(counts)
+            if spec.tail_samples:
+                draws = _tail_draws(logits, top.indices, spec, generator)
+                tail_values = logits.gather(-1, draws).to(torch.float16).cpu().split(counts)
+                tail_ids = draws.to(torch.int32).cpu().split(counts)
         for row, block in enumerate(chunk):
             n = int(attention[row].sum())
             columns["block"].append(block)
@@ -240,6 +249,9 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
                 columns["topk_logits"].append(values[row].reshape(-1).numpy())
                 columns["topk_ids"].append(top_ids[row].reshape(-1).numpy())
                 columns["log_norm"].append(norms[row].numpy())
+                if spec.tail_samples:
+                    columns["tail_logits"].append(tail_values[row].reshape(-1).numpy())
+                    columns["tail_ids"].append(tail_ids[row].reshape(-1).numpy())
             for layer in spec.hidden_layers:
                 state = features.hidden[layer][row, :n].to(torch.bfloat16).cpu().contiguous()
                 columns[f"hidden_{layer}"].append(state.view(torch.int16).reshape(-1).numpy())
@@ -252,6 +264,14 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
     with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
     os.replace(temporary, path)
+
+
+def _tail_draws(logits: torch.Tensor, top: torch.Tensor, spec: CacheSpec, generator: torch.Generator) -> torch.Tensor:
+    """[M, m] tokens drawn with replacement from each row's tempered distribution outside its top-k tokens."""
+    if spec.top_k >= logits.size(-1):  # no tail: the draws are never read
+        return top[:, :1].expand(-1, spec.tail_samples)
+    tail = torch.softmax(logits / spec.temperature, dim=-1).scatter_(-1, top, 0.0)
+    return torch.multinomial(tail, spec.tail_samples, replacement=True, generator=generator)
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -299,7 +319,7 @@ class CachedBlocks(Dataset):
     def __init__(self, blocks: Any, reader: CacheReader):
         self.blocks, self.reader = blocks, reader
         spec = reader.cache.spec
-        self.k, self.layers = spec.top_k, spec.hidden_layers
+        self.k, self.m, self.layers = spec.top_k, spec.tail_samples, spec.hidden_layers
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -319,6 +339,9 @@ class CachedBlocks(Dataset):
             out["teacher_topk_logits"] = torch.from_numpy(entry["topk_logits"]).reshape(-1, self.k)
             out["teacher_topk_ids"] = torch.from_numpy(entry["topk_ids"]).reshape(-1, self.k)
             out["teacher_log_norm"] = torch.from_numpy(entry["log_norm"])
+        if "tail_ids" in entry:
+            out["teacher_tail_logits"] = torch.from_numpy(entry["tail_logits"]).reshape(-1, self.m)
+            out["teacher_tail_ids"] = torch.from_numpy(entry["tail_ids"]).reshape(-1, self.m)
         for layer in self.layers:
             bits = torch.from_numpy(entry[f"hidden_{layer}"])
             out[f"teacher_hidden_{layer}"] = bits.view(torch.bfloat16).reshape(len(item["input_ids"]), -1)
@@ -335,8 +358,8 @@ class CachedCollate:
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         names = set(TEACHER_FIELDS) | {f"teacher_hidden_{layer}" for layer in self.layers}
         batch = self.collate([{k: v for k, v in item.items() if k not in names} for item in items])
-        if "teacher_topk_ids" in items[0]:
-            for name in TEACHER_FIELDS:
+        for name in TEACHER_FIELDS:
+            if name in items[0]:
                 batch[name] = torch.cat([item[name] for item in items])
         length = batch["input_ids"].size(1)
         for layer in self.layers:
@@ -350,4 +373,4 @@ class CachedCollate:
 
 def topk_rows(batch: dict[str, torch.Tensor], temperature: float) -> TopKLogits:
     return TopKLogits(batch["teacher_topk_logits"], batch["teacher_topk_ids"], batch["teacher_log_norm"],
-                      temperature)
+                      temperature, batch.get("teacher_tail_logits"), batch.get("teacher_tail_ids"))

@@ -43,16 +43,20 @@ class FeatureRequest:
 @dataclass
 class TopKLogits:
     """A teacher's vocabulary distribution at N positions, as a teacher cache keeps it: the logits of its k most
-    probable tokens minus the row's largest logit, their ids, and the log-normaliser log Σ_j exp((z_j − max z) / T)
-    over the whole vocabulary at the cache's temperature T (see `biodistil.losses.distillation.topk_kl_loss`)."""
+    probable tokens minus the row's largest logit, their ids, the log-normaliser log Σ_j exp((z_j − max z) / T)
+    over the whole vocabulary at the cache's temperature T, and optionally m tokens drawn from the rest of its
+    tempered distribution with their logits (see `biodistil.losses.distillation.topk_kl_loss`)."""
 
     values: torch.Tensor  # [N, k]
     ids: torch.Tensor  # [N, k]
     log_norm: torch.Tensor  # [N]
     temperature: float
+    tail_values: torch.Tensor | None = None  # [N, m] logits (same shift) of m draws from the teacher's tail
+    tail_ids: torch.Tensor | None = None  # [N, m]
 
     def __getitem__(self, rows: torch.Tensor) -> "TopKLogits":
-        return TopKLogits(self.values[rows], self.ids[rows], self.log_norm[rows], self.temperature)
+        tail = (None, None) if self.tail_ids is None else (self.tail_values[rows], self.tail_ids[rows])
+        return TopKLogits(self.values[rows], self.ids[rows], self.log_norm[rows], self.temperature, *tail)
 
 
 @dataclass
