@@ -68,7 +68,8 @@ def test_finetune_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
 
 
 def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> StudyRecipe:
-    overrides = [f"student={student}", f"teacher_init={teacher_init}", "seeds=[1]", f"run.output_dir={out}"]
+    overrides = [f"student={student}", "student_layers=null", f"teacher_init={teacher_init}", "seeds=[1]",
+                 f"run.output_dir={out}"]
     for command in ("finetune", "kd"):
         overrides += [f"defaults.{command}.task.max_examples=16", f"defaults.{command}.train.batch_size=8",
                       f"defaults.{command}.task.max_length=128",
@@ -86,7 +87,8 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
 
 @pytest.mark.slow
 @needs_data
-@pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml"])
+@pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml", "studies/transfer-data.yaml",
+                                    "studies/meta-kd.yaml"])
 def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     init, _, student = real_text_models
     out = tmp_path / "study"
@@ -97,6 +99,8 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     assert [(row["task"], row["arm"]) for row in summary["rows"]] == [
         (task["name"], arm) for task in expected["tasks"] for arm in arms]
     assert all(row["seeds"] == 1 and "gap_closed" in row for row in summary["rows"])
+    assert summary["settings"]["seeds"] == [1] and summary["machine"]["torch_threads"] >= 1
+    assert all(run["wall_seconds"] > 0 and run["steps"] >= 1 for run in summary["runs"])
     assert "gap closed" in report.read_text()
     first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
     before = first.stat().st_mtime_ns

@@ -1,12 +1,15 @@
-"""`biodistil pipeline RECIPE.yaml`: a list of existing commands (pretrain, distill) run one after another.
+"""`biodistil pipeline RECIPE.yaml`: existing commands (pretrain, distill, evaluate) run one after another.
 
-A pipeline recipe names its stages; each stage is a command, a recipe file (relative to the pipeline file)
-and dotted overrides. `${name}` in an override stands for a pipeline variable (`vars`) or, for a stage name,
-that stage's exported model folder. `shared` is a partial recipe merged into every stage whose command has
-that section (e.g. `shared.train.max_steps=10` shortens every stage). Stage k writes <output_dir>/<name> and runs
-as every stage of a multi-stage job does (`biodistil.training.run.run_stage`): a stage whose model is already
-exported is skipped and an interrupted one continues from its checkpoint, so a re-run continues where the last
-one stopped (with or without --resume).
+A pipeline recipe names its stages; each stage is a command, a recipe file (relative to the pipeline file) and/or
+inline `settings`, and dotted overrides. `${name}` in an override or a settings string stands for a pipeline
+variable (`vars`) or, for a stage name, that stage's exported model folder. `shared` is a partial recipe merged
+into every stage whose command has that section (e.g. `shared.train.max_steps=10` shortens every pretrain and distill stage). Stage k
+writes <output_dir>/<name> and runs as every stage of a multi-stage job does (`biodistil.training.run.run_stage`):
+a stage whose model is already exported is skipped and an interrupted one continues from its checkpoint, so a
+re-run continues where the last one stopped (with or without --resume). An `evaluate` stage (usually the last:
+fine-tune the models the earlier stages made on tasks × seeds) keeps its finished cells and runs the others.
+At the end `<output_dir>/pipeline.json` gathers every stage's summary (steps, wall time, losses; the evaluation's
+results), the machine and the resolved pipeline recipe: the record of a study built as a pipeline.
 """
 
 import re
@@ -26,9 +29,12 @@ from biodistil.config import (
     validate_recipe,
 )
 from biodistil.errors import BiodistilError
-from biodistil.training.run import run_stage
+from biodistil.evaluation.recipe import EvaluateRecipe
+from biodistil.io import atomic_write_json, jsonable, read_json
+from biodistil.training.run import describe_machine, run_stage
 
-COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe}
+COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe}
+TRAINING = ("pretrain", "distill")  # the stages `shared` applies to (evaluate's train and data differ)
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 
 
@@ -36,9 +42,17 @@ class StageConfig(Section):
     """One step of a pipeline: an existing command with its recipe and overrides."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="folder name; ${name} = this stage's model")
-    command: Literal["pretrain", "distill"]
-    recipe: str = Field(description="recipe file, relative to the pipeline recipe")
+    command: Literal["pretrain", "distill", "evaluate"]
+    recipe: str | None = Field(None, description="recipe file, relative to the pipeline recipe")
+    settings: dict[str, Any] = Field(default_factory=dict, description="partial recipe merged over the file's (or "
+                                                                        "the whole recipe); strings may use ${...}")
     overrides: list[str] = Field(default_factory=list, description="key.sub=value, may use ${var} / ${stage}")
+
+    @model_validator(mode="after")
+    def _has_a_recipe(self) -> "StageConfig":
+        if self.recipe is None and not self.settings:
+            raise ValueError(f"stage '{self.name}': give a recipe file, inline settings, or both")
+        return self
 
 
 class PipelineRecipe(Section):
@@ -55,7 +69,7 @@ class PipelineRecipe(Section):
         clashes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.vars)))
         if clashes:
             raise ValueError(f"stage names must be unique and differ from vars: {clashes}")
-        known = {key for cls in COMMANDS.values() for key in cls.model_fields}
+        known = {key for command in TRAINING for key in COMMANDS[command].model_fields}
         unknown = sorted(set(self.shared) - known)
         if unknown:
             raise ValueError(f"shared sections {unknown} belong to no command; valid: {sorted(known)}")
@@ -63,23 +77,54 @@ class PipelineRecipe(Section):
 
 
 def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path) -> Path:
-    """Run every stage in order (finished ones skipped, an interrupted one resumed); return the last model folder."""
+    """Run every stage in order (finished ones skipped, an interrupted one resumed); write `pipeline.json`; return
+    the last stage's folder (its exported model for pretrain and distill)."""
     root = Path(recipe.run.output_dir)
     values = {key: str(value) for key, value in recipe.vars.items()}
-    model_dir = root
+    output = root
     for stage in recipe.stages:
         stage_dir = root / stage.name
-        model_dir = stage_dir / "model"
 
         def run(resume: bool, stage: StageConfig = stage, stage_dir: Path = stage_dir) -> None:
             stage_recipe = stage_recipe_for(recipe, stage, Path(base_dir), values, stage_dir)
             _run_stage(stage.command, stage_recipe, resume)
 
-        exported = model_dir / "config.json"
-        if not run_stage(stage_dir, exported.is_file, run):
-            print(f"pipeline: stage '{stage.name}' already exported {model_dir}; skipping")
-        values[stage.name] = str(model_dir)
-    return model_dir
+        if stage.command == "evaluate":  # finished cells are kept and unfinished ones run: never emptied
+            output = stage_dir
+            if not _evaluated(stage_dir):
+                run(True)
+        else:
+            output = stage_dir / "model"
+            if not run_stage(stage_dir, (output / "config.json").is_file, run):
+                print(f"pipeline: stage '{stage.name}' already exported {output}; skipping")
+        values[stage.name] = str(output)
+    atomic_write_json(root / "pipeline.json", pipeline_record(recipe, root))
+    return output
+
+
+def _evaluated(folder: Path) -> bool:
+    results = folder / "results.json"
+    return results.is_file() and bool(read_json(results).get("complete"))
+
+
+def pipeline_record(recipe: PipelineRecipe, root: Path) -> dict[str, Any]:
+    """The pipeline's record: its recipe, the machine, and per stage its summary (pretrain, distill) or results
+    (evaluate)."""
+    stages = []
+    for stage in recipe.stages:
+        folder = root / stage.name
+        name = "results.json" if stage.command == "evaluate" else "summary.json"
+        record = read_json(folder / name) if (folder / name).is_file() else None
+        stages.append({"name": stage.name, "command": stage.command, "folder": stage.name,
+                       "config": _config(folder), ("results" if stage.command == "evaluate" else "summary"): record})
+    return jsonable({"recipe": recipe.model_dump(mode="json"), "machine": describe_machine(), "stages": stages})
+
+
+def _config(folder: Path) -> Any:
+    import yaml
+
+    path = folder / "config.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def stage_recipe_for(
@@ -87,19 +132,34 @@ def stage_recipe_for(
 ) -> Section:
     """The stage's validated recipe: its file, then `shared`, then its overrides, then its run folder."""
     recipe_cls = COMMANDS[stage.command]
-    shared = {key: value for key, value in recipe.shared.items() if key in recipe_cls.model_fields}
-    raw = deep_merge(_read_yaml(base_dir / stage.recipe), shared)
+    shared = {key: value for key, value in recipe.shared.items()
+              if key in recipe_cls.model_fields and stage.command in TRAINING}
+    raw = _read_yaml(base_dir / stage.recipe) if stage.recipe else {}
+    raw = deep_merge(deep_merge(raw, _substitute_all(stage.settings, values, stage.name)), shared)
     for item in stage.overrides:
         _apply_override(raw, _substitute(item, values, stage.name))
     _apply_override(raw, f"run.output_dir={stage_dir}")
-    return validate_recipe(recipe_cls, raw, source=f"pipeline stage '{stage.name}' ({stage.recipe})")
+    source = f"pipeline stage '{stage.name}'" + (f" ({stage.recipe})" if stage.recipe else "")
+    return validate_recipe(recipe_cls, raw, source=source)
 
 
 def _run_stage(command: str, recipe: Section, resume: bool) -> Path:
+    from biodistil.evaluation.runner import run_evaluate
     from biodistil.methods.task_agnostic import run_distill, run_pretrain
 
-    runner = run_pretrain if command == "pretrain" else run_distill
+    runner = {"pretrain": run_pretrain, "distill": run_distill, "evaluate": run_evaluate}[command]
     return runner(recipe, resume=resume)
+
+
+def _substitute_all(value: Any, values: dict[str, str], stage: str) -> Any:
+    """`value` with ${...} replaced in every string it holds (settings are nested dicts and lists)."""
+    if isinstance(value, str):
+        return _substitute(value, values, stage)
+    if isinstance(value, dict):
+        return {key: _substitute_all(item, values, stage) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute_all(item, values, stage) for item in value]
+    return value
 
 
 def _substitute(text: str, values: dict[str, str], stage: str) -> str:

@@ -49,6 +49,8 @@ class ModelEntry(Section):
     name: str | None = Field(None, description="short name (default: derived from the path)")
     layers: list[int] | None = Field(None, description="evaluate a shallower copy made of these layers (0-based) "
                                                        "of the model, e.g. [0, 2, 4]")
+    reinitialise: bool = Field(False, description="draw fresh weights for the architecture (seeded by run.seed): "
+                                                  "the same model with no pre-training, a baseline")
 
     @model_validator(mode="before")
     @classmethod

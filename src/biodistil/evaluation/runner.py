@@ -163,7 +163,7 @@ def _looks_like_path(path: str) -> bool:
 
 def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
     """(label, path) of every model, after checking that local folders exist and hold a model; an entry with
-    `layers` is written once as that shallower model to <out>/init_models/<label>."""
+    `layers` or `reinitialise` is written once as that model to <out>/init_models/<label>."""
     models = []
     for label, entry in zip(recipe.model_labels(), recipe.models, strict=True):
         local = Path(entry.path).expanduser()
@@ -175,7 +175,8 @@ def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
             raise BiodistilError(f"Recipe models: model folder '{entry.path}' not found (expected a folder with "
                                  "config.json, or a Hub id such as dmis-lab/biobert-base-cased-v1.2)")
         check_model(entry.path, f"Recipe models: {label}")
-        models.append((label, init_model_path(entry.path, entry.layers, out / "init_models" / label)))
+        models.append((label, init_model_path(entry.path, entry.layers, out / "init_models" / label,
+                                              entry.reinitialise, recipe.run.seed)))
     return models
 
 

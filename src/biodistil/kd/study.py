@@ -21,31 +21,54 @@ from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_fine
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
-from biodistil.training.run import RunFolder, run_stage
+from biodistil.training.run import RunFolder, describe_machine, run_stage
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
-    """Run every task's teacher, arms and seeds; write `summary.json` and `report.md` in the study folder."""
+    """Run every task's teacher, arms and seeds; write `summary.json` (settings, machine, per-seed scores and
+    wall times, the table) and `report.md` in the study folder."""
     run = RunFolder(recipe.run.output_dir, recipe, resume, stages=True)
+    settings = jsonable(recipe.model_dump(mode="json"))
     student = init_model_path(recipe.student, recipe.student_layers, run.path)  # one copy for every arm
     recipe = recipe.model_copy(update={"student": student, "student_layers": None})
     runs: list[dict[str, Any]] = []
     teachers: dict[str, dict[str, Any]] = {}
     for study_task in recipe.tasks:
         teacher = study_task.teacher or _teacher_stage(recipe, study_task, run.path)
-        teachers[study_task.name] = {"model": teacher, "test": _teacher_scores(recipe, study_task, teacher, run.path)}
+        teachers[study_task.name] = {"model": teacher, "test": _teacher_scores(recipe, study_task, teacher, run.path),
+                                     **_teacher_record(study_task, teacher)}
         for arm in recipe.arms:
             for seed in recipe.seeds:
                 folder = run.path / study_task.name / arm.name / f"seed-{seed}"
                 raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, run.path)
-                metrics = _stage(arm.command, raw, folder)
-                runs.append({"task": study_task.name, "arm": arm.name, "command": arm.command, "seed": seed,
-                             "folder": str(folder), "test": metrics.get("test", {}), "init": metrics.get("init", {})})
+                runs.append(_run_record(study_task.name, arm.name, arm.command, seed, folder,
+                                        _stage(arm.command, raw, folder), run.path))
     summary = {"rows": summarise(runs, teachers, recipe.metric), "teachers": teachers, "runs": runs,
-               "seeds": recipe.seeds}
+               "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
+               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in [*runs, *teachers.values()]), 1)}
     atomic_write_json(run.path / "summary.json", jsonable(summary))
     atomic_write_text(run.path / "report.md", render_study(summary, run.path))
     return run.path / "report.md"
+
+
+def _run_record(task: str, arm: str, command: str, seed: int, folder: Path, metrics: dict[str, Any],
+                root: Path) -> dict[str, Any]:
+    """One arm × seed in the summary: its scores, its initialisation's, steps, wall time and any degenerate test
+    predictions (one class for every example)."""
+    train = metrics.get("train") or {}
+    return {"task": task, "arm": arm, "command": command, "seed": seed, "folder": str(folder.relative_to(root)),
+            "test": metrics.get("test", {}), "init": metrics.get("init", {}),
+            "steps": metrics.get("steps", train.get("steps")), "wall_seconds": metrics.get("wall_seconds"),
+            "degenerate": metrics.get("degenerate") or ""}
+
+
+def _teacher_record(study_task: StudyTask, teacher: str) -> dict[str, Any]:
+    """Wall time and steps of a teacher the study fine-tuned (nothing for a given teacher)."""
+    if study_task.teacher is not None:
+        return {"wall_seconds": None}
+    metrics = read_json(Path(teacher).parent / "metrics.json")
+    return {"wall_seconds": metrics.get("wall_seconds"), "steps": (metrics.get("train") or {}).get("steps"),
+            "degenerate": metrics.get("degenerate") or ""}
 
 
 def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
@@ -119,6 +142,7 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
         rows.append({"task": task, "arm": arm, "command": group[0]["command"], "metric": key, "seeds": len(group),
                      "mean": mean, "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "scores": scores,
                      "init": init, "teacher": number(teacher[key]),
+                     "degenerate_seeds": [r["seed"] for r in group if r.get("degenerate")],
                      "gap_closed": gap_closed({key: mean}, {key: init}, {key: number(teacher[key])})[key]})
     return rows
 
@@ -134,6 +158,18 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
              "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed |",
              "|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
+        flag = " (degenerate)" if row.get("degenerate_seeds") else ""
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
-                     f"{row['sd']:.4f} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
+                     f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
+    notes = [f"- {row['task']} / {row['arm']}: seeds {row['degenerate_seeds']} predicted one class for every test "
+             "example (their scores say nothing about the method)." for row in summary["rows"]
+             if row.get("degenerate_seeds")]
+    notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
+              for task, teacher in summary["teachers"].items() if teacher.get("degenerate")]
+    if notes:
+        lines += ["", "Degenerate predictions:", "", *notes]
+    minutes = summary.get("wall_seconds", 0) / 60
+    machine = summary.get("machine", {})
+    lines += ["", f"Wall time of the runs: {minutes:.1f} minutes on {machine.get('cpu', '?')} "
+              f"({machine.get('torch_threads', '?')} torch threads)."]
     return "\n".join(lines) + "\n"

@@ -110,6 +110,24 @@ def choose_threads() -> str:
     return f"CPU threads: {threads}{per} ({usable} usable cores, load {busy:.1f}; set OMP_NUM_THREADS to choose)"
 
 
+def describe_machine() -> dict[str, Any]:
+    """What a timing or a result was measured on: CPU model, usable cores, torch threads and versions."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "usable_cores": usable, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
 def single_process(command: str) -> None:
     """Refuse at once to run `command` under several processes (accelerate launch / torchrun)."""
     processes = int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -1,0 +1,88 @@
+"""The study recipes of recipes/studies/ (docs/results.md) end to end on tiny models and a slice of the data, and
+the pieces only they use: a pipeline's evaluate stage and its record, a re-initialised baseline model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from recipe_fixtures import RECIPES, data_root, needs_data
+from transformers import AutoModel
+
+from biodistil.config import load_recipe
+from biodistil.methods.finetune import init_model_path
+from biodistil.pipeline import PipelineRecipe, run_pipeline
+
+STUDIES = RECIPES / "studies"
+TINY_STUDENT = {"model_type": "bert", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                "max_position_embeddings": 64}
+
+
+def tiny_task_agnostic(teacher: Path, corpus: Path, out: Path) -> PipelineRecipe:
+    """recipes/studies/task-agnostic.yaml at test size: 4 distillation steps per arm, 16 examples per split, 1 seed,
+    students of the tiny 4-layer teacher's layers 0 and 2."""
+    recipe = load_recipe(PipelineRecipe, STUDIES / "task-agnostic.yaml",
+                         [f"vars.teacher={teacher}", f"vars.data={data_root()}", f"run.output_dir={out}"])
+    for stage in recipe.stages:
+        settings = json.loads(json.dumps(stage.settings))  # the YAML anchors share nested values between stages
+        if stage.command == "distill":
+            settings["data"] = {"train": [str(corpus)], "block_size": 32, "eval_fraction": 0}
+            settings["train"].update(max_steps=4, batch_size=4, warmup_steps=0, eval_every=0, save_every=2,
+                                     progress_bar=False)
+            if settings["student"]["init"] == "teacher_layers":
+                settings["student"]["layers"] = [0, 2]
+            else:
+                settings["student"]["architecture"] = TINY_STUDENT
+            for term in settings["objective"]["terms"]:
+                if term["loss"] == "minilm_relations":
+                    term["num_relation_heads"] = 2
+        else:
+            for model in settings["models"]:
+                if model.get("layers"):
+                    model["layers"] = [0, 2]
+            settings.update(num_seeds=1, data={**settings["data"], "max_examples": 16})
+            settings["train"].update(epochs=1, batch_size=8)
+        stage.settings = settings
+    return recipe
+
+
+@needs_data
+@pytest.mark.slow
+def test_task_agnostic_study_runs_on_a_slice_and_resumes(teacher_dir, corpus_file, tmp_path):
+    out = tmp_path / "study"
+    recipe = tiny_task_agnostic(teacher_dir, corpus_file, out)
+    assert run_pipeline(recipe, STUDIES) == out / "evaluate"
+    record = json.loads((out / "pipeline.json").read_text())
+    assert [s["name"] for s in record["stages"]] == ["distilbert", "tinybert", "minilmv2", "evaluate"]
+    for stage in record["stages"][:3]:
+        assert stage["summary"]["result"]["steps"] == 4 and stage["config"]["train"]["max_steps"] == 4
+    results = record["stages"][3]["results"]
+    assert results["complete"] and results["seeds"] == [1]
+    labels = [m["label"] for m in results["models"]]
+    assert labels == ["teacher", "distilbert", "tinybert", "minilmv2", "layers-only", "random-init"]
+    assert {c["task"] for c in results["cells"]} == {"ncbi_disease", "gad", "hoc"}
+    assert len(results["cells"]) == 6 * 3
+    distilled = Path(results["models"][1]["path"])
+    assert distilled == out / "distilbert" / "model", "the evaluate stage reads the distilled student"
+    assert record["machine"]["torch_threads"] >= 1
+
+    cell = next((out / "evaluate" / "cells").rglob("metrics.json"))
+    before = cell.stat().st_mtime_ns
+    run_pipeline(tiny_task_agnostic(teacher_dir, corpus_file, out), STUDIES)
+    assert cell.stat().st_mtime_ns == before, "a finished study re-runs nothing"
+
+
+def test_a_reinitialised_baseline_keeps_the_architecture_and_draws_new_weights_from_its_seed(teacher_dir, tmp_path):
+    source = AutoModel.from_pretrained(teacher_dir)
+    first = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "a", True, seed=3))
+    again = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "b", True, seed=3))
+    other = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "c", True, seed=4))
+    layers = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "d"))
+    assert first.config.num_hidden_layers == 2 and first.config.hidden_size == source.config.hidden_size
+    name = "encoder.layer.1.attention.self.query.weight"
+    weights = {key: dict(model.named_parameters())[name] for key, model in
+               [("first", first), ("again", again), ("other", other), ("layers", layers)]}
+    assert torch.equal(weights["first"], weights["again"])
+    assert (weights["first"] - weights["other"]).abs().max() > 1e-3
+    assert (weights["first"] - weights["layers"]).abs().max() > 1e-3
+    assert torch.equal(weights["layers"], dict(source.named_parameters())["encoder.layer.2.attention.self.query.weight"])
