@@ -85,4 +85,5 @@ def test_a_reinitialised_baseline_keeps_the_architecture_and_draws_new_weights_f
     assert torch.equal(weights["first"], weights["again"])
     assert (weights["first"] - weights["other"]).abs().max() > 1e-3
     assert (weights["first"] - weights["layers"]).abs().max() > 1e-3
-    assert torch.equal(weights["layers"], dict(source.named_parameters())["encoder.layer.2.attention.self.query.weight"])
+    teacher_layer = dict(source.named_parameters())["encoder.layer.2.attention.self.query.weight"]
+    assert torch.equal(weights["layers"], teacher_layer)
