@@ -2,14 +2,15 @@
 
 A pipeline recipe names its stages; each stage is a command, a recipe file (relative to the pipeline file) and/or
 inline `settings`, and dotted overrides. `${name}` in an override or a settings string stands for a pipeline
-variable (`vars`) or, for a stage name, that stage's exported model folder. `shared` is a partial recipe merged
-into every pretrain and distill stage whose command has that section (e.g. `shared.train.max_steps=10` shortens
-them all). Stage k writes <output_dir>/<name> and runs as every stage of a multi-stage job does
+variable (`vars`) or, for a stage name, that stage's exported model folder. `shared` is a partial recipe merged into
+every pretrain and distill stage whose command has that section (e.g. `shared.train.max_steps=10` shortens them
+all). Stage k writes <output_dir>/<name> and runs as every stage of a multi-stage job does
 (`biodistil.training.run.run_stage`): a stage whose model is already exported is skipped and an interrupted one
-continues from its checkpoint, so a re-run continues where the last one stopped (with or without --resume). An `evaluate` stage (usually the last:
-fine-tune the models the earlier stages made on tasks × seeds) keeps its finished cells and runs the others.
-At the end `<output_dir>/pipeline.json` gathers every stage's summary (steps, wall time, losses; the evaluation's
-results), the machine and the resolved pipeline recipe: the record of a study built as a pipeline.
+continues from its checkpoint, so a re-run continues where the last one stopped (with or without --resume). An
+`evaluate` stage (usually the last: fine-tune the models the earlier stages made on tasks × seeds) keeps its
+finished cells and runs the others. At the end `<output_dir>/pipeline.json` gathers every stage's summary (steps,
+wall time, losses; the evaluation's results), the machine and the resolved pipeline recipe: the record of a study
+built as a pipeline.
 """
 
 import re
