@@ -101,6 +101,8 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     assert all(row["seeds"] == 1 and "gap_closed" in row for row in summary["rows"])
     assert summary["settings"]["seeds"] == [1] and summary["machine"]["torch_threads"] >= 1
     assert all(run["wall_seconds"] > 0 and run["steps"] >= 1 for run in summary["runs"])
+    assert all(len(row["gap_closed_per_seed"]) == 1 for row in summary["rows"])
+    assert (out / "scores.png").stat().st_size > 1000
     assert "gap closed" in report.read_text()
     first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
     before = first.stat().st_mtime_ns

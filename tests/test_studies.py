@@ -40,7 +40,7 @@ def tiny_task_agnostic(teacher: Path, corpus: Path, out: Path) -> PipelineRecipe
             for model in settings["models"]:
                 if model.get("layers"):
                     model["layers"] = [0, 2]
-            settings.update(num_seeds=1, data={**settings["data"], "max_examples": 16})
+            settings.update(num_seeds=1, tasks=[{**task, "max_examples": 16} for task in settings["tasks"]])
             settings["train"].update(epochs=1, batch_size=8)
         stage.settings = settings
     return recipe

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "cache-teacher", "Store a distill recipe's teacher outputs (top-k logits, hidden states) per block and "
         "mask pattern, so that distill runs without the teacher (the recipe's teacher_cache section); an "
         "interrupted build continues when run again", _cache_teacher, resume=False, stop_after=False)
-    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill stages in order", _pipeline,
+    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill/evaluate stages in order", _pipeline,
                        stop_after=False)
     demo = sub.add_parser(
         "demo", help="Offline demo: a real pretrained teacher distilled into a half-depth student on NCBI-disease",

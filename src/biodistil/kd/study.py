@@ -48,6 +48,7 @@ def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in [*runs, *teachers.values()]), 1)}
     atomic_write_json(run.path / "summary.json", jsonable(summary))
     atomic_write_text(run.path / "report.md", render_study(summary, run.path))
+    plot_study(summary["rows"], run.path / "scores.png")
     return run.path / "report.md"
 
 
@@ -139,11 +140,14 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
         scores = [number(r["test"][key]) for r in group]
         inits = [number(r["init"].get(key)) for r in group]
         mean, init = statistics.fmean(scores), statistics.fmean(inits)
+        target = number(teacher[key])
+        per_seed = [gap_closed({key: s}, {key: i}, {key: target})[key] for s, i in zip(scores, inits, strict=True)]
         rows.append({"task": task, "arm": arm, "command": group[0]["command"], "metric": key, "seeds": len(group),
                      "mean": mean, "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "scores": scores,
                      "init": init, "teacher": number(teacher[key]),
                      "degenerate_seeds": [r["seed"] for r in group if r.get("degenerate")],
-                     "gap_closed": gap_closed({key: mean}, {key: init}, {key: number(teacher[key])})[key]})
+                     "gap_closed": gap_closed({key: mean}, {key: init}, {key: target})[key],
+                     "gap_closed_per_seed": per_seed})
     return rows
 
 
@@ -173,3 +177,35 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     lines += ["", f"Wall time of the runs: {minutes:.1f} minutes on {machine.get('cpu', '?')} "
               f"({machine.get('torch_threads', '?')} torch threads)."]
     return "\n".join(lines) + "\n"
+
+
+def plot_study(rows: list[dict[str, Any]], path: Path) -> Path:
+    """One panel per task: each arm's mean test score with its seed sd and seeds as dots, the teacher (dashed) and
+    the students' mean initialisation (dotted); PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(row["task"] for row in rows))
+    figure, panels = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 0.45 * max(
+        sum(row["task"] == task for row in rows) for task in tasks) + 1.8), dpi=120, squeeze=False)
+    for axes, task in zip(panels[0], tasks, strict=True):
+        group = [row for row in rows if row["task"] == task]
+        places = range(len(group))
+        axes.barh(places, [row["mean"] for row in group], xerr=[row["sd"] for row in group], color="tab:blue",
+                  alpha=0.6, capsize=3)
+        for place, row in zip(places, group, strict=True):
+            axes.scatter(row["scores"], [place] * len(row["scores"]), color="black", s=10, zorder=3)
+        axes.axvline(group[0]["teacher"], color="tab:red", linestyle="--", linewidth=1, label="teacher")
+        axes.axvline(statistics.fmean(row["init"] for row in group), color="gray", linestyle=":", linewidth=1,
+                     label="student initialisation")
+        axes.set_yticks(list(places), [row["arm"] for row in group])
+        axes.invert_yaxis()
+        axes.set_xlabel(f"test {group[0]['metric']} (mean ± sd over seeds; dots: seeds)")
+        axes.set_title(task)
+        axes.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
