@@ -103,6 +103,12 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     assert all(run["wall_seconds"] > 0 and run["steps"] >= 1 for run in summary["runs"])
     assert all(len(row["gap_closed_per_seed"]) == 1 for row in summary["rows"])
     assert (out / "scores.png").stat().st_size > 1000
+    if recipe.startswith("studies/"):
+        from test_studies import results_tables
+
+        tables = results_tables()
+        table = (tables.transfer_tables if "transfer" in recipe else tables.meta_tables)(summary)
+        assert all(f"| {arm} |" in table for arm in arms) and "one seed" in table
     assert "gap closed" in report.read_text()
     first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
     before = first.stat().st_mtime_ns

@@ -1,6 +1,7 @@
 """The study recipes of recipes/studies/ (docs/results.md) end to end on tiny models and a slice of the data, and
 the pieces only they use: a pipeline's evaluate stage and its record, a re-initialised baseline model."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +15,14 @@ from biodistil.methods.finetune import init_model_path
 from biodistil.pipeline import PipelineRecipe, run_pipeline
 
 STUDIES = RECIPES / "studies"
+
+
+def results_tables():
+    """docs/results/tables.py, the printer of docs/results.md's tables, as a module."""
+    spec = importlib.util.spec_from_file_location("tables", RECIPES.parent / "docs" / "results" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 TINY_STUDENT = {"model_type": "bert", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
                 "max_position_embeddings": 64}
 
@@ -65,6 +74,11 @@ def test_task_agnostic_study_runs_on_a_slice_and_resumes(teacher_dir, corpus_fil
     distilled = Path(results["models"][1]["path"])
     assert distilled == out / "distilbert" / "model", "the evaluate stage reads the distilled student"
     assert record["machine"]["torch_threads"] >= 1
+
+    table = results_tables().task_agnostic_tables(record)
+    for label in labels:
+        assert f"| {label} |" in table
+    assert "layers-only − random-init" in table and "| distilbert | teacher layers 0, 2 | hidden_cosine; 4 steps" in table
 
     cell = next((out / "evaluate" / "cells").rglob("metrics.json"))
     before = cell.stat().st_mtime_ns

@@ -1,0 +1,168 @@
+"""Print the tables of docs/results.md from the committed study records beside this file (standard library only).
+
+    python docs/results/tables.py            # every study
+    python docs/results/tables.py meta-kd    # one
+
+Each record is what its study recipe wrote: `task-agnostic.json` is the `pipeline.json` of
+recipes/studies/task-agnostic.yaml, `transfer-data.json` and `meta-kd.json` the `summary.json` of
+recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is called a finding only when
+it exceeds twice the larger of their seed standard deviations (and both have at least two seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TASK_TITLES = {"ncbi_disease": "NCBI-disease", "gad": "GAD", "hoc": "HoC", "chemprot": "ChemProt",
+               "bioasq": "BioASQ"}
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def pm(mean: float, sd: float | None, scale: float = 100.0, digits: int = 1) -> str:
+    return f"{scale * mean:.{digits}f}" + (f" ± {scale * sd:.{digits}f}" if sd is not None else "")
+
+
+def compare(first: list[float], second: list[float]) -> tuple[float, str]:
+    """(mean(first) − mean(second), 'finding' | 'within noise' | 'one seed')."""
+    gain = statistics.fmean(first) - statistics.fmean(second)
+    if min(len(first), len(second)) < 2:
+        return gain, "one seed"
+    spread = max(statistics.stdev(first), statistics.stdev(second))
+    return gain, "finding" if abs(gain) > 2 * spread else "within noise"
+
+
+# ------------------------------------------------------------------------------------------ study 1
+
+
+def task_agnostic_tables(record: dict[str, Any]) -> str:
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    results = next(stage["results"] for stage in record["stages"] if stage["command"] == "evaluate")
+    tasks = [task["name"] for task in results["tasks"]]
+    summary = results["summary"]
+    teacher = results["reference"]
+    lines = ["| model | start | distillation | " + " | ".join(TASK_TITLES.get(t, t) for t in tasks)
+             + " | macro average | share of teacher |", "|---" * (len(tasks) + 5) + "|"]
+    macro = {label: statistics.fmean(summary[label][t]["mean"] for t in tasks) for label in summary}
+    for model in results["models"]:
+        label = model["label"]
+        cells = []
+        for task in tasks:
+            entry = summary[label][task]
+            flag = " (degenerate)" if entry["degenerate"] else ""
+            cells.append(pm(entry["mean"], entry["std"]) + flag)
+        stage = stages.get(label)
+        cells = [_start(label, stage), _distillation(stage), *cells, f"{100 * macro[label]:.1f}",
+                 f"{100 * macro[label] / macro[teacher]:.1f}%"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Seed by seed (headline score ×100):", "", "| model | " + " | ".join(
+        TASK_TITLES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for model in results["models"]:
+        label = model["label"]
+        seeds = [", ".join(f"{100 * v:.1f}" for v in summary[label][t]["seeds"].values()) for t in tasks]
+        lines.append(f"| {label} | " + " | ".join(seeds) + " |")
+    lines += ["", "Differences of macro averages (per seed: the mean over tasks of that seed's scores):", "",
+              "| comparison | difference | verdict |", "|---|---|---|"]
+    per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
+                        for s in summary[label][tasks[0]]["seeds"]] for label in summary}
+    for first, second in [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
+                          ("layers-only", "random-init"), ("distilbert", "tinybert")]:
+        if first in per_seed and second in per_seed:
+            gain, verdict = compare(per_seed[first], per_seed[second])
+            lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def _start(label: str, stage: dict[str, Any] | None) -> str:
+    if stage is None:
+        return {"layers-only": "teacher layers 0, 2, 4", "random-init": "random"}.get(label, "pre-trained")
+    student = stage["config"]["student"]
+    return "random" if student["init"] == "architecture" else f"teacher layers {', '.join(map(str, student['layers']))}"
+
+
+def _distillation(stage: dict[str, Any] | None) -> str:
+    if stage is None:
+        return "none"
+    result, config = stage["summary"]["result"], stage["config"]
+    tokens = result["steps"] * config["train"]["batch_size"] * config["data"]["block_size"]
+    terms = " + ".join(term["loss"] for term in config["objective"]["terms"])
+    return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {result['seconds'] / 60:.1f} min"
+
+
+# ------------------------------------------------------------------------------------------ study 2
+
+
+def transfer_tables(summary: dict[str, Any]) -> str:
+    rows = summary["rows"]
+    task = rows[0]["task"]
+    lines = [f"Teacher {summary['rows'][0]['metric'].upper()} on the {TASK_TITLES.get(task, task)} test set: "
+             f"{summary['teachers'][task]['test'][rows[0]['metric']]:.3f}; the student's initialisation (layers "
+             f"0, 2, 4 with an untrained head): {statistics.fmean(r['init'] for r in rows):.3f} (mean over runs).", "",
+             "| arm | test AUROC (mean ± sd) | seeds | gap closed (mean ± sd over seeds) |", "|---|---|---|---|"]
+    for row in rows:
+        gaps = row["gap_closed_per_seed"]
+        flag = " (degenerate)" if row["degenerate_seeds"] else ""
+        sd = statistics.stdev(gaps) if len(gaps) > 1 else None
+        lines.append(f"| {row['arm']} | {pm(row['mean'], row['sd'], 1, 3)}{flag} | "
+                     f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% |")
+    lines += ["", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
+    scores = {row["arm"]: row["scores"] for row in rows}
+    for first, second in [("kd-bioasq", "kd-boolq"), ("kd-boolq", "kd-random-boolq"), ("kd-pubmedqa", "kd-boolq"),
+                          ("kd-boolq", "finetune-boolq"), ("kd-pubmedqa", "finetune-pubmedqa")]:
+        if first in scores and second in scores:
+            gain, verdict = compare(scores[first], scores[second])
+            lines.append(f"| {first} − {second} | {gain:+.3f} | {verdict} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ study 3
+
+
+def meta_tables(summary: dict[str, Any]) -> str:
+    rows = summary["rows"]
+    tasks = list(dict.fromkeys(row["task"] for row in rows))
+    arms = list(dict.fromkeys(row["arm"] for row in rows))
+    by = {(row["task"], row["arm"]): row for row in rows}
+    lines = ["| arm | " + " | ".join(f"{TASK_TITLES.get(t, t)} F1" for t in tasks) + " | mean |",
+             "|---" * (len(tasks) + 2) + "|",
+             "| teacher (6 × 384) | " + " | ".join(f"{100 * by[t, arms[0]]['teacher']:.1f}" for t in tasks)
+             + f" | {100 * statistics.fmean(by[t, arms[0]]['teacher'] for t in tasks):.1f} |"]
+    for arm in arms:
+        cells = [pm(by[t, arm]["mean"], by[t, arm]["sd"]) + (" (degenerate)" if by[t, arm]["degenerate_seeds"] else "")
+                 for t in tasks]
+        mean = statistics.fmean(by[t, arm]["mean"] for t in tasks)
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {100 * mean:.1f} |")
+    lines += ["", "Seeds (F1 ×100): " + "; ".join(
+        f"{TASK_TITLES.get(t, t)} {arm} " + ", ".join(f"{100 * s:.1f}" for s in by[t, arm]["scores"])
+        for t in tasks for arm in arms), "",
+        "| comparison (the paper's order) | " + " | ".join(TASK_TITLES.get(t, t) for t in tasks) + " |",
+        "|---" * (len(tasks) + 1) + "|"]
+    for first, second in [("meta-adaptive", "metadistil"), ("metadistil", "kd"), ("kd", "pkd"), ("kd", "finetune"),
+                          ("pkd", "finetune")]:
+        if first in arms and second in arms:
+            cells = []
+            for task in tasks:
+                gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"])
+                cells.append(f"{100 * gain:+.1f} ({verdict})")
+            lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables}
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(STUDIES):
+        if (HERE / f"{name}.json").is_file():
+            print(f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
