@@ -2,6 +2,7 @@
 
     python docs/results/tables.py            # every study
     python docs/results/tables.py meta-kd    # one
+    python docs/results/tables.py --write    # replace the marked tables of docs/results.md
 
 Each record is what its study recipe wrote: `task-agnostic.json` is the `pipeline.json` of
 recipes/studies/task-agnostic.yaml, `transfer-data.json` and `meta-kd.json` the `summary.json` of
@@ -158,10 +159,28 @@ def meta_tables(summary: dict[str, Any]) -> str:
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables}
 
 
-def main(names: list[str]) -> None:
-    for name in names or list(STUDIES):
+def block(name: str) -> str:
+    """The marked region of docs/results.md that holds a study's tables."""
+    return f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->"
+
+
+def write(doc: Path = HERE.parent / "results.md") -> None:
+    text = doc.read_text(encoding="utf-8")
+    for name in STUDIES:
+        start, end = f"<!-- tables: {name} -->", f"<!-- end: {name} -->"
+        if (HERE / f"{name}.json").is_file() and start in text:
+            before, rest = text.split(start, 1)
+            text = before + block(name) + rest.split(end, 1)[1]
+    doc.write_text(text, encoding="utf-8")
+
+
+def main(args: list[str]) -> None:
+    if args == ["--write"]:
+        write()
+        return
+    for name in args or list(STUDIES):
         if (HERE / f"{name}.json").is_file():
-            print(f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->\n")
+            print(block(name) + "\n")
 
 
 if __name__ == "__main__":
