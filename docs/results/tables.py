@@ -69,6 +69,10 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
         label = model["label"]
         seeds = [", ".join(f"{100 * v:.1f}" for v in summary[label][t]["seeds"].values()) for t in tasks]
         lines.append(f"| {label} | " + " | ".join(seeds) + " |")
+    distil = sum(stage["summary"]["result"]["seconds"] for stage in stages.values() if stage["command"] != "evaluate")
+    tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in results["cells"])
+    lines += ["", f"Wall time: distillation {distil / 60:.1f} min, fine-tuning and scoring {tune / 60:.1f} min "
+              f"({len(results['cells'])} cells), {(distil + tune) / 60:.1f} min in all."]
     lines += ["", "Differences of macro averages (per seed: the mean over tasks of that seed's scores):", "",
               "| comparison | difference | verdict |", "|---|---|---|"]
     per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
@@ -113,7 +117,7 @@ def transfer_tables(summary: dict[str, Any]) -> str:
         sd = statistics.stdev(gaps) if len(gaps) > 1 else None
         lines.append(f"| {row['arm']} | {pm(row['mean'], row['sd'], 1, 3)}{flag} | "
                      f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% |")
-    lines += ["", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
+    lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
     for first, second in [("kd-bioasq", "kd-boolq"), ("kd-boolq", "kd-random-boolq"), ("kd-pubmedqa", "kd-boolq"),
                           ("kd-boolq", "finetune-boolq"), ("kd-pubmedqa", "finetune-pubmedqa")]:
@@ -153,7 +157,15 @@ def meta_tables(summary: dict[str, Any]) -> str:
                 gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"])
                 cells.append(f"{100 * gain:+.1f} ({verdict})")
             lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", _wall_time(summary)])
+
+
+def _wall_time(summary: dict[str, Any]) -> str:
+    teachers = sum(t.get("wall_seconds") or 0 for t in summary["teachers"].values())
+    runs = len(summary["runs"])
+    return (f"Wall time: {summary['wall_seconds'] / 60:.1f} min in all (teachers {teachers / 60:.1f} min, "
+            f"{runs} student runs {(summary['wall_seconds'] - teachers) / 60:.1f} min), "
+            f"{summary['machine']['torch_threads']} torch thread(s).")
 
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables}

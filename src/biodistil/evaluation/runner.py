@@ -23,6 +23,7 @@ import json
 import re
 import shutil
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -224,6 +225,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
     """Fine-tune and score one cell in its (empty) folder; write predictions.jsonl and, last, metrics.json."""
     from biodistil.methods.finetune import finetune_on_task
 
+    started = time.perf_counter()
     folder = cell.folder(out)
     task = cell.task
     cfg = recipe.train.for_cell(task.learning_rate, task.batch_size)
@@ -250,7 +252,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
         "train": {"steps": outcome.train.steps, "best_step": outcome.train.best_step,
                   "best_dev_score": outcome.train.best_score, "seconds": round(outcome.train.seconds, 2),
                   "tokens_per_second": round(outcome.train.tokens_per_second, 1)},
-        "settings": settings,
+        "settings": settings, "wall_seconds": round(time.perf_counter() - started, 1),
     }
     atomic_write_json(folder / "metrics.json", record)
     return record

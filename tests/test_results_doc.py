@@ -1,0 +1,47 @@
+"""docs/results.md is backed by the committed study records: its tables are the ones docs/results/tables.py prints
+from docs/results/*.json, and each record was produced by the study recipe committed under recipes/studies/."""
+
+import json
+
+import pytest
+from recipe_fixtures import RECIPES
+from test_studies import results_tables
+
+from biodistil.config import load_recipe
+from biodistil.kd.recipe import StudyRecipe
+from biodistil.pipeline import PipelineRecipe
+
+DOCS = RECIPES.parent / "docs"
+STUDY_RECIPES = {"task-agnostic": "task-agnostic.yaml", "transfer-data": "transfer-data.yaml",
+                 "meta-kd": "meta-kd.yaml"}
+RUN_SPECIFIC = {"run", "data_dir", "student", "teacher_init"}  # output folder, data folder, resolved model paths
+
+
+@pytest.mark.parametrize("name", sorted(STUDY_RECIPES))
+def test_the_results_page_shows_the_tables_of_the_committed_record(name):
+    tables = results_tables()
+    assert (DOCS / "results" / f"{name}.json").is_file(), f"docs/results/{name}.json is missing"
+    assert tables.block(name) in (DOCS / "results.md").read_text(encoding="utf-8"), (
+        f"the {name} tables of docs/results.md differ from the record; run python docs/results/tables.py --write")
+
+
+@pytest.mark.parametrize("name", ["transfer-data", "meta-kd"])
+def test_each_study_record_was_produced_by_the_committed_recipe(name):
+    record = json.loads((DOCS / "results" / f"{name}.json").read_text())
+    recipe = load_recipe(StudyRecipe, RECIPES / "studies" / STUDY_RECIPES[name]).model_dump(mode="json")
+    ran = record["settings"]
+    assert {k: v for k, v in ran.items() if k not in RUN_SPECIFIC} == {
+        k: v for k, v in recipe.items() if k not in RUN_SPECIFIC}
+    assert len(record["seeds"]) >= 3 and all(row["seeds"] == len(record["seeds"]) for row in record["rows"])
+    assert record["wall_seconds"] < 60 * 60, "a study finishes within an hour"
+
+
+def test_the_task_agnostic_record_was_produced_by_the_committed_pipeline():
+    record = json.loads((DOCS / "results" / "task-agnostic.json").read_text())
+    recipe = load_recipe(PipelineRecipe, RECIPES / "studies" / "task-agnostic.yaml").model_dump(mode="json")
+    assert record["recipe"]["stages"] == recipe["stages"]
+    results = record["stages"][-1]["results"]
+    assert results["complete"] and len(results["seeds"]) >= 2 and len(results["tasks"]) >= 3
+    minutes = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"][:-1]) / 60
+    minutes += sum(cell["wall_seconds"] for cell in results["cells"]) / 60
+    assert minutes < 60, "the study finishes within an hour"
