@@ -95,6 +95,13 @@ def test_binary_prf_gad():
                                                          "accuracy": 0.5}
 
 
+def test_binary_prf_adds_auroc_from_the_positive_scores():
+    # positives score 0.9 and 0.4, negatives 0.1 and 0.6: 3 of the 4 (positive, negative) pairs are ranked right
+    result = binary_prf(["1", "0", "1", "0"], ["0", "0", "0", "0"], positive="1", positive_scores=[0.9, 0.1, 0.4, 0.6])
+    assert result["auroc"] == pytest.approx(0.75) and result["f1"] == 0.0, "one predicted class still ranks"
+    assert math.isnan(binary_prf(["1", "1"], ["1", "1"], positive_scores=[0.2, 0.3])["auroc"])
+
+
 def test_micro_f1_excluding_chemprot_false():
     y_true = ["CPR:3", "CPR:4", "False", "False", "CPR:9"]
     y_pred = ["CPR:3", "CPR:9", "CPR:4", "False", "False"]

@@ -119,8 +119,9 @@ def transfer_tables(summary: dict[str, Any]) -> str:
                      f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% |")
     lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
-    for first, second in [("kd-bioasq", "kd-boolq"), ("kd-boolq", "kd-random-boolq"), ("kd-pubmedqa", "kd-boolq"),
-                          ("kd-boolq", "finetune-boolq"), ("kd-pubmedqa", "finetune-pubmedqa")]:
+    for first, second in [("kd-gad", "kd-general"), ("kd-general", "kd-random-general"),
+                          ("kd-chemprot", "kd-general"), ("kd-chemprot", "finetune-chemprot"),
+                          ("kd-gad", "finetune-gad")]:
         if first in scores and second in scores:
             gain, verdict = compare(scores[first], scores[second])
             lines.append(f"| {first} − {second} | {gain:+.3f} | {verdict} |")

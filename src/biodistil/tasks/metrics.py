@@ -5,7 +5,7 @@ Every metric has a headline key (the number reported in BLURB-style tables), rec
 | metric | tasks | headline |
 |---|---|---|
 | entity_f1 | NER (NCBI-disease, BC5CDR, BC2GM, JNLPBA, LINNAEUS, Species-800) | f1 |
-| binary_prf | GAD, EU-ADR | f1 |
+| binary_prf | GAD, EU-ADR (and AUROC) | f1 |
 | micro_f1_excluding | ChemProt, DDI | f1 |
 | hoc_example_f1 | HoC | example_f1 |
 | accuracy_macro_f1 | PubMedQA | accuracy |
@@ -127,15 +127,21 @@ def token_macro_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Seque
 # -------------------------------------------------------------------------------------- classification
 
 
-def binary_prf(y_true: Sequence[Any], y_pred: Sequence[Any], positive: Any = "1") -> Metrics:
-    """Precision / recall / F1 of the positive class (headline "f1"), plus accuracy — GAD, EU-ADR."""
+def binary_prf(y_true: Sequence[Any], y_pred: Sequence[Any], positive: Any = "1",
+               positive_scores: Sequence[float] | None = None) -> Metrics:
+    """Precision / recall / F1 of the positive class (headline "f1"), plus accuracy — GAD, EU-ADR — and, given the
+    model's scores for the positive class, AUROC (threshold-free: a model that predicts one class still ranks)."""
     _check_lengths(y_true, y_pred)
     gold, pred, pos = _labels(y_true), _labels(y_pred), str(positive)
     true_pos = sum(g == pos and p == pos for g, p in zip(gold, pred, strict=True))
     precision = _ratio(true_pos, sum(p == pos for p in pred))
     recall = _ratio(true_pos, sum(g == pos for g in gold))
     accuracy = _ratio(sum(g == p for g, p in zip(gold, pred, strict=True)), len(gold))
-    return {"precision": precision, "recall": recall, "f1": _f1(precision, recall), "accuracy": accuracy}
+    metrics = {"precision": precision, "recall": recall, "f1": _f1(precision, recall), "accuracy": accuracy}
+    if positive_scores is not None:
+        _check_lengths(y_true, positive_scores, "examples (scores)")
+        metrics["auroc"] = _auroc([int(g == pos) for g in gold], positive_scores)
+    return metrics
 
 
 def micro_f1_excluding(
@@ -190,9 +196,12 @@ def accuracy_auroc(
     _check_lengths(y_true, positive_scores, "examples (scores)")
     gold, pred, pos = _labels(y_true), _labels(y_pred), str(positive)
     accuracy = _ratio(sum(g == p for g, p in zip(gold, pred, strict=True)), len(gold))
-    binary = [int(g == pos) for g in gold]
-    auroc = float(roc_auc_score(binary, list(positive_scores))) if len(set(binary)) == 2 else math.nan
-    return {"accuracy": accuracy, "auroc": auroc}
+    return {"accuracy": accuracy, "auroc": _auroc([int(g == pos) for g in gold], positive_scores)}
+
+
+def _auroc(binary: list[int], positive_scores: Sequence[float]) -> float:
+    """AUROC of 0/1 gold labels against scores; NaN when the gold labels hold one class (undefined then)."""
+    return float(roc_auc_score(binary, list(positive_scores))) if len(set(binary)) == 2 else math.nan
 
 
 # ----------------------------------------------------------------------------------------- multi-label
@@ -312,7 +321,7 @@ class MetricSpec:
 METRICS: dict[str, MetricSpec] = {
     "entity_f1": MetricSpec(entity_f1, "f1", "tag sequences"),
     "token_macro_f1": MetricSpec(token_macro_f1, "macro_f1", "tag sequences"),
-    "binary_prf": MetricSpec(binary_prf, "f1", "labels", ("positive",)),
+    "binary_prf": MetricSpec(binary_prf, "f1", "labels + positive_scores", ("positive",)),
     "micro_f1_excluding": MetricSpec(micro_f1_excluding, "f1", "labels", ("negative_labels",)),
     "accuracy_macro_f1": MetricSpec(accuracy_macro_f1, "accuracy", "labels", ("labels",)),
     "accuracy_auroc": MetricSpec(accuracy_auroc, "accuracy", "labels + positive_scores", ("positive",)),

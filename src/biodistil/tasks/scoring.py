@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from biodistil.data.formats import Example
 from biodistil.tasks.encoding import collator_for, encode_split
+from biodistil.tasks.metrics import METRICS
 from biodistil.tasks.prediction import Predictions, predict
 from biodistil.tasks.registry import TaskSpec
 
@@ -18,7 +19,7 @@ def score(task: TaskSpec, examples: Sequence[Example], predictions: Predictions)
     if task.kind == "token_classification":
         return task.compute_metrics([e.tags for e in examples], predictions.labels)
     extra: dict[str, Any] = {}
-    if task.metric == "accuracy_auroc":
+    if "positive_scores" in METRICS[task.metric].inputs:
         positive = task.label_to_id[str(task.metric_options.get("positive", task.labels[-1]))]
         extra["positive_scores"] = [s[positive] for s in predictions.scores]
     return task.compute_metrics(task.example_targets(examples), predictions.labels, **extra)
