@@ -110,13 +110,16 @@ def transfer_tables(summary: dict[str, Any]) -> str:
     lines = [f"Teacher {summary['rows'][0]['metric'].upper()} on the {TASK_TITLES.get(task, task)} test set: "
              f"{summary['teachers'][task]['test'][rows[0]['metric']]:.3f}; the student's initialisation (layers "
              f"0, 2, 4 with an untrained head): {statistics.fmean(r['init'] for r in rows):.3f} (mean over runs).", "",
-             "| arm | test AUROC (mean ± sd) | seeds | gap closed (mean ± sd over seeds) |", "|---|---|---|---|"]
+             "| arm | test AUROC (mean ± sd) | seeds | gap closed (mean ± sd over seeds) | F1 (mean) "
+             "| predicted one class |", "|---|---|---|---|---|---|"]
     for row in rows:
         gaps = row["gap_closed_per_seed"]
-        flag = " (degenerate)" if row["degenerate_seeds"] else ""
         sd = statistics.stdev(gaps) if len(gaps) > 1 else None
-        lines.append(f"| {row['arm']} | {pm(row['mean'], row['sd'], 1, 3)}{flag} | "
-                     f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% |")
+        group = [r for r in summary["runs"] if r["task"] == task and r["arm"] == row["arm"]]
+        f1 = statistics.fmean(r["test"]["f1"] for r in group) if all("f1" in r["test"] for r in group) else None
+        lines.append(f"| {row['arm']} | {pm(row['mean'], row['sd'], 1, 3)} | "
+                     f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% | "
+                     f"{'' if f1 is None else f'{100 * f1:.1f}'} | {len(row['degenerate_seeds'])} of {len(group)} |")
     lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
     for first, second in [("kd-gad", "kd-general"), ("kd-general", "kd-random-general"),
@@ -129,6 +132,9 @@ def transfer_tables(summary: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ study 3
+
+
+ORDER = [("meta-adaptive", "metadistil"), ("metadistil", "kd"), ("kd", "pkd"), ("kd", "finetune"), ("pkd", "finetune")]
 
 
 def meta_tables(summary: dict[str, Any]) -> str:
@@ -150,15 +156,40 @@ def meta_tables(summary: dict[str, Any]) -> str:
         for t in tasks for arm in arms), "",
         "| comparison (the paper's order) | " + " | ".join(TASK_TITLES.get(t, t) for t in tasks) + " |",
         "|---" * (len(tasks) + 1) + "|"]
-    for first, second in [("meta-adaptive", "metadistil"), ("metadistil", "kd"), ("kd", "pkd"), ("kd", "finetune"),
-                          ("pkd", "finetune")]:
+    for first, second in ORDER:
         if first in arms and second in arms:
             cells = []
             for task in tasks:
                 gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"])
                 cells.append(f"{100 * gain:+.1f} ({verdict})")
             lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", _wall_time(summary)])
+    return "\n".join([*lines, *_auroc_table(summary, tasks, arms), "", _wall_time(summary)])
+
+
+def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> list[str]:
+    """Binary tasks also report AUROC, which still ranks the models that predict one class (F1 0 or 0.67)."""
+    runs = summary["runs"]
+    binary = [t for t in tasks if all("auroc" in r["test"] for r in runs if r["task"] == t)]
+    lines = []
+    for task in binary:
+        title = TASK_TITLES.get(task, task)
+        teacher = summary["teachers"][task]["test"].get("auroc")
+        lines += ["", f"{title} AUROC (threshold-free; teacher {teacher:.3f}):", "",
+                  "| arm | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
+        for arm in arms:
+            group = [r for r in runs if r["task"] == task and r["arm"] == arm]
+            values = [r["test"]["auroc"] for r in group]
+            sd = statistics.stdev(values) if len(values) > 1 else None
+            one_class = sum(bool(r.get("degenerate")) for r in group)
+            lines.append(f"| {arm} | {pm(statistics.fmean(values), sd, 1, 3)} | "
+                         f"{', '.join(f'{v:.3f}' for v in values)} | {one_class} of {len(group)} |")
+        lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
+        for first, second in ORDER:
+            if first in arms and second in arms:
+                gain, verdict = compare(*[[r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == a]
+                                          for a in (first, second)])
+                lines.append(f"| {first} − {second} | {gain:+.3f} ({verdict}) |")
+    return lines
 
 
 def _wall_time(summary: dict[str, Any]) -> str:
