@@ -155,6 +155,9 @@ def _headline(task: str) -> str:
     return get_task(task).headline_key
 
 
+RANKING_METRICS = ("auroc",)  # threshold-free: meaningful even when every prediction is one class
+
+
 def render_study(summary: dict[str, Any], root: Path) -> str:
     lines = ["# Study", "", f"Folder `{root}`; seeds {summary['seeds']}. Scores are test-set means over seeds; "
              "gap closed = (S − S_init)/(T − S_init) with S the trained student, S_init its initialisation scored "
@@ -162,11 +165,15 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
              "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed |",
              "|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
-        flag = " (degenerate)" if row.get("degenerate_seeds") else ""
+        flag = ""
+        if row.get("degenerate_seeds"):
+            flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
     notes = [f"- {row['task']} / {row['arm']}: seeds {row['degenerate_seeds']} predicted one class for every test "
-             "example (their scores say nothing about the method)." for row in summary["rows"]
+             + ("example at the decision threshold; the threshold-free " + row["metric"] + " still measures how they "
+                "rank the examples." if row["metric"] in RANKING_METRICS else
+                "example (their scores say nothing about the method).") for row in summary["rows"]
              if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
               for task, teacher in summary["teachers"].items() if teacher.get("degenerate")]
