@@ -187,7 +187,7 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
 
 
 def plot_study(rows: list[dict[str, Any]], path: Path) -> Path:
-    """One panel per task: each arm's mean test score with its seed sd and seeds as dots, the teacher (dashed) and
+    """One panel per task: each arm's mean test score ± its seed sd and the seeds as dots, the teacher (dashed) and
     the students' mean initialisation (dotted); PNG."""
     import matplotlib
 
@@ -196,22 +196,23 @@ def plot_study(rows: list[dict[str, Any]], path: Path) -> Path:
 
     tasks = list(dict.fromkeys(row["task"] for row in rows))
     figure, panels = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 0.45 * max(
-        sum(row["task"] == task for row in rows) for task in tasks) + 1.8), dpi=120, squeeze=False)
+        sum(row["task"] == task for row in rows) for task in tasks) + 2.2), dpi=120, squeeze=False)
     for axes, task in zip(panels[0], tasks, strict=True):
         group = [row for row in rows if row["task"] == task]
         places = range(len(group))
-        axes.barh(places, [row["mean"] for row in group], xerr=[row["sd"] for row in group], color="tab:blue",
-                  alpha=0.6, capsize=3)
+        axes.errorbar([row["mean"] for row in group], list(places), xerr=[row["sd"] for row in group], fmt="D",
+                      color="tab:blue", capsize=4, label="mean ± sd", zorder=2)
         for place, row in zip(places, group, strict=True):
-            axes.scatter(row["scores"], [place] * len(row["scores"]), color="black", s=10, zorder=3)
+            axes.scatter(row["scores"], [place] * len(row["scores"]), color="black", s=12, zorder=3)
         axes.axvline(group[0]["teacher"], color="tab:red", linestyle="--", linewidth=1, label="teacher")
         axes.axvline(statistics.fmean(row["init"] for row in group), color="gray", linestyle=":", linewidth=1,
                      label="student initialisation")
         axes.set_yticks(list(places), [row["arm"] for row in group])
         axes.invert_yaxis()
-        axes.set_xlabel(f"test {group[0]['metric']} (mean ± sd over seeds; dots: seeds)")
+        axes.set_xlabel(f"test {group[0]['metric']} (dots: seeds)")
         axes.set_title(task)
-        axes.legend(loc="lower right", fontsize=8)
+        axes.grid(axis="x", alpha=0.3)
+        axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
