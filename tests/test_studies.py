@@ -86,6 +86,13 @@ def test_task_agnostic_study_runs_on_a_slice_and_resumes(teacher_dir, corpus_fil
     run_pipeline(tiny_task_agnostic(teacher_dir, corpus_file, out), STUDIES)
     assert cell.stat().st_mtime_ns == before, "a finished study re-runs nothing"
 
+    wider = tiny_task_agnostic(teacher_dir, corpus_file, out)
+    wider.stages[-1].settings["tasks"].append({"name": "bc5cdr_disease", "max_examples": 16})
+    run_pipeline(wider, STUDIES)
+    results = json.loads((out / "pipeline.json").read_text())["stages"][3]["results"]
+    assert results["complete"] and len(results["cells"]) == 6 * 4, "a task added to a finished study runs"
+    assert cell.stat().st_mtime_ns == before, "and only its cells run"
+
 
 def test_a_reinitialised_baseline_keeps_the_architecture_and_draws_new_weights_from_its_seed(teacher_dir, tmp_path):
     source = AutoModel.from_pretrained(teacher_dir)

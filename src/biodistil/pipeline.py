@@ -90,10 +90,9 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path) -> Path:
             stage_recipe = stage_recipe_for(recipe, stage, Path(base_dir), values, stage_dir)
             _run_stage(stage.command, stage_recipe, resume)
 
-        if stage.command == "evaluate":  # finished cells are kept and unfinished ones run: never emptied
+        if stage.command == "evaluate":  # always run: it skips its finished cells (a task or seed added runs)
             output = stage_dir
-            if not _evaluated(stage_dir):
-                run(True)
+            run(True)
         else:
             output = stage_dir / "model"
             if not run_stage(stage_dir, (output / "config.json").is_file, run):
@@ -101,11 +100,6 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path) -> Path:
         values[stage.name] = str(output)
     atomic_write_json(root / "pipeline.json", pipeline_record(recipe, root))
     return output
-
-
-def _evaluated(folder: Path) -> bool:
-    results = folder / "results.json"
-    return results.is_file() and bool(read_json(results).get("complete"))
 
 
 def pipeline_record(recipe: PipelineRecipe, root: Path) -> dict[str, Any]:
