@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-TASK_TITLES = {"ncbi_disease": "NCBI-disease", "gad": "GAD", "hoc": "HoC", "chemprot": "ChemProt",
-               "bioasq": "BioASQ"}
+TASK_TITLES = {"ncbi_disease": "NCBI-disease", "bc5cdr_disease": "BC5CDR-disease", "gad": "GAD", "hoc": "HoC",
+               "chemprot": "ChemProt", "bioasq": "BioASQ"}
 
 
 def load(name: str) -> dict[str, Any]:
@@ -69,6 +69,16 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
         label = model["label"]
         seeds = [", ".join(f"{100 * v:.1f}" for v in summary[label][t]["seeds"].values()) for t in tasks]
         lines.append(f"| {label} | " + " | ".join(seeds) + " |")
+    for task in [t for t in tasks if all("auroc" in c["test"] for c in results["cells"] if c["task"] == t)]:
+        title = TASK_TITLES.get(task, task)
+        lines += ["", f"{title} AUROC (threshold-free: it ranks the models that predict one class):", "", "| model | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
+        for model in results["models"]:
+            cells = [c for c in results["cells"] if c["task"] == task and c["model"] == model["label"]]
+            values = [c["test"]["auroc"] for c in cells]
+            sd = statistics.stdev(values) if len(values) > 1 else None
+            lines.append(f"| {model['label']} | {pm(statistics.fmean(values), sd, 1, 3)} | "
+                         f"{', '.join(f'{v:.3f}' for v in values)} | "
+                         f"{sum(bool(c['degenerate']) for c in cells)} of {len(cells)} |")
     distil = sum(stage["summary"]["result"]["seconds"] for stage in stages.values() if stage["command"] != "evaluate")
     tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in results["cells"])
     lines += ["", f"Wall time: distillation {distil / 60:.1f} min, fine-tuning and scoring {tune / 60:.1f} min "
