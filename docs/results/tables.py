@@ -71,7 +71,8 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
         lines.append(f"| {label} | " + " | ".join(seeds) + " |")
     for task in [t for t in tasks if all("auroc" in c["test"] for c in results["cells"] if c["task"] == t)]:
         title = TASK_TITLES.get(task, task)
-        lines += ["", f"{title} AUROC (threshold-free: it ranks the models that predict one class):", "", "| model | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
+        lines += ["", f"{title} AUROC (threshold-free: it ranks the models that predict one class):", "",
+                  "| model | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
         for model in results["models"]:
             cells = [c for c in results["cells"] if c["task"] == task and c["model"] == model["label"]]
             values = [c["test"]["auroc"] for c in cells]
