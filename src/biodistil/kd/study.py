@@ -144,7 +144,7 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
         per_seed = [gap_closed({key: s}, {key: i}, {key: target})[key] for s, i in zip(scores, inits, strict=True)]
         rows.append({"task": task, "arm": arm, "command": group[0]["command"], "metric": key, "seeds": len(group),
                      "mean": mean, "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "scores": scores,
-                     "init": init, "teacher": number(teacher[key]),
+                     "init": init, "teacher": target,
                      "degenerate_seeds": [r["seed"] for r in group if r.get("degenerate")],
                      "gap_closed": gap_closed({key: mean}, {key: init}, {key: target})[key],
                      "gap_closed_per_seed": per_seed})
@@ -170,11 +170,7 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
             flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
-    notes = [f"- {row['task']} / {row['arm']}: seeds {row['degenerate_seeds']} predicted one class for every test "
-             + ("example at the decision threshold; the threshold-free " + row["metric"] + " still measures how they "
-                "rank the examples." if row["metric"] in RANKING_METRICS else
-                "example (their scores say nothing about the method).") for row in summary["rows"]
-             if row.get("degenerate_seeds")]
+    notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
               for task, teacher in summary["teachers"].items() if teacher.get("degenerate")]
     if notes:
@@ -184,6 +180,14 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     lines += ["", f"Wall time of the runs: {minutes:.1f} minutes on {machine.get('cpu', '?')} "
               f"({machine.get('torch_threads', '?')} torch threads)."]
     return "\n".join(lines) + "\n"
+
+
+def _one_class_note(row: dict[str, Any]) -> str:
+    """What seeds that predicted one class for every test example mean for the row's score."""
+    meaning = (f"at the decision threshold; the threshold-free {row['metric']} still measures how they rank the "
+               "examples" if row["metric"] in RANKING_METRICS else "(their scores say nothing about the method)")
+    return f"- {row['task']} / {row['arm']}: seeds {row['degenerate_seeds']} predicted one class for every test " \
+           f"example {meaning}."
 
 
 def plot_study(rows: list[dict[str, Any]], path: Path) -> Path:
