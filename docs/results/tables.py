@@ -40,6 +40,15 @@ def compare(first: list[float], second: list[float]) -> tuple[float, str]:
     return gain, "finding" if abs(gain) > 2 * spread else "within noise"
 
 
+def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
+    """A table row of one model's or arm's runs: test AUROC mean ± sd, the seeds, how many predicted one class."""
+    values = [r["test"]["auroc"] for r in records]
+    sd = statistics.stdev(values) if len(values) > 1 else None
+    one_class = sum(bool(r.get("degenerate")) for r in records)
+    return (f"| {name} | {pm(statistics.fmean(values), sd, 1, 3)} | {', '.join(f'{v:.3f}' for v in values)} | "
+            f"{one_class} of {len(records)} |")
+
+
 # ------------------------------------------------------------------------------------------ study 1
 
 
@@ -75,11 +84,7 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
                   "| model | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
         for model in results["models"]:
             cells = [c for c in results["cells"] if c["task"] == task and c["model"] == model["label"]]
-            values = [c["test"]["auroc"] for c in cells]
-            sd = statistics.stdev(values) if len(values) > 1 else None
-            lines.append(f"| {model['label']} | {pm(statistics.fmean(values), sd, 1, 3)} | "
-                         f"{', '.join(f'{v:.3f}' for v in values)} | "
-                         f"{sum(bool(c['degenerate']) for c in cells)} of {len(cells)} |")
+            lines.append(auroc_row(model["label"], cells))
     distil = sum(stage["summary"]["result"]["seconds"] for stage in stages.values() if stage["command"] != "evaluate")
     tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in results["cells"])
     lines += ["", f"Wall time: distillation {distil / 60:.1f} min, fine-tuning and scoring {tune / 60:.1f} min "
@@ -188,12 +193,7 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
         lines += ["", f"{title} AUROC (threshold-free; teacher {teacher:.3f}):", "",
                   "| arm | AUROC (mean ± sd) | seeds | predicted one class |", "|---|---|---|---|"]
         for arm in arms:
-            group = [r for r in runs if r["task"] == task and r["arm"] == arm]
-            values = [r["test"]["auroc"] for r in group]
-            sd = statistics.stdev(values) if len(values) > 1 else None
-            one_class = sum(bool(r.get("degenerate")) for r in group)
-            lines.append(f"| {arm} | {pm(statistics.fmean(values), sd, 1, 3)} | "
-                         f"{', '.join(f'{v:.3f}' for v in values)} | {one_class} of {len(group)} |")
+            lines.append(auroc_row(arm, [r for r in runs if r["task"] == task and r["arm"] == arm]))
         lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
         for first, second in ORDER:
             if first in arms and second in arms:
