@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, masked_mean, soft_kl_loss
+from biodistil.losses.distillation import (
+    LinearRows,
+    cosine_embedding_loss,
+    linear_soft_kl_loss,
+    masked_lm_loss,
+    masked_mean,
+    soft_kl_loss,
+)
 
 
 def test_masked_lm_loss_is_mean_negative_log_likelihood_of_targets():
@@ -75,6 +82,40 @@ def test_chunked_soft_kl_equals_the_formula_and_its_gradient(monkeypatch):
     loss.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("teacher_as_head", [False, True])
+def test_linear_soft_kl_equals_the_kl_of_the_formed_logits_and_its_gradients(monkeypatch, teacher_as_head):
+    import biodistil.losses.distillation as distillation
+
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 14)  # rows of 7 logits: 2 rows per chunk, 3 chunks
+    generator = torch.Generator().manual_seed(1)
+    inputs, weight, bias = (torch.randn(shape, generator=generator) for shape in ((5, 4), (7, 4), (7,)))
+    teacher_rows = LinearRows(*(torch.randn(shape, generator=generator) for shape in ((5, 3), (7, 3), (7,))))
+    teacher = teacher_rows if teacher_as_head else teacher_rows.logits()
+    reference = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
+    log_s = torch.log_softmax((reference[0] @ reference[1].T + reference[2]) / 2, -1)
+    log_t = torch.log_softmax(teacher_rows.logits() / 2, -1)
+    expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+    expected.backward()
+    fused = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
+    loss = linear_soft_kl_loss(LinearRows(*fused), teacher, temperature=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    for got, want in zip(fused, reference, strict=True):
+        assert torch.allclose(got.grad, want.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_linear_soft_kl_leaves_frozen_parts_without_gradient():
+    generator = torch.Generator().manual_seed(2)
+    inputs = torch.randn(3, 4, generator=generator, requires_grad=True)
+    weight = torch.randn(6, 4, generator=generator)  # frozen decoder
+    teacher = torch.randn(3, 6, generator=generator)
+    linear_soft_kl_loss(LinearRows(inputs, weight), teacher).backward()
+    assert inputs.grad is not None and inputs.grad.abs().sum() > 0
+    assert weight.grad is None
+    with pytest.raises(ValueError, match="student logits"):
+        linear_soft_kl_loss(LinearRows(inputs, weight), teacher[:, :5])
 
 
 def test_soft_kl_gives_a_teacher_that_takes_gradients_its_gradient():

@@ -37,6 +37,26 @@ def padded_batch(vocab: int = 100, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY))
+def test_head_rows_give_the_models_own_logits(model_type):
+    """Each family's head split (decoder input, weight, bias) reproduces the model's own MLM logits."""
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(AutoConfig.for_model(model_type, vocab_size=100, **TINY[model_type]))
+    model.eval()
+    batch = padded_batch()
+    real = batch["attention_mask"].bool()
+    features = extract_features(model, batch, FeatureRequest(logits=True), real)
+    assert features.formed_at(real) is None
+    with torch.no_grad():
+        reference = model(**batch).logits[real]
+    logits = features.logits_at(real)
+    assert torch.allclose(logits, reference, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(features.head_at(real).logits(), reference, rtol=1e-4, atol=1e-5)
+    rows, formed = features.formed_at(real)
+    assert rows is real and formed is logits, "once formed, the logits are read, not formed again"
+    assert features.logits_at(real) is logits
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
 def test_hooked_attention_equals_eager_attention(model_type):
     torch.manual_seed(0)
     config = AutoConfig.for_model(model_type, vocab_size=100, **TINY[model_type])

@@ -239,3 +239,34 @@ def test_task_terms_are_not_for_masked_lm_objectives():
     for loss in ("ce", "sigmoid_kd", "patient_kd"):
         with pytest.raises(ValueError, match="task-specific distillation"):
             ObjectiveConfig(terms=[TermConfig(loss="mlm"), TermConfig(loss=loss)])
+
+
+@pytest.mark.parametrize("order", ["mlm first", "kl first"])
+def test_kl_at_every_position_formed_in_chunks_equals_the_formula(teacher, tokenizer, monkeypatch, order):
+    """DistilBERT's MLM + KL at every position: the KL forms the student's logits from its head a chunk at a time,
+    reusing those the MLM formed at the masked rows; loss and gradients equal the formula on whole logits."""
+    import biodistil.losses.distillation as distillation
+
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 3 * len(tokenizer))  # 3 rows per chunk
+    student = perturbed(student_from_teacher_layers(teacher, [0, 2]).eval(), seed=4)
+    terms = [TermConfig(loss="mlm", weight=2.0), TermConfig(loss="logit_kl", weight=5.0, positions="all")]
+    objective = Objective(ObjectiveConfig(temperature=2.0, terms=terms if order == "mlm first" else terms[::-1]),
+                          student, teacher)
+    batch = text_batch(tokenizer)
+    loss, logs = MaskedLMModule(student, objective, teacher)(batch)
+    loss.backward()
+    fused = {name: param.grad.clone() for name, param in student.named_parameters()}
+    student.zero_grad()
+
+    real, targets = batch["attention_mask"].bool(), batch["labels"] != -100
+    with torch.no_grad():
+        teacher_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mlm = torch.nn.functional.cross_entropy(logits[targets], batch["labels"][targets])
+    kl = soft_kl_loss(logits[real], teacher_logits[real], temperature=2.0)
+    (2 * mlm + 5 * kl).backward()
+    assert logs["loss_logit_kl"].item() == pytest.approx(kl.item(), **CLOSE)
+    assert loss.item() == pytest.approx((2 * mlm + 5 * kl).item(), **CLOSE)
+    for name, param in student.named_parameters():
+        assert torch.allclose(fused[name], param.grad, rtol=1e-4, atol=1e-6), name
+    assert all(param.grad is None for param in teacher.parameters())

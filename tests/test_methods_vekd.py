@@ -1,6 +1,7 @@
 """VE-KD invariants: expanded vocabulary, new-token embeddings, masking, teacher inputs, KD positions, hinge."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from biodistil.config import (
 from biodistil.data.corpus import collate_blocks, pack_blocks
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.vocab import train_wordpiece
+from biodistil.losses.distillation import LinearRows
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
@@ -170,10 +172,12 @@ def test_kd_terms_ignore_student_outputs_at_new_token_positions(vekd, corpus_fil
 
     def perturb_new_positions(inputs):
         captured["before"] = original(inputs)[1]
-        features = inputs.student
-        rows = new[features.positions]
-        features.logits = features.logits.clone()
-        features.logits[rows] += 5.0 * torch.randn(features.logits[rows].shape, generator=generator)
+        rows = new[inputs.student.positions]
+        head = inputs.student.logits  # the head's decoder input: logits are formed from it
+        moved = head.inputs.clone()
+        moved[rows] += 5.0 * torch.randn(moved[rows].shape, generator=generator)
+        features = inputs.student = replace(inputs.student, logits=LinearRows(moved, head.weight, head.bias),
+                                                   _formed=[])
         last = features.hidden_at(-1).clone()
         last[new] = torch.randn(last[new].shape, generator=generator)
         features.hidden[features.num_layers] = last

@@ -86,9 +86,10 @@ def test_every_family_builds_students_and_gives_features(model_type, tokenizer):
     batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     positions = batch["attention_mask"].bool()
     features = extract_features(student, batch, FeatureRequest(hidden={0, -1}, logits=True), positions)
-    assert features.logits.shape == (int(positions.sum()), len(tokenizer))
+    logits = features.logits_at(positions)
+    assert logits.shape == (int(positions.sum()), len(tokenizer))
     assert set(features.hidden) == {0, 2}
     with torch.no_grad():
         full = student(**batch)
     # logits at the chosen positions equal the model's own full-vocabulary logits there
-    assert torch.allclose(features.logits, full.logits[positions], atol=1e-5)
+    assert torch.allclose(logits, full.logits[positions], atol=1e-5)

@@ -1,5 +1,7 @@
 """Token-level distillation losses for masked language models (DistilBERT, bio-lm distill + align)."""
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +21,23 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
 
 # elements of one chunk of the chunked KL: 2^22 float32 values (16 MiB) per temporary
 KL_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class LinearRows:
+    """Logit rows given as the input of the linear layer that makes them, z = x·Wᵀ + b: rows x [N, d], weight W
+    [V, d], bias b [V] (an MLM head's decoder). The losses that take them form the logits a chunk of rows at a time,
+    so an [N, V] tensor never exists whole."""
+
+    inputs: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def logits(self, rows: slice = slice(None)) -> torch.Tensor:
+        return F.linear(self.inputs[rows], self.weight, self.bias)
+
+    def select(self, rows: torch.Tensor) -> "LinearRows":
+        return LinearRows(self.inputs[rows], self.weight, self.bias)
 
 
 def soft_kl_loss(
@@ -45,22 +64,63 @@ def soft_kl_loss(
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
 
 
-def _spend(ctx, grad_output: torch.Tensor) -> torch.Tensor | None:
-    """The gradient kept by a fused loss, scaled in place by the incoming one (no second [N, V] tensor); a second
-    backward pass through the same graph (retain_graph) would see it scaled already, so it is refused."""
-    (grad,) = ctx.saved_tensors
-    if grad is None:
-        return None
+def linear_soft_kl_loss(
+    student: LinearRows, teacher: torch.Tensor | LinearRows, temperature: float = 1.0
+) -> torch.Tensor:
+    """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b, formed inside the loss a chunk of rows at a time
+    (teacher logits likewise when they come as `LinearRows`): T²·(1/N)·Σ_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)).
+
+    Neither the [N, V] logits nor their gradient exist whole: per chunk, the forward pass forms G = ∂L/∂z_S =
+    T·(softmax(z_S/T) − softmax(z_T/T))/N and accumulates the gradients of x (G·W), W (Gᵀ·x) and b (Σ_rows G),
+    which are all it keeps for the backward pass ([N, d] + [V, d] + [V] values instead of [N, V]). The teacher takes
+    no gradient.
+    """
+    rows = student.inputs.size(0)
+    vocab = student.weight.size(0)
+    teacher_vocab = teacher.weight.size(0) if isinstance(teacher, LinearRows) else teacher.size(-1)
+    teacher_rows = teacher.inputs.size(0) if isinstance(teacher, LinearRows) else teacher.size(0)
+    if (rows, vocab) != (teacher_rows, teacher_vocab):
+        raise ValueError(f"student logits {(rows, vocab)} != teacher {(teacher_rows, teacher_vocab)}")
+    if rows == 0:
+        return student.inputs.sum() * 0.0
+    return _LinearSoftKL.apply(student.inputs, student.weight, student.bias, teacher, float(temperature))
+
+
+def _spend(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """The gradients kept by a fused loss, scaled in place by the incoming one (no second copy); a second backward
+    pass through the same graph (retain_graph) would see them scaled already, so it is refused."""
     if ctx.spent:
         raise RuntimeError("a fused distillation loss can be back-propagated once (its gradient is used up)")
     ctx.spent = True
-    return grad.mul_(grad_output.to(grad.dtype))
+    return tuple(None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.grads)
 
 
-def _log_softmax_copy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(z/T) in a new float32 tensor, computed in place in it."""
-    scaled = logits.to(torch.float32, copy=True).div_(temperature)
-    return scaled.sub_(torch.logsumexp(scaled, -1, keepdim=True))
+def _scaled(logits: torch.Tensor | LinearRows, rows: slice, temperature: float) -> torch.Tensor:
+    """z/T for a chunk of logit rows, in a new tensor (float32, or the head's dtype: the 1/T is folded into the
+    matmul that forms logits from `LinearRows`)."""
+    if isinstance(logits, LinearRows):
+        inputs, weight = logits.inputs[rows], logits.weight.t()
+        if logits.bias is None:
+            return torch.mm(inputs, weight).div_(temperature)
+        return torch.addmm(logits.bias, inputs, weight, beta=1 / temperature, alpha=1 / temperature)
+    chunk = logits[rows]
+    return chunk / temperature if chunk.dtype == torch.float32 else chunk.float().div_(temperature)
+
+
+def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None) -> torch.Tensor:
+    """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
+    float32) is given, it receives scale·(softmax(student) − softmax(teacher)). Two [rows, V] float32 temporaries."""
+    log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
+    log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
+    p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
+    kl = torch.dot(p_teacher.reshape(-1), log_p_teacher.sub_(log_p_student).reshape(-1))
+    if grad is not None:
+        torch.sub(log_p_student.exp_(), grad, out=grad).mul_(scale)
+    return kl
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, KL_CHUNK_ELEMENTS // max(1, vocab))
 
 
 class _ChunkedSoftKL(torch.autograd.Function):
@@ -69,24 +129,58 @@ class _ChunkedSoftKL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
         rows = student.size(0)
-        step = max(1, KL_CHUNK_ELEMENTS // max(1, student.size(-1)))
-        grad = torch.empty_like(student) if student.requires_grad else None
+        step = _chunk_rows(student.size(-1))
+        grad = torch.empty(student.shape, dtype=torch.float32, device=student.device) if student.requires_grad \
+            else None
         total = torch.zeros((), dtype=torch.float32, device=student.device)
-        for start in range(0, rows, step):  # three [chunk, V] float32 temporaries, the rest in place
-            log_p_student = _log_softmax_copy(student[start:start + step], temperature)
-            log_p_teacher = _log_softmax_copy(teacher[start:start + step], temperature)
-            p_teacher = log_p_teacher.exp()
-            total += torch.dot(p_teacher.reshape(-1), log_p_teacher.sub_(log_p_student).reshape(-1))
-            if grad is not None:
-                grad[start:start + step] = log_p_student.exp_().sub_(p_teacher).mul_(temperature / rows)
-        ctx.save_for_backward(grad)
+        for start in range(0, rows, step):
+            chunk = slice(start, start + step)
+            total += _kl_rows(_scaled(student, chunk, temperature), _scaled(teacher, chunk, temperature),
+                              temperature / rows, None if grad is None else grad[chunk])
+        ctx.grads = (None if grad is None else grad.to(student.dtype),)
         ctx.spent = False
         return total * (temperature * temperature / rows)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        return _spend(ctx, grad_output), None, None
+        return *_spend(ctx, grad_output), None, None
+
+
+class _LinearSoftKL(torch.autograd.Function):
+    """`linear_soft_kl_loss`: per chunk of rows, the logits, the KL and the gradients of x, W and b."""
+
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                teacher: torch.Tensor | LinearRows, temperature: float) -> torch.Tensor:
+        rows, vocab = inputs.size(0), weight.size(0)
+        step = _chunk_rows(vocab)
+        grads = [torch.zeros_like(tensor, dtype=torch.float32) if tensor is not None and tensor.requires_grad
+                 else None for tensor in (inputs, weight, bias)]
+        grad_inputs, grad_weight, grad_bias = grads
+        buffer = torch.empty((min(step, rows), vocab), dtype=torch.float32, device=inputs.device)
+        total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        for start in range(0, rows, step):
+            chunk = slice(start, start + step)
+            x = inputs[chunk]
+            grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
+            student = _scaled(LinearRows(x, weight, bias), slice(None), temperature)
+            total += _kl_rows(student, _scaled(teacher, chunk, temperature), temperature / rows, grad)
+            if grad_inputs is not None:
+                torch.mm(grad, weight.float(), out=grad_inputs[chunk])
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t(), x.float())
+            if grad_bias is not None:
+                grad_bias.add_(grad.sum(0))
+        ctx.grads = tuple(None if grad is None else grad.to(tensor.dtype)
+                          for grad, tensor in zip(grads, (inputs, weight, bias), strict=True))
+        ctx.spent = False
+        return total * (temperature * temperature / rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        return *_spend(ctx, grad_output), None, None
 
 
 def topk_kl_loss(
@@ -190,14 +284,14 @@ class _FusedTopKKL(torch.autograd.Function):
                 draws = samples[1]
                 grad.scatter_add_(-1, draws, (-factor * q_tail / draws.size(-1)).unsqueeze(-1).expand_as(draws))
             grad = grad.to(student.dtype)
-        ctx.save_for_backward(grad)
+        ctx.grads = (grad,)
         ctx.spent = False
         return kl.mean() * t * t
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        return _spend(ctx, grad_output), None, None, None, None, None
+        return *_spend(ctx, grad_output), None, None, None, None, None
 
 
 def tempered_log_probs(

@@ -30,7 +30,14 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.masking import IGNORE_INDEX
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss, topk_kl_loss
+from biodistil.losses.distillation import (
+    LinearRows,
+    cosine_embedding_loss,
+    linear_soft_kl_loss,
+    masked_lm_loss,
+    soft_kl_loss,
+    topk_kl_loss,
+)
 from biodistil.losses.layers import (
     attention_kl_loss,
     attention_mse_loss,
@@ -120,7 +127,10 @@ def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions; from a teacher cache, the KL over the teacher's
-    top-k tokens and the tail: one bucket, or draws from it (`topk_kl_loss`)."""
+    top-k tokens and the tail: one bucket, or draws from it (`topk_kl_loss`). Rows whose student logits no other
+    term has formed get them formed inside the loss, a chunk at a time (`linear_soft_kl_loss`)."""
+    if _fusable(x):
+        return _fused_logit_kl(x.masks[term.cfg.positions], x)
     student, teacher = _logit_rows(term, x)
     if isinstance(teacher, TopKLogits):
         if teacher.temperature != x.temperature:
@@ -129,6 +139,32 @@ def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor
         return topk_kl_loss(student, teacher.values, teacher.ids, teacher.log_norm, x.temperature,
                             teacher.tail_values, teacher.tail_ids)
     return soft_kl_loss(student, teacher, x.temperature)
+
+
+def _fusable(x: TermInputs) -> bool:
+    """Whether the KL can form the student's logits itself: a student head, whole vocabularies (not VE-KD's shared
+    prefix) and a teacher's logits or head (not a cache's top-k)."""
+    return (x.shared_vocab is None and x.student.head_at(x.masks["all"]) is not None
+            and not isinstance(x.teacher.logits, TopKLogits))
+
+
+def _fused_logit_kl(rows: torch.Tensor, x: TermInputs) -> torch.Tensor:
+    """The mean KL over `rows`: at rows whose logits another term formed (the MLM targets) on those logits, at the
+    others by `linear_soft_kl_loss`; each row's logits are formed once."""
+    def teacher_at(mask: torch.Tensor) -> torch.Tensor | LinearRows:
+        head = x.teacher.head_at(mask)
+        return x.teacher.logits_at(mask) if head is None else head
+
+    formed = x.student.formed_at(rows)
+    rest = rows if formed is None else rows & ~formed[0]
+    fused = linear_soft_kl_loss(x.student.head_at(rest), teacher_at(rest), x.temperature)
+    if formed is None:
+        return fused
+    part, logits = formed
+    teacher = teacher_at(part)
+    plain = soft_kl_loss(logits, teacher.logits() if isinstance(teacher, LinearRows) else teacher, x.temperature)
+    counts = part.sum(), rest.sum()
+    return (counts[0] * plain + counts[1] * fused) / (counts[0] + counts[1]).clamp(min=1)
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:

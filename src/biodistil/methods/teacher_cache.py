@@ -230,7 +230,7 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
                                     request, positions.to(device))
         counts = positions.sum(1).tolist()
         if spec.logits:
-            logits = features.logits.float()
+            logits = features.logits_at(features.positions).float()
             logits = logits - logits.max(dim=-1, keepdim=True).values
             top = logits.topk(spec.top_k, dim=-1)
             log_norm = torch.logsumexp(logits / spec.temperature, dim=-1)

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.activations import gelu
 
 from biodistil.errors import BiodistilError
+from biodistil.losses.distillation import LinearRows
 from biodistil.models.qkv import FusedRotaryProjection, QKVReader, SeparateProjections
 
 BERT_QKV = SeparateProjections()  # attention.self.query|key|value
@@ -31,7 +33,7 @@ class Family:
     encoder_attr: str  # the bare encoder inside the masked-LM model
     layers_path: str  # the ModuleList of transformer layers, relative to the masked-LM model
     layers_config_key: str  # config field holding the number of layers
-    head: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor]  # hidden states -> vocabulary logits
+    head: Callable[[PreTrainedModel, torch.Tensor], LinearRows]  # hidden states -> the MLM decoder's input rows
     qkv: QKVReader = BERT_QKV  # per-head Q, K, V of one layer from hooks
     heads_config_key: str = "num_attention_heads"  # config field holding the number of attention heads
     # w such that query i of transformer layer l (1-based) sees keys j with |i − j| ≤ w; None: every key
@@ -41,13 +43,30 @@ class Family:
     takes_token_type_ids: bool = True
 
 
-def _distilbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    hidden = model.activation(model.vocab_transform(hidden))
-    return model.vocab_projector(model.vocab_layer_norm(hidden))
+def _bert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    head = model.cls.predictions
+    return LinearRows(head.transform(hidden), head.decoder.weight, head.decoder.bias)
 
 
-def _modernbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    return model.decoder(model.head(hidden))
+def _roberta_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    head = model.lm_head
+    return LinearRows(head.layer_norm(gelu(head.dense(hidden))), head.decoder.weight, head.decoder.bias)
+
+
+def _distilbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    hidden = model.vocab_layer_norm(model.activation(model.vocab_transform(hidden)))
+    return LinearRows(hidden, model.vocab_projector.weight, model.vocab_projector.bias)
+
+
+def _mobilebert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    """MobileBERT's decoder is the tied embeddings [V, E] widened by an extra [hidden − E, V] matrix."""
+    head = model.cls.predictions
+    weight = torch.cat([head.decoder.weight.t(), head.dense.weight], dim=0).t()
+    return LinearRows(head.transform(hidden), weight, head.decoder.bias)
+
+
+def _modernbert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    return LinearRows(model.head(hidden), model.decoder.weight, model.decoder.bias)
 
 
 def _modernbert_window(config: PretrainedConfig, layer: int) -> int | None:
@@ -92,15 +111,15 @@ def _modernbert_layer_state(state: dict[str, torch.Tensor], student_keys: set[st
 
 
 FAMILIES: dict[str, Family] = {
-    "bert": Family("bert", "bert.encoder.layer", "num_hidden_layers", lambda m, h: m.cls(h)),
-    "roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", lambda m, h: m.lm_head(h)),
-    "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", lambda m, h: m.lm_head(h)),
+    "bert": Family("bert", "bert.encoder.layer", "num_hidden_layers", _bert_head),
+    "roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head),
+    "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head),
     "distilbert": Family(
         "distilbert", "distilbert.transformer.layer", "n_layers", _distilbert_head,
         qkv=SeparateProjections(("attention.q_lin", "attention.k_lin", "attention.v_lin")), heads_config_key="n_heads",
         takes_token_type_ids=False,
     ),
-    "mobilebert": Family("mobilebert", "mobilebert.encoder.layer", "num_hidden_layers", lambda m, h: m.cls(h)),
+    "mobilebert": Family("mobilebert", "mobilebert.encoder.layer", "num_hidden_layers", _mobilebert_head),
     "modernbert": Family(
         "model", "model.layers", "num_hidden_layers", _modernbert_head, qkv=FusedRotaryProjection(),
         window=_modernbert_window, layer_config=_modernbert_layer_config, layer_state=_modernbert_layer_state,
@@ -169,6 +188,12 @@ def encoder_of(model: PreTrainedModel) -> nn.Module:
     return getattr(model, family_of(model.config).encoder_attr)
 
 
-def mlm_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
-    """Apply the model's MLM head to hidden states of any leading shape ([N, D] rows or [B, L, D])."""
+def mlm_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
+    """The model's MLM head up to its decoder, on hidden states of any leading shape ([N, D] rows or [B, L, D]):
+    the decoder's input rows and its weight and bias, whose product gives the vocabulary logits."""
     return family_of(model.config).head(model, hidden)
+
+
+def mlm_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's MLM head on hidden states of any leading shape: vocabulary logits."""
+    return mlm_head(model, hidden).logits()

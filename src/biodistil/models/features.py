@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from biodistil.losses.distillation import LinearRows
 from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv, read_qkv
-from biodistil.models.families import attention_window, encoder_of, mlm_logits, num_layers, takes_token_type_ids
+from biodistil.models.families import attention_window, encoder_of, mlm_head, num_layers, takes_token_type_ids
 from biodistil.models.qkv import merge_heads
 
 
@@ -63,18 +64,22 @@ class TopKLogits:
 class Features:
     """What a forward pass returned, keyed by non-negative layer index.
 
-    `logits` has one row per True entry of `positions` ([B, L] bool, row-major order): vocabulary logits, or a
-    cached teacher's top-k (`TopKLogits`).
+    `logits` has one row per True entry of `positions` ([B, L] bool, row-major order): vocabulary logits, a cached
+    teacher's top-k (`TopKLogits`), or a masked LM's head up to its decoder (`LinearRows`), whose logits are formed
+    when a term asks for them (`logits_at`, once per set of rows) or, by the losses that take `LinearRows`
+    (`head_at`), a chunk of rows at a time.
     """
 
     hidden: dict[int, torch.Tensor]
-    logits: torch.Tensor | TopKLogits | None
+    logits: torch.Tensor | TopKLogits | LinearRows | None
     num_layers: int
     attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] probabilities
     # {"q", "k", "v"} -> [B, L, H·d], heads concatenated; Q and K after the rotary embedding in rotary families
     qkv: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     positions: torch.Tensor | None = None
     attention_scores: dict[int, torch.Tensor] = field(default_factory=dict)  # [B, H, L, L] Q·Kᵀ/√d, unmasked
+    # (mask, logits) formed from the head; a copy of the features (dataclasses.replace) needs a new list
+    _formed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
     def hidden_at(self, index: int) -> torch.Tensor:
         return self.hidden[normalise_layer(index, self.num_layers)]
@@ -92,9 +97,44 @@ class Features:
         """Logit rows at the True entries of `mask` [B, L], which must lie within `positions`."""
         if self.logits is None or self.positions is None:
             raise ValueError("no logits were computed")
+        if isinstance(self.logits, LinearRows):
+            return self._formed_logits(mask)
         if mask is self.positions:  # every computed row: no copy (a copy of [N, V] logits and of its gradient)
             return self.logits
         return self.logits[mask[self.positions]]
+
+    def head_at(self, mask: torch.Tensor) -> LinearRows | None:
+        """The head's decoder input at the True entries of `mask`, for a loss that forms the logits itself (None when
+        the features hold logits, not a head)."""
+        if not isinstance(self.logits, LinearRows):
+            return None
+        return self.logits if mask is self.positions else self.logits.select(mask[self.positions])
+
+    def formed_at(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, logits): the entries of `mask` whose logits another term has formed from the head already, and
+        those logits; None when there are none."""
+        if not self._formed:
+            return None
+        known, logits = self._formed[0]
+        if mask is known:
+            return known, logits
+        rows = mask & known
+        return rows, logits[rows[known]]
+
+    def _formed_for(self, mask: torch.Tensor) -> torch.Tensor | None:
+        return next((logits for known, logits in self._formed if known is mask), None)
+
+    def _formed_logits(self, mask: torch.Tensor) -> torch.Tensor:
+        """Logits from the head at `mask`'s rows, formed once per mask (terms reading the same rows share them)."""
+        logits = self._formed_for(mask)
+        if logits is None:
+            every = self._formed_for(self.positions)
+            if every is not None:
+                return every[mask[self.positions]]
+            rows = self.logits if mask is self.positions else self.logits.select(mask[self.positions])
+            logits = rows.logits()
+            self._formed.append((mask, logits))
+        return logits
 
 
 def normalise_layer(index: int, layers: int) -> int:
@@ -143,7 +183,7 @@ def extract_features(
     if request.logits:
         if positions is None:
             raise ValueError("logits requested without positions")
-        logits = mlm_logits(model, last[positions])
+        logits = mlm_head(model, last[positions])
     return Features(
         hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
         qkv={i: dict(zip("qkv", map(merge_heads, heads[i]), strict=True)) for i in qkv_layers},
