@@ -10,8 +10,10 @@ Measures, in one process, on identical batches (the same blocks under the same s
                position: the teacher runs on the batch (inference mode, `teacher.dtype`: auto = bf16 where the
                hardware has it);
   live-masked  the same with the KL at the masked positions only;
-  cache        distillation from a teacher cache (built once beforehand, not timed): batches read from memory-mapped
-               Arrow shards, top-k KL at the masked positions + cosine, no teacher.
+  cache-head   distillation from a teacher cache (built once beforehand, not timed): batches read from memory-mapped
+               Arrow shards; the teacher's head (the rest of the teacher dropped) forms its exact logits from the
+               stored last hidden state at the masked positions; KL there + cosine;
+  cache-top-k  the same from a cache of the teacher's top-k logits and tail draws: top-k KL + cosine, no teacher.
 The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
 median over the rounds. Peak memory: the largest resident set size sampled (every millisecond) during each mode's
 steps; with --only MODE the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to
@@ -37,9 +39,10 @@ from biodistil.methods.masked_lm import MaskedLMModule, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.methods.teacher_cache import Cache, CacheReader, CacheSpec, build_cache
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
+from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
 
-MODES = ("mlm", "live-all", "live-masked", "cache")
+MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
 
 
 def parse() -> argparse.Namespace:
@@ -105,12 +108,12 @@ def objective_config(positions: str | None) -> ObjectiveConfig:
                                                    TermConfig(loss="hidden_cosine")])
 
 
-def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args) -> CacheReader:
+def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args, logits: str) -> CacheReader:
     spec = CacheSpec(
         teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype), teacher_layers=args.teacher_layers,
-        tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(), top_k=args.top_k,
-        tail_samples=args.tail_samples, temperature=2.0, hidden_layers=(args.teacher_layers,), logits=True,
-        shard_blocks=256, blocks=len(blocks),
+        width=args.hidden, tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(),
+        top_k=args.top_k if logits == "top_k" else 0, tail_samples=args.tail_samples if logits == "top_k" else 0,
+        temperature=2.0, hidden_layers=(args.teacher_layers,), logits=logits, shard_blocks=256, blocks=len(blocks),
     )
     cache = Cache(folder, spec)
     build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, masking, [0], args.batch, 0, progress=False)
@@ -136,12 +139,17 @@ def main() -> None:
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
     data = {mode: (masked, collate) for mode in signals}
-    if "cache" in modes:
-        cached = CachedTeacher(build_teacher_cache(Path(workdir.name), teacher, blocks, vocab, masking, args))
-        signals["cache"], data["cache"] = cached, cached.data(masked, collate)
-    if args.only == "cache":
+    for mode, logits in (("cache-head", "head"), ("cache-top-k", "top_k")):
+        if mode in modes:
+            reader = build_teacher_cache(Path(workdir.name), teacher, blocks, vocab, masking, args, logits)
+            cached = CachedTeacher(reader, head=teacher if logits == "head" else None)
+            signals[mode], data[mode] = cached, cached.data(masked, collate)
+    if args.only == "cache-head":
+        head_only(teacher)  # the rest of the teacher leaves memory
+    elif args.only == "cache-top-k":
         teacher.to("meta")  # no teacher in memory while the student trains from the cache
-    positions = {"mlm": None, "live-all": "all", "live-masked": "masked", "cache": "masked"}
+    positions = {"mlm": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
+                 "cache-top-k": "masked"}
     modules = {}
     for mode in modes:
         objective = Objective(objective_config(positions[mode]), student, teacher if mode != "mlm" else None)

@@ -1,6 +1,7 @@
 """The teacher cache of task-agnostic distillation: the same outputs as the running teacher, keys that rebuild,
 partial caches detected and completed, resume mid-cache and mid-training, two processes."""
 
+import copy
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import pyarrow as pa
 import pytest
 import torch
-from numerics import perturbed
+from numerics import CLOSE, perturbed
 from safetensors.torch import load_file
 
 from biodistil.config import DistillRecipe, validate_recipe
@@ -19,6 +20,7 @@ from biodistil.methods.objective import Objective
 from biodistil.methods.task_agnostic import corpus_data, run_cache_teacher, run_distill, teacher_caches
 from biodistil.methods.teacher_cache import CacheReader, build_cache
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
+from biodistil.models.families import head_only
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.student import build_student
 
@@ -26,9 +28,10 @@ TERMS = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "po
          {"loss": "hidden_cosine"}]
 
 
-def cache_recipe(teacher_dir, corpus_file, tmp_path, out="run", top_k=16, **train) -> DistillRecipe:
-    """DistilBERT's triple loss (KL at the masked positions) from a cache, static masks with 2 patterns; 339 blocks
-    (322 for training: 40 batches of 8 per epoch), caches of 3 shards per pattern."""
+def cache_recipe(teacher_dir, corpus_file, tmp_path, out="run", top_k=16, logits="top_k", **train) -> DistillRecipe:
+    """DistilBERT's triple loss (KL at the masked positions) from a cache (of top-k logits unless `logits` says
+    otherwise), static masks with 2 patterns; 339 blocks (322 for training: 40 batches of 8 per epoch), caches of 3
+    shards per pattern."""
     return validate_recipe(DistillRecipe, {
         "run": {"output_dir": str(tmp_path / out), "seed": 3},
         "teacher": {"name_or_path": str(teacher_dir), "dtype": "float32"},
@@ -37,7 +40,7 @@ def cache_recipe(teacher_dir, corpus_file, tmp_path, out="run", top_k=16, **trai
                  "eval_fraction": 0.05},
         "masking": {"duplication": 2},
         "objective": {"temperature": 2.0, "terms": TERMS},
-        "teacher_cache": {"top_k": top_k, "shard_blocks": 128, "dir": str(tmp_path / "cache")},
+        "teacher_cache": {"logits": logits, "top_k": top_k, "shard_blocks": 128, "dir": str(tmp_path / "cache")},
         "train": {"max_steps": 50, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 10,
                   "save_every": 10, "log_every": 5, "progress_bar": False, "tensorboard": False, **train},
     })
@@ -95,6 +98,30 @@ def test_cached_outputs_are_the_running_teachers(tmp_path, teacher_dir, corpus_f
     assert cached_logs["loss_mlm"].item() == online_logs["loss_mlm"].item()
 
 
+def test_a_head_cache_gives_the_running_teachers_own_logits(tmp_path, teacher_dir, corpus_file):
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path, logits="head"))
+    setup.build()
+    head = head_only(copy.deepcopy(setup.teacher))
+    assert head.bert.encoder.layer[0].attention.self.query.weight.is_meta, "the teacher's layers leave memory"
+    assert not head.cls.predictions.transform.dense.weight.is_meta
+    assert not head.get_output_embeddings().weight.is_meta, "the tied embeddings are the decoder"
+    signal = CachedTeacher(setup.caches[0].reader(), head=head)
+    dataset, collate = signal.data(setup.data.train, setup.data.collate)
+    batch = collate([dataset[i] for i in (0, 5, 70, 300)])
+    rows = int((batch["labels"] != -100).sum())
+    assert batch["teacher_head_input"].shape == (rows, setup.teacher.config.hidden_size)
+    assert batch["teacher_head_input"].dtype == torch.float32, "stored in the teacher's dtype"
+    student = perturbed(setup.student, seed=1).eval()
+    _, cached = MaskedLMModule(student, setup.objective, signal)(batch)
+    _, online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))(
+        {k: v for k, v in batch.items() if not k.startswith("teacher_")})
+    assert cached["loss_logit_kl"].item() > 1e-2
+    assert cached["loss_logit_kl"].item() == pytest.approx(online["loss_logit_kl"].item(), **CLOSE), "exact logits"
+    assert cached["loss_mlm"].item() == online["loss_mlm"].item()
+    with pytest.raises(ValueError, match="needs the teacher's head"):
+        CachedTeacher(setup.caches[0].reader())
+
+
 def test_cache_distillation_trains_and_reports_the_cache(tmp_path, teacher_dir, corpus_file):
     recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, max_steps=30)
     model_dir = run_distill(recipe)
@@ -114,10 +141,11 @@ def test_a_changed_key_builds_another_cache(tmp_path, teacher_dir, corpus_file):
     first = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
     first.build()
     for change in ({"top_k": 8}, {"masking": {"duplication": 2, "seed": 1}},
-                   {"objective": {"temperature": 1.0, "terms": TERMS}}):
-        recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, **{k: v for k, v in change.items() if k == "top_k"})
+                   {"objective": {"temperature": 1.0, "terms": TERMS}}, {"top_k": 16, "logits": "head"}):
+        cache_settings = {k: v for k, v in change.items() if k in ("top_k", "logits")}
+        recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, **cache_settings)
         recipe = recipe.model_copy(update={k: type(getattr(recipe, k)).model_validate(v)
-                                           for k, v in change.items() if k != "top_k"})
+                                           for k, v in change.items() if k not in cache_settings})
         other = Setup(recipe)
         assert other.caches[0].cache.folder != first.caches[0].cache.folder, change
         assert other.build().built == other.caches[0].cache.shards * 2, "every shard is built for the new key"
@@ -128,6 +156,8 @@ def test_a_changed_key_builds_another_cache(tmp_path, teacher_dir, corpus_file):
                                       perturbed.objective, perturbed.data, 1)
     assert perturbed.caches[0].cache.folder != first.caches[0].cache.folder, "other teacher weights, another key"
     assert first.build().built == 0, "the first cache is still complete"
+    head = [Setup(cache_recipe(teacher_dir, corpus_file, tmp_path, logits="head", top_k=k)) for k in (8, 16)]
+    assert head[0].caches[0].cache.folder == head[1].caches[0].cache.folder, "k does not change a head cache"
 
 
 def test_a_partial_cache_is_detected_and_completed(tmp_path, teacher_dir, corpus_file):
@@ -157,9 +187,10 @@ def test_a_partial_cache_is_detected_and_completed(tmp_path, teacher_dir, corpus
     CacheReader(cache, patterns)
 
 
-def test_resume_from_cache_equals_an_uninterrupted_run(tmp_path, teacher_dir, corpus_file):
-    full = run_distill(cache_recipe(teacher_dir, corpus_file, tmp_path, out="full", max_steps=50))
-    cut = cache_recipe(teacher_dir, corpus_file, tmp_path, out="cut", max_steps=50)
+@pytest.mark.parametrize("logits", ["top_k", "head"])
+def test_resume_from_cache_equals_an_uninterrupted_run(tmp_path, teacher_dir, corpus_file, logits):
+    full = run_distill(cache_recipe(teacher_dir, corpus_file, tmp_path, out="full", logits=logits, max_steps=50))
+    cut = cache_recipe(teacher_dir, corpus_file, tmp_path, out="cut", logits=logits, max_steps=50)
     run_distill(cut, stop_after=30)  # past the first epoch (40 batches): pattern 1 is read after resuming
     resumed = run_distill(cut, resume=True)
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))

@@ -320,13 +320,18 @@ class PretrainRecipe(Section):
 
 class TeacherCacheConfig(Section):
     """Distil from a cache of the teacher's outputs (`biodistil cache-teacher`, or built by `distill` first): per
-    block and mask pattern, its top-k logits at the masked positions and the hidden states the terms read. Needs
-    static masks (masking.duplication); `logit_kl` then becomes the KL over the top-k tokens and the tail (sampled, or
-    one bucket)."""
+    block and mask pattern, what the terms read at the masked positions and the hidden states they read. Needs
+    static masks (masking.duplication). `logits: head` keeps the teacher's last hidden state at the masked positions
+    and its MLM head, and forms its exact logits while the student trains; `logits: top_k` keeps its top-k logits
+    and `logit_kl` becomes the KL over the top-k tokens and the tail (sampled, or one bucket)."""
 
-    top_k: int = Field(64, ge=1, description="teacher logits kept per masked position")
-    tail_samples: int = Field(64, ge=0, description="tokens drawn per masked position from the rest of the teacher's "
-                              "distribution, for an unbiased KL; 0 = the rest as one bucket (the KL inside it is lost)")
+    logits: Literal["head", "top_k"] = Field(
+        "head", description="head: the teacher's exact logits, formed from the stored input of its MLM decoder by its "
+        "head (kept in memory, the rest of the teacher dropped); top_k: its top-k logits and tail draws (no teacher)")
+    top_k: int = Field(64, ge=1, description="logits: top_k: teacher logits kept per masked position")
+    tail_samples: int = Field(64, ge=0, description="logits: top_k: tokens drawn per masked position from the rest "
+                              "of the teacher's distribution, for an unbiased KL; 0 = the rest as one bucket (the KL "
+                              "inside it is lost)")
     dir: str | None = Field(None, description="cache folder; default ~/.cache/biodistil/teacher-mlm")
     shard_blocks: int = Field(512, ge=1, description="blocks per shard (one file, written atomically)")
     batch_size: int = Field(32, ge=1, description="blocks per teacher batch while building")

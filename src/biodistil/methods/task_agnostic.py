@@ -32,7 +32,7 @@ from biodistil.methods.teacher_cache import (
 )
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
-from biodistil.models.families import num_layers
+from biodistil.models.families import head_only, num_layers
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
@@ -112,11 +112,12 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
         reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
         notes.append(_cache_note(caches, reports))
-        signal = CachedTeacher(caches[0].reader(), caches[-1].reader() if data.held_out is not None else None)
+        head = head_only(teacher) if caches[0].cache.spec.logits == "head" else None
+        signal = CachedTeacher(caches[0].reader(), caches[-1].reader() if data.held_out is not None else None, head)
         data = replace(data, train=signal.data(data.train, data.collate)[0],
                        held_out=None if data.held_out is None else signal.data(data.held_out, data.collate, True)[0],
                        collate=signal.data(data.train, data.collate)[1])
-        del teacher
+        del teacher  # what the head needs stays with the signal
     else:
         teacher.to(accelerator.device, dtype=dtype)
     module = MaskedLMModule(student, objective, signal, shared_vocab)
@@ -168,8 +169,7 @@ def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer
 
     def spec(files: list[str], max_lines: int | None, blocks: int) -> CacheSpec:
         return cache_spec(teacher, dtype, tokenizer, files, max_lines, recipe.data.block_size, recipe.masking,
-                          request, cfg.top_k, cfg.tail_samples, recipe.objective.temperature, cfg.shard_blocks,
-                          num_layers(teacher.config), blocks)
+                          request, cfg, recipe.objective.temperature, num_layers(teacher.config), blocks)
 
     per_epoch = max(1, len(train) // (recipe.train.batch_size * processes))
     epochs = -(-recipe.train.max_steps * recipe.train.grad_accumulation // per_epoch)

@@ -1,23 +1,26 @@
 """A cache of a masked-LM teacher's outputs over a corpus: task-agnostic distillation without running the teacher.
 
 The teacher's outputs depend on the masked input, so an entry belongs to one (block, mask pattern) of static masking
-(`biodistil.data.masking.StaticMaskedBlocks`: pattern p of block b is drawn from (masking seed, b, p) alone). An
-entry holds, for every masked position of the block, the teacher's top-k logits minus the position's largest logit
-(float16: near 0, where the mass is, they are most precise) and their token ids (int32), and the log-normaliser
-log Σ_j exp((z_j − max z) / T) over the whole vocabulary at the objective's temperature (float32), from which
-`topk_kl_loss` recovers the teacher's exact tempered probabilities of the k tokens and its tail mass; and, when the
-objective's terms read them, the teacher's hidden states of the mapped layers at every position (bfloat16, stored as
-their 16-bit patterns).
+(`biodistil.data.masking.StaticMaskedBlocks`: pattern p of block b is drawn from (masking seed, b, p) alone). When the
+objective's terms read the teacher's logits, an entry holds, for every masked position of the block, either (`logits:
+head`) the teacher's last hidden state in its own dtype — the input of its MLM head, which forms the exact logits
+while the student trains — or (`logits: top_k`) its top-k logits minus the position's largest logit (float16: near 0,
+where the mass is, they are most precise), their token ids (int32), the log-normaliser log Σ_j exp((z_j − max z) / T)
+over the whole vocabulary at the objective's temperature (float32), from which `topk_kl_loss` recovers the teacher's
+exact tempered probabilities of the k tokens and its tail mass, and m draws from the rest of the vocabulary. When the
+terms read them, it also holds the teacher's hidden states of the mapped layers at every position (bfloat16, stored
+as their 16-bit patterns).
 
 Layout of `<teacher_cache.dir>/<key>/`: `key.json` (what the key was made of), and per pattern p
 `pattern-<p>/shard-<s>.arrow` (Arrow IPC files, memory-mapped when read: one row per block, blocks s·S .. (s+1)·S − 1
 of the corpus, S = `shard_blocks`) and `pattern-<p>/complete.json` (written once every shard of the pattern exists).
 The key is a hash of the teacher's weights and dtype, the tokenizer, the corpus files, the block size, the masking
-settings and seed, k, the temperature and the cached layers: a change of any of them gives another folder (a rebuild).
-Each shard is written to a temporary file and renamed into place, so a shard either exists whole or not at all;
-`build_cache` writes only the shards that are missing or unreadable (an interrupted build resumes), each process
-taking the shards s ≡ rank (mod processes). A reader refuses a pattern without `complete.json` or with a missing,
-truncated or foreign shard, naming it: a partial cache is never used.
+settings and seed, what stands for the logits (head input, or k, m and the temperature) and the cached layers: a
+change of any of them gives another folder (a rebuild). Each shard is written to a temporary file and renamed into
+place, so a shard either exists whole or not at all; `build_cache` writes only the shards that are missing or
+unreadable (an interrupted build resumes), each process taking the shards s ≡ rank (mod processes). A reader refuses
+a pattern without `complete.json` or with a missing, truncated or foreign shard, naming it: a partial cache is never
+used.
 """
 
 import hashlib
@@ -35,16 +38,17 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from biodistil.config import MaskingConfig
+from biodistil.config import MaskingConfig, TeacherCacheConfig
 from biodistil.data.corpus import corpus_fingerprint, default_cache_dir, resolve_corpus_files, tokenizer_fingerprint
 from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, pattern_seed, static_mask
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json
+from biodistil.models.families import hidden_size
 from biodistil.models.features import FeatureRequest, TopKLogits, extract_features
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm", "teacher_tail_logits",
-                  "teacher_tail_ids")
+                  "teacher_tail_ids", "teacher_head_input")
 
 
 def teacher_cache_root(explicit: str | Path | None = None) -> Path:
@@ -69,6 +73,7 @@ class CacheSpec:
     teacher: str  # weights_fingerprint of the teacher
     teacher_dtype: str
     teacher_layers: int
+    width: int  # the teacher's hidden size
     tokenizer: str
     corpus: str  # corpus_fingerprint of the source files (and max_lines)
     block_size: int
@@ -77,7 +82,7 @@ class CacheSpec:
     tail_samples: int
     temperature: float
     hidden_layers: tuple[int, ...]  # hidden-state indices 0..teacher_layers
-    logits: bool
+    logits: str  # what stands for the teacher's logits at the masked positions: "head", "top_k", or "" (none read)
     shard_blocks: int
     blocks: int  # blocks of the corpus (the held-out ones at its end included)
 
@@ -87,17 +92,21 @@ class CacheSpec:
 
 
 def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase, files: list[str],
-               max_lines: int | None, block_size: int, masking: MaskingConfig, request: FeatureRequest, top_k: int,
-               tail_samples: int, temperature: float, shard_blocks: int, teacher_layers: int, blocks: int) -> CacheSpec:
-    """The spec of the cache of `teacher` over the corpus `files` for a cache request (`Objective.cache_request`)."""
+               max_lines: int | None, block_size: int, masking: MaskingConfig, request: FeatureRequest,
+               cfg: TeacherCacheConfig, temperature: float, teacher_layers: int, blocks: int) -> CacheSpec:
+    """The spec of the cache of `teacher` over the corpus `files` for a cache request (`Objective.cache_request`);
+    settings that do not change what is stored (k, m and T for a head-input cache) are left out of the key."""
     settings = masking.model_dump(include={"probability", "mask_ratio", "random_ratio", "whole_word", "seed"})
     layers = tuple(sorted(index + teacher_layers + 1 if index < 0 else index for index in request.hidden))
+    logits = cfg.logits if request.logits else ""
+    top_k = logits == "top_k"
     return CacheSpec(
         teacher=weights_fingerprint(teacher), teacher_dtype=str(dtype).removeprefix("torch."),
-        teacher_layers=teacher_layers, tokenizer=tokenizer_fingerprint(tokenizer),
+        teacher_layers=teacher_layers, width=hidden_size(teacher.config), tokenizer=tokenizer_fingerprint(tokenizer),
         corpus=corpus_fingerprint(resolve_corpus_files(files), max_lines), block_size=block_size, masking=settings,
-        top_k=top_k, tail_samples=tail_samples, temperature=float(temperature), hidden_layers=layers,
-        logits=request.logits, shard_blocks=shard_blocks, blocks=blocks,
+        top_k=cfg.top_k if top_k else 0, tail_samples=cfg.tail_samples if top_k else 0,
+        temperature=float(temperature) if top_k else 0.0, hidden_layers=layers, logits=logits,
+        shard_blocks=cfg.shard_blocks, blocks=blocks,
     )
 
 
@@ -132,11 +141,14 @@ class Cache:
 
     def schema(self, rank: int = 0) -> pa.Schema:
         fields = [pa.field("block", pa.int64()), pa.field("positions", pa.list_(pa.int16()))]
-        if self.spec.logits:
+        if self.spec.logits == "top_k":
             fields += [pa.field("topk_logits", pa.list_(pa.float16())), pa.field("topk_ids", pa.list_(pa.int32())),
                        pa.field("log_norm", pa.list_(pa.float32()))]
             if self.spec.tail_samples:
                 fields += [pa.field("tail_logits", pa.list_(pa.float16())), pa.field("tail_ids", pa.list_(pa.int32()))]
+        if self.spec.logits == "head":  # in the teacher's own dtype (16-bit ones as their bit patterns): exact
+            bits = pa.float32() if self.spec.teacher_dtype == "float32" else pa.int16()
+            fields.append(pa.field("head_input", pa.list_(bits)))
         fields += [pa.field(f"hidden_{layer}", pa.list_(pa.int16())) for layer in self.spec.hidden_layers]
         return pa.schema(fields, metadata={"key": self.spec.key(), "rank": str(rank)})
 
@@ -213,7 +225,8 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
     spec = cache.spec
     columns: dict[str, list[Any]] = {name: [] for name in cache.schema().names}
     device = next(teacher.parameters()).device
-    request = FeatureRequest(hidden=set(spec.hidden_layers), logits=spec.logits)
+    head = {spec.teacher_layers} if spec.logits == "head" else set()
+    request = FeatureRequest(hidden=set(spec.hidden_layers) | head, logits=spec.logits == "top_k")
     numbers = list(cache.shard_range(shard))
     generator = torch.Generator(device=device).manual_seed(pattern_seed(masking.seed, shard, pattern) ^ 0x7A11)
     for start in range(0, len(numbers), batch_size):
@@ -229,7 +242,9 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
         features = extract_features(teacher, {"input_ids": ids.to(device), "attention_mask": attention.to(device)},
                                     request, positions.to(device))
         counts = positions.sum(1).tolist()
-        if spec.logits:
+        if spec.logits == "head":
+            head_inputs = _as_stored(features.hidden[spec.teacher_layers][positions.to(device)]).split(counts)
+        if spec.logits == "top_k":
             logits = features.logits_at(features.positions).float()
             logits = logits - logits.max(dim=-1, keepdim=True).values
             top = logits.topk(spec.top_k, dim=-1)
@@ -245,7 +260,9 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
             n = int(attention[row].sum())
             columns["block"].append(block)
             columns["positions"].append(positions[row].nonzero().squeeze(1).to(torch.int16).numpy())
-            if spec.logits:
+            if spec.logits == "head":
+                columns["head_input"].append(head_inputs[row].reshape(-1).numpy())
+            if spec.logits == "top_k":
                 columns["topk_logits"].append(values[row].reshape(-1).numpy())
                 columns["topk_ids"].append(top_ids[row].reshape(-1).numpy())
                 columns["log_norm"].append(norms[row].numpy())
@@ -253,8 +270,8 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
                     columns["tail_logits"].append(tail_values[row].reshape(-1).numpy())
                     columns["tail_ids"].append(tail_ids[row].reshape(-1).numpy())
             for layer in spec.hidden_layers:
-                state = features.hidden[layer][row, :n].to(torch.bfloat16).cpu().contiguous()
-                columns[f"hidden_{layer}"].append(state.view(torch.int16).reshape(-1).numpy())
+                state = features.hidden[layer][row, :n].to(torch.bfloat16)
+                columns[f"hidden_{layer}"].append(_as_stored(state).reshape(-1).numpy())
     schema = cache.schema(rank)
     arrays = [pa.array(columns[field.name], type=field.type) for field in schema]
     batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -264,6 +281,12 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
     with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
     os.replace(temporary, path)
+
+
+def _as_stored(states: torch.Tensor) -> torch.Tensor:
+    """Hidden states on the CPU as stored: 16-bit values as their bit patterns (int16), float32 as they are."""
+    states = states.cpu().contiguous()
+    return states if states.dtype == torch.float32 else states.view(torch.int16)
 
 
 def _tail_draws(logits: torch.Tensor, top: torch.Tensor, spec: CacheSpec, generator: torch.Generator) -> torch.Tensor:
@@ -342,6 +365,11 @@ class CachedBlocks(Dataset):
         if "tail_ids" in entry:
             out["teacher_tail_logits"] = torch.from_numpy(entry["tail_logits"]).reshape(-1, self.m)
             out["teacher_tail_ids"] = torch.from_numpy(entry["tail_ids"]).reshape(-1, self.m)
+        if "head_input" in entry:
+            stored = torch.from_numpy(entry["head_input"])
+            dtype = getattr(torch, self.reader.cache.spec.teacher_dtype)
+            out["teacher_head_input"] = (stored if dtype == torch.float32 else stored.view(dtype)).reshape(
+                len(masked), self.reader.cache.spec.width)
         for layer in self.layers:
             bits = torch.from_numpy(entry[f"hidden_{layer}"])
             out[f"teacher_hidden_{layer}"] = bits.view(torch.bfloat16).reshape(len(item["input_ids"]), -1)
@@ -349,8 +377,8 @@ class CachedBlocks(Dataset):
 
 
 class CachedCollate:
-    """`collate` for the blocks, plus the teacher's outputs: top-k rows concatenated in row-major order of the masked
-    positions, hidden states padded to [B, L, D]."""
+    """`collate` for the blocks, plus the teacher's outputs: rows of the masked positions (top-k, head input)
+    concatenated in row-major order, hidden states padded to [B, L, D]."""
 
     def __init__(self, collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]], layers: Sequence[int]):
         self.collate, self.layers = collate, tuple(layers)

@@ -6,8 +6,10 @@ interface (the task-specific side has the same shape in `biodistil.kd.signal`).
 - `OnlineTeacher`: the teacher runs on every batch, under `torch.inference_mode`, returning only the tensors the
   objective's terms read (vocabulary logits at the positions they use);
 - `CachedTeacher`: the teacher ran once per (block, mask pattern) (`biodistil.methods.teacher_cache`); each batch
-  carries its top-k logits at the masked positions and the hidden states of the mapped layers, and no teacher runs
-  or stays in memory while the student trains. Logit terms then read `TopKLogits` (`logit_kl` becomes the top-k KL).
+  carries the hidden states of the mapped layers and what stands for the logits at the masked positions, and the
+  teacher's layers never run while the student trains. Logits: the teacher's MLM head (the only part of the teacher
+  kept in memory, `head_only`) forms them exactly from its stored input, or the terms read `TopKLogits` (`logit_kl`
+  becomes the top-k KL).
 
 Each signal also prepares the data the engine reads (`data`): the online one leaves it as it is; the cached one
 attaches the stored outputs to every block, in the data-loading stage.
@@ -21,6 +23,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedModel
 
 from biodistil.methods.teacher_cache import CachedBlocks, CachedCollate, CacheReader, topk_rows
+from biodistil.models.families import mlm_head
 from biodistil.models.features import FeatureRequest, Features, extract_features
 from biodistil.training.engine import Batch, Collate
 
@@ -56,13 +59,19 @@ class OnlineTeacher:
 
 
 class CachedTeacher:
-    """Outputs read from a teacher cache and carried by each batch (`teacher_topk_*`, `teacher_hidden_<layer>`)."""
+    """Outputs read from a teacher cache and carried by each batch (`teacher_hidden_<layer>`, and `teacher_head_input`
+    or `teacher_topk_*`); `head`: the teacher reduced to its MLM head (`head_only`), for a head-input cache."""
 
     model = None
 
-    def __init__(self, train: CacheReader, held_out: CacheReader | None = None):
+    def __init__(self, train: CacheReader, held_out: CacheReader | None = None, head: PreTrainedModel | None = None):
         self.readers = {False: train, True: held_out}
         spec = train.cache.spec
+        if spec.logits == "head" and head is None:
+            raise ValueError("a cache of the teacher's head input needs the teacher's head to form its logits")
+        if head is not None:
+            head.eval().requires_grad_(False)
+        self.head = head
         self.layers, self.teacher_layers, self.temperature = spec.hidden_layers, spec.teacher_layers, spec.temperature
 
     def data(self, dataset: Dataset, collate: Collate, held_out: bool = False) -> tuple[Dataset, Collate]:
@@ -70,7 +79,12 @@ class CachedTeacher:
 
     def outputs(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None) -> Features:
         hidden = {layer: batch[f"teacher_hidden_{layer}"].float() for layer in self.layers}
-        logits = topk_rows(batch, self.temperature) if request.logits else None
+        logits = None
+        if request.logits and self.head is not None:
+            with torch.inference_mode():
+                logits = mlm_head(self.head, batch["teacher_head_input"].to(self.head.dtype))
+        elif request.logits:
+            logits = topk_rows(batch, self.temperature)
         return Features(hidden=hidden, logits=logits, num_layers=self.teacher_layers,
                         positions=positions if request.logits else None)
 

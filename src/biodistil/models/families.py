@@ -197,3 +197,26 @@ def mlm_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
 def mlm_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The model's MLM head on hidden states of any leading shape: vocabulary logits."""
     return mlm_head(model, hidden).logits()
+
+
+def head_only(model: PreTrainedModel) -> PreTrainedModel:
+    """The masked LM with every parameter its MLM head does not read moved to the meta device (no memory): what is
+    left forms logits from last hidden states (`mlm_logits`) and nothing else. The head's parameters are found by
+    back-propagating through it once (tied embeddings stay: they are the decoder)."""
+    params = list(model.parameters())
+    trainable = [param.requires_grad for param in params]
+    probe = torch.zeros(1, hidden_size(model.config), dtype=params[0].dtype, device=params[0].device)
+    with torch.enable_grad():
+        for param in params:
+            param.requires_grad_(True)
+            param.grad = None
+        mlm_logits(model, probe).float().sum().backward()
+    used = {id(param) for param in params if param.grad is not None}
+    for param, flag in zip(params, trainable, strict=True):
+        param.grad = None
+        param.requires_grad_(flag)
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in used:
+                setattr(module, name, nn.Parameter(param.to("meta"), requires_grad=False))
+    return model
