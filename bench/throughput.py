@@ -15,9 +15,11 @@ Measures, in one process, on identical batches (the same blocks under the same s
                stored last hidden state at the masked positions; KL there + cosine;
   cache-top-k  the same from a cache of the teacher's top-k logits and tail draws: top-k KL + cosine, no teacher.
 The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
-median over the rounds. Peak memory: the largest resident set size sampled (every millisecond) during each mode's
-steps; with --only MODE the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to
-compare with another program's. Weights are random: speed does not depend on them. The last line is JSON.
+median over the rounds, and a mode's ratio to plain MLM the median over the rounds of its tokens/s divided by plain
+MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
+Peak memory: the largest resident set size sampled (every millisecond) during each mode's steps; with --only MODE
+the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to compare with another
+program's. Weights are random: speed does not depend on them. The last line is JSON.
 """
 
 import argparse
@@ -198,7 +200,10 @@ def main() -> None:
         "peak_memory_mb": {mode: round(peak / 2**20) for mode, peak in peaks.items()},
     }
     if "mlm" in tokens_per_s:
-        result["ratio_to_mlm"] = {mode: round(rate / tokens_per_s["mlm"], 3) for mode, rate in tokens_per_s.items()}
+        result["ratio_to_mlm"] = {
+            mode: round(statistics.median(a / b for a, b in zip(values, rates["mlm"], strict=True)), 3)
+            for mode, values in rates.items()
+        }
     if args.only:
         result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(f"{result['device']} ({result['threads']} threads, load {result['load_1min']:.2f}); teacher "

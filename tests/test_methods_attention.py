@@ -13,7 +13,7 @@ from biodistil.losses.layers import attention_kl_loss, attention_mse_loss, minil
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.models.attention import attention_probabilities, attention_scores
-from biodistil.models.families import layer_list, qkv_modules
+from biodistil.models.families import head_only, layer_list, mlm_logits, qkv_modules
 from biodistil.models.features import FeatureRequest, extract_features
 from biodistil.models.qkv import split_heads
 from biodistil.models.student import student_from_teacher_layers
@@ -54,6 +54,21 @@ def test_head_rows_give_the_models_own_logits(model_type):
     rows, formed = features.formed_at(real)
     assert rows is real and formed is logits, "once formed, the logits are read, not formed again"
     assert features.logits_at(real) is logits
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_head_only_keeps_the_logits_and_drops_the_layers(model_type):
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(AutoConfig.for_model(model_type, vocab_size=100, **TINY[model_type]))
+    model.eval()
+    hidden = torch.randn(5, model.config.to_dict().get("hidden_size") or model.config.dim)
+    with torch.no_grad():
+        expected = mlm_logits(model, hidden)
+    head = head_only(copy.deepcopy(model))
+    kept = {name for name, param in head.named_parameters() if not param.is_meta}
+    assert not any(".layer." in name for name in kept), "every transformer layer leaves memory"
+    with torch.no_grad():
+        assert torch.equal(mlm_logits(head, hidden), expected)
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY))
