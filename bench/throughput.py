@@ -112,7 +112,8 @@ def objective_config(positions: str | None) -> ObjectiveConfig:
 
 def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args, logits: str) -> CacheReader:
     spec = CacheSpec(
-        teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype), teacher_layers=args.teacher_layers,
+        teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype).removeprefix("torch."),
+        teacher_layers=args.teacher_layers,
         width=args.hidden, tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(),
         top_k=args.top_k if logits == "top_k" else 0, tail_samples=args.tail_samples if logits == "top_k" else 0,
         temperature=2.0, hidden_layers=(args.teacher_layers,), logits=logits, shard_blocks=256, blocks=len(blocks),

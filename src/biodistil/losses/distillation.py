@@ -109,13 +109,16 @@ def _scaled(logits: torch.Tensor | LinearRows, rows: slice, temperature: float) 
 
 def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None) -> torch.Tensor:
     """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
-    float32) is given, it receives scale·(softmax(student) − softmax(teacher)). Two [rows, V] float32 temporaries."""
+    float32) is given, it receives scale·(softmax(student) − softmax(teacher)) (scale 1: left to the caller). Two
+    [rows, V] float32 temporaries."""
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
     log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
     p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
     kl = torch.dot(p_teacher.reshape(-1), log_p_teacher.sub_(log_p_student).reshape(-1))
     if grad is not None:
-        torch.sub(log_p_student.exp_(), grad, out=grad).mul_(scale)
+        torch.sub(log_p_student.exp_(), grad, out=grad)
+        if scale != 1:
+            grad.mul_(scale)
     return kl
 
 
@@ -160,18 +163,19 @@ class _LinearSoftKL(torch.autograd.Function):
         grad_inputs, grad_weight, grad_bias = grads
         buffer = torch.empty((min(step, rows), vocab), dtype=torch.float32, device=inputs.device)
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        scale = temperature / rows
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
             student = _scaled(LinearRows(x, weight, bias), slice(None), temperature)
-            total += _kl_rows(student, _scaled(teacher, chunk, temperature), temperature / rows, grad)
+            total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad)  # ∂L/∂z_S = scale·grad
             if grad_inputs is not None:
-                torch.mm(grad, weight.float(), out=grad_inputs[chunk])
+                torch.mm(grad, weight.float(), out=grad_inputs[chunk]).mul_(scale)
             if grad_weight is not None:
-                grad_weight.addmm_(grad.t(), x.float())
+                grad_weight.addmm_(grad.t(), x.float(), alpha=scale)
             if grad_bias is not None:
-                grad_bias.add_(grad.sum(0))
+                grad_bias.add_(grad.sum(0), alpha=scale)
         ctx.grads = tuple(None if grad is None else grad.to(tensor.dtype)
                           for grad, tensor in zip(grads, (inputs, weight, bias), strict=True))
         ctx.spent = False

@@ -209,7 +209,9 @@ def _cache_note(caches: list[CorpusCache], reports: list[BuildReport]) -> str:
         parts.append(f"`{corpus.cache.folder}` (patterns {corpus.patterns}, {report.built} shards built here, "
                      f"{report.reused} reused; {size / 2**20:,.1f} MiB, {size / tokens:,.0f} MB per million tokens and "
                      "pattern)")
-    return "Teacher cache (top-k logits and hidden states instead of the teacher): " + "; ".join(parts) + "."
+    stored = {"head": "the head's input at the masked positions, the head forming the teacher's logits",
+              "top_k": "top-k logits at the masked positions", "": "hidden states"}[caches[0].cache.spec.logits]
+    return f"Teacher cache ({stored}; instead of the teacher's layers): " + "; ".join(parts) + "."
 
 
 def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> PreTrainedTokenizerBase:

@@ -116,9 +116,9 @@ class Features:
         if not self._formed:
             return None
         known, logits = self._formed[0]
-        if mask is known:
-            return known, logits
         rows = mask & known
+        if mask is known or torch.equal(rows, known):  # every formed row: no copy
+            return known, logits
         return rows, logits[rows[known]]
 
     def _formed_for(self, mask: torch.Tensor) -> torch.Tensor | None:
