@@ -126,7 +126,23 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, KL_CHUNK_ELEMENTS // max(1, vocab))
 
 
-class _ChunkedSoftKL(torch.autograd.Function):
+class _FusedKL(torch.autograd.Function):
+    """A chunked T²·mean-over-rows KL whose forward pass forms the gradients of its first inputs (`_keep`); its last
+    two inputs (the teacher, the temperature) take none."""
+
+    @staticmethod
+    def _keep(ctx, grads: tuple[torch.Tensor | None, ...], total: torch.Tensor, temperature: float,
+              rows: int) -> torch.Tensor:
+        ctx.grads, ctx.spent = grads, False
+        return total * (temperature * temperature / rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        return *_spend(ctx, grad_output), None, None
+
+
+class _ChunkedSoftKL(_FusedKL):
     """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
 
     @staticmethod
@@ -140,17 +156,10 @@ class _ChunkedSoftKL(torch.autograd.Function):
             chunk = slice(start, start + step)
             total += _kl_rows(_scaled(student, chunk, temperature), _scaled(teacher, chunk, temperature),
                               temperature / rows, None if grad is None else grad[chunk])
-        ctx.grads = (None if grad is None else grad.to(student.dtype),)
-        ctx.spent = False
-        return total * (temperature * temperature / rows)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output: torch.Tensor):
-        return *_spend(ctx, grad_output), None, None
+        return _FusedKL._keep(ctx, (None if grad is None else grad.to(student.dtype),), total, temperature, rows)
 
 
-class _LinearSoftKL(torch.autograd.Function):
+class _LinearSoftKL(_FusedKL):
     """`linear_soft_kl_loss`: per chunk of rows, the logits, the KL and the gradients of x, W and b."""
 
     @staticmethod
@@ -176,15 +185,9 @@ class _LinearSoftKL(torch.autograd.Function):
                 grad_weight.addmm_(grad.t(), x.float(), alpha=scale)
             if grad_bias is not None:
                 grad_bias.add_(grad.sum(0), alpha=scale)
-        ctx.grads = tuple(None if grad is None else grad.to(tensor.dtype)
-                          for grad, tensor in zip(grads, (inputs, weight, bias), strict=True))
-        ctx.spent = False
-        return total * (temperature * temperature / rows)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output: torch.Tensor):
-        return *_spend(ctx, grad_output), None, None
+        grads = tuple(None if grad is None else grad.to(tensor.dtype)
+                      for grad, tensor in zip(grads, (inputs, weight, bias), strict=True))
+        return _FusedKL._keep(ctx, grads, total, temperature, rows)
 
 
 def topk_kl_loss(
