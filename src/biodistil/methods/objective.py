@@ -144,7 +144,7 @@ def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor
 def _fusable(x: TermInputs) -> bool:
     """Whether the KL can form the student's logits itself: a student head, whole vocabularies (not VE-KD's shared
     prefix) and a teacher's logits or head (not a cache's top-k)."""
-    return (x.shared_vocab is None and x.student.head_at(x.masks["all"]) is not None
+    return (x.shared_vocab is None and isinstance(x.student.logits, LinearRows)
             and not isinstance(x.teacher.logits, TopKLogits))
 
 
