@@ -45,3 +45,11 @@ def test_the_task_agnostic_record_was_produced_by_the_committed_pipeline():
     minutes = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"][:-1]) / 60
     minutes += sum(cell["wall_seconds"] for cell in results["cells"]) / 60
     assert minutes < 60, "the study finishes within an hour"
+
+
+def test_gap_cells_say_when_a_seed_has_no_gap_to_close():
+    tables = results_tables()
+    assert tables.gap_cell([0.5, 0.7]) == "60 ± 14%"
+    assert tables.gap_cell([0.5]) == "50%"
+    assert tables.gap_cell([0.5, None]) == "n/a (no gap)", "a teacher no better than the initialisation: null"
+    assert tables.gap_cell([float("nan")]) == "n/a (no gap)"

@@ -13,6 +13,7 @@ it exceeds twice the larger of their seed standard deviations (and both have at 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +30,14 @@ def load(name: str) -> dict[str, Any]:
 
 def pm(mean: float, sd: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * mean:.{digits}f}" + (f" ± {scale * sd:.{digits}f}" if sd is not None else "")
+
+
+def gap_cell(gaps: list[float | None]) -> str:
+    """Mean ± sd of the gap closed per seed, in %; "n/a" when a seed's teacher does not beat the initialisation
+    (no gap to close: the study records it as null)."""
+    if any(gap is None or math.isnan(gap) for gap in gaps):
+        return "n/a (no gap)"
+    return pm(statistics.fmean(gaps), statistics.stdev(gaps) if len(gaps) > 1 else None, 100, 0) + "%"
 
 
 def compare(first: list[float], second: list[float]) -> tuple[float, str]:
@@ -129,12 +138,10 @@ def transfer_tables(summary: dict[str, Any]) -> str:
              "| arm | test AUROC (mean ± sd) | seeds | gap closed (mean ± sd over seeds) | F1 (mean) "
              "| predicted one class |", "|---|---|---|---|---|---|"]
     for row in rows:
-        gaps = row["gap_closed_per_seed"]
-        sd = statistics.stdev(gaps) if len(gaps) > 1 else None
         group = [r for r in summary["runs"] if r["task"] == task and r["arm"] == row["arm"]]
         f1 = statistics.fmean(r["test"]["f1"] for r in group) if all("f1" in r["test"] for r in group) else None
         lines.append(f"| {row['arm']} | {pm(row['mean'], row['sd'], 1, 3)} | "
-                     f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {pm(statistics.fmean(gaps), sd, 100, 0)}% | "
+                     f"{', '.join(f'{s:.3f}' for s in row['scores'])} | {gap_cell(row['gap_closed_per_seed'])} | "
                      f"{'' if f1 is None else f'{100 * f1:.1f}'} | {len(row['degenerate_seeds'])} of {len(group)} |")
     lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
