@@ -23,8 +23,8 @@ from biodistil.kd.recipe import KDOptions
 from biodistil.kd.signal import TeacherSignal, marked_features
 from biodistil.kd.teacher_cache import with_placeholder_labels
 from biodistil.kd.transfer import is_labelled
-from biodistil.methods.masked_lm import freeze
 from biodistil.methods.objective import Weight
+from biodistil.methods.teacher_signal import freeze
 from biodistil.models.features import Features
 from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec

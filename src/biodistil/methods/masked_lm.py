@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
-from biodistil.methods.teacher_signal import OnlineTeacher, TeacherSignal
+from biodistil.methods.teacher_signal import OnlineTeacher, TeacherSignal, freeze
 from biodistil.models.features import extract_features
 
 
@@ -73,13 +73,6 @@ def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
             fast = device.type == "cpu" and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         setting = "bfloat16" if fast else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
-
-
-def freeze(model: nn.Module) -> None:
-    """Eval mode and no gradients, for a teacher."""
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
 
 
 class MaskBatch:

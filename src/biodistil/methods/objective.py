@@ -151,20 +151,23 @@ def _fusable(x: TermInputs) -> bool:
 def _fused_logit_kl(rows: torch.Tensor, x: TermInputs) -> torch.Tensor:
     """The mean KL over `rows`: at rows whose logits another term formed (the MLM targets) on those logits, at the
     others by `linear_soft_kl_loss`; each row's logits are formed once."""
-    def teacher_at(mask: torch.Tensor) -> torch.Tensor | LinearRows:
-        head = x.teacher.head_at(mask)
-        return x.teacher.logits_at(mask) if head is None else head
-
     formed = x.student.formed_at(rows)
-    rest = rows if formed is None else rows & ~formed[0]
-    fused = linear_soft_kl_loss(x.student.head_at(rest), teacher_at(rest), x.temperature)
     if formed is None:
-        return fused
+        return linear_soft_kl_loss(x.student.head_at(rows), _teacher_rows(x, rows), x.temperature)
     part, logits = formed
-    teacher = teacher_at(part)
-    plain = soft_kl_loss(logits, teacher.logits() if isinstance(teacher, LinearRows) else teacher, x.temperature)
+    plain = soft_kl_loss(logits, x.teacher.logits_at(part), x.temperature)
+    if part is rows:  # every row formed already
+        return plain
+    rest = rows & ~part
+    fused = linear_soft_kl_loss(x.student.head_at(rest), _teacher_rows(x, rest), x.temperature)
     counts = part.sum(), rest.sum()
     return (counts[0] * plain + counts[1] * fused) / (counts[0] + counts[1]).clamp(min=1)
+
+
+def _teacher_rows(x: TermInputs, mask: torch.Tensor) -> torch.Tensor | LinearRows:
+    """The teacher at `mask`'s rows as its head (logits formed inside the loss) or, lacking one, its logits."""
+    head = x.teacher.head_at(mask)
+    return x.teacher.logits_at(mask) if head is None else head
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:

@@ -289,6 +289,12 @@ def _as_stored(states: torch.Tensor) -> torch.Tensor:
     return states if states.dtype == torch.float32 else states.view(torch.int16)
 
 
+def _from_stored(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """Stored hidden states back in `dtype` (the inverse of `_as_stored`)."""
+    stored = torch.from_numpy(values)
+    return stored if dtype == torch.float32 else stored.view(dtype)
+
+
 def _tail_draws(logits: torch.Tensor, top: torch.Tensor, spec: CacheSpec, generator: torch.Generator) -> torch.Tensor:
     """[M, m] tokens drawn with replacement from each row's tempered distribution outside its top-k tokens."""
     if spec.top_k >= logits.size(-1):  # no tail: the draws are never read
@@ -366,13 +372,12 @@ class CachedBlocks(Dataset):
             out["teacher_tail_logits"] = torch.from_numpy(entry["tail_logits"]).reshape(-1, self.m)
             out["teacher_tail_ids"] = torch.from_numpy(entry["tail_ids"]).reshape(-1, self.m)
         if "head_input" in entry:
-            stored = torch.from_numpy(entry["head_input"])
             dtype = getattr(torch, self.reader.cache.spec.teacher_dtype)
-            out["teacher_head_input"] = (stored if dtype == torch.float32 else stored.view(dtype)).reshape(
+            out["teacher_head_input"] = _from_stored(entry["head_input"], dtype).reshape(
                 len(masked), self.reader.cache.spec.width)
         for layer in self.layers:
-            bits = torch.from_numpy(entry[f"hidden_{layer}"])
-            out[f"teacher_hidden_{layer}"] = bits.view(torch.bfloat16).reshape(len(item["input_ids"]), -1)
+            states = _from_stored(entry[f"hidden_{layer}"], torch.bfloat16)
+            out[f"teacher_hidden_{layer}"] = states.reshape(len(item["input_ids"]), -1)
         return out
 
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset
 from transformers import PreTrainedModel
 
@@ -70,7 +71,7 @@ class CachedTeacher:
         if spec.logits == "head" and head is None:
             raise ValueError("a cache of the teacher's head input needs the teacher's head to form its logits")
         if head is not None:
-            head.eval().requires_grad_(False)
+            freeze(head)
         self.head = head
         self.layers, self.teacher_layers, self.temperature = spec.hidden_layers, spec.teacher_layers, spec.temperature
 
@@ -87,6 +88,13 @@ class CachedTeacher:
             logits = topk_rows(batch, self.temperature)
         return Features(hidden=hidden, logits=logits, num_layers=self.teacher_layers,
                         positions=positions if request.logits else None)
+
+
+def freeze(model: nn.Module) -> None:
+    """Eval mode and no gradients, for a teacher."""
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
 
 
 def outside_inference_mode(features: Features) -> Features:

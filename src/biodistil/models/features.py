@@ -131,8 +131,7 @@ class Features:
             every = self._formed_for(self.positions)
             if every is not None:
                 return every[mask[self.positions]]
-            rows = self.logits if mask is self.positions else self.logits.select(mask[self.positions])
-            logits = rows.logits()
+            logits = self.head_at(mask).logits()
             self._formed.append((mask, logits))
         return logits
 
