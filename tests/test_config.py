@@ -1,5 +1,6 @@
 """Recipes: validation, overrides, and errors that name the problem."""
 
+import os
 import re
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def test_overrides_are_typed_and_nested(tmp_path):
     )
     assert recipe.train.learning_rate == pytest.approx(1e-4)
     assert recipe.student.layers == [0, 2, 5]
-    assert recipe.train.tensorboard is False and recipe.run.output_dir == "x"
+    assert recipe.train.tensorboard is False and recipe.run.output_dir == os.path.abspath("x"), "made absolute"
 
 
 def test_no_is_a_word_for_precision(tmp_path):

@@ -1,8 +1,8 @@
 """The demo's quick mode end to end on the real data folder (skipped when the data is absent)."""
 
 import json
-import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from recipe_fixtures import data_root
@@ -11,6 +11,7 @@ from biodistil.config import validate_recipe
 from biodistil.demo import PLAN, compare, run_demo, study_recipe
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import StudyRecipe
+from biodistil.paths import absolute
 
 
 @pytest.mark.slow
@@ -40,21 +41,42 @@ def test_missing_data_folder_is_a_clear_error(tmp_path):
 
 
 def test_every_student_arm_of_the_real_demo_trains_the_same_number_of_steps(tmp_path):
-    plan = replace(PLAN, label_free=True)
-    raw = study_recipe(plan, tmp_path, tmp_path, "minilm-l6", train_size=5424)
+    raw = study_recipe(PLAN, tmp_path, tmp_path, "minilm-l6", train_size=5424)
     recipe = validate_recipe(StudyRecipe, raw)
-    assert [arm.name for arm in recipe.arms] == ["distilled", "without-teacher", "label-free"]
-    batch = raw["defaults"]["kd"]["train"]["batch_size"]
-    steps = math.ceil(plan.student_epochs * plan.labelled / batch)
-    kd = raw["defaults"]["kd"]
-    assert kd["kd"]["epochs"] == recipe.arms[1].overrides["finetune"]["epochs"] == plan.student_epochs
-    assert kd["transfer"] == {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.labelled},
-                              "keep_labels": True}
-    label_free = recipe.arms[2].overrides
-    assert label_free["transfer"]["keep_labels"] is False and label_free["kd"]["beta"] == 0.0
-    assert round(label_free["kd"]["epochs"] * 5424 / batch) == steps
-    default = validate_recipe(StudyRecipe, study_recipe(PLAN, tmp_path, tmp_path, "minilm-l6", train_size=5424))
-    assert [arm.name for arm in default.arms] == ["distilled", "without-teacher"]
+    assert [arm.name for arm in recipe.arms] == ["fine-tuned", "distilled", "label-free"]
+    budget = PLAN.labelled(5424)
+    assert budget == 814, "a seeded 15% of the training sentences"
+    defaults = raw["defaults"]
+    assert defaults["finetune"]["train"]["max_steps"] == defaults["kd"]["train"]["max_steps"] == PLAN.student_steps
+    assert "epochs" not in defaults["kd"]["kd"] and not any("epochs" in arm.overrides.get("finetune", {})
+                                                              for arm in recipe.arms), "steps, not epochs, are equal"
+    assert defaults["finetune"]["task"]["train_examples"] == budget, "the fine-tuned arm: the labelled budget alone"
+    distilled, label_free = recipe.arms[1].overrides, recipe.arms[2].overrides
+    assert distilled["transfer"] == {"source": {"kind": "in_domain", "split": "train"}, "keep_labels": True,
+                                     "labelled": budget}, "KD on every training sentence, CE on the budget's labels"
+    assert distilled["kd"]["beta"] > 0 and label_free["kd"]["beta"] == 0.0
+    assert label_free["transfer"]["keep_labels"] is False
+    teacher = recipe.tasks[0].teacher_overrides
+    assert teacher["task"]["train_examples"] is None and teacher["finetune"]["epochs"] == PLAN.teacher_epochs, \
+        "the teacher learns from the whole training set"
+
+
+def test_the_same_labels_option_gives_the_teacher_the_students_budget(tmp_path):
+    raw = study_recipe(replace(PLAN, same_labels=True), tmp_path, tmp_path, "minilm-l6", train_size=5424)
+    recipe = validate_recipe(StudyRecipe, raw)
+    assert recipe.tasks[0].teacher_overrides["task"]["train_examples"] == 814
+    assert recipe.arms[1].overrides["transfer"] == {"source": {"kind": "in_domain", "split": "train",
+                                                               "max_examples": 814}, "keep_labels": True}
+
+
+def test_the_demo_recipe_records_absolute_paths_whatever_the_spelling_of_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    relative = validate_recipe(StudyRecipe, study_recipe(PLAN, Path(absolute("runs/demo")), tmp_path, "minilm-l6",
+                                                         train_size=5424))
+    spelled = validate_recipe(StudyRecipe, study_recipe(PLAN, tmp_path / "runs" / "demo", tmp_path, "minilm-l6",
+                                                        train_size=5424))
+    assert relative.model_dump() == spelled.model_dump()
+    assert relative.run.output_dir == str(tmp_path / "runs" / "demo" / "study")
 
 
 def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():
@@ -66,3 +88,43 @@ def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():
     assert "model at 0.7 scores higher than the model at 0.66" in compare("q", arm(0.66, 0.005), arm(0.70, 0.01))
     assert "not a finding" in compare("q", arm(0.70, 0.03), arm(0.66, 0.005))
     assert "from one seed" in compare("q", arm(0.70, None, seeds=1), arm(0.60, 0.001))
+
+
+def _scores(f1: float) -> dict:
+    return {"f1": f1, "precision": f1, "recall": f1}
+
+
+def _speed(label: str, ms: float, parameters: int) -> dict:
+    return {"label": label, "parameters": parameters, "latency": {"128": {"median_ms": ms}},
+            "throughput": {"128": {"sequences_per_s": 1000 / ms}}}
+
+
+def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is_a_finding(tmp_path):
+    from biodistil.demo import build_report, render_report
+
+    runs = [{"arm": arm, "seed": seed, "folder": f"ncbi_disease/{arm}/seed-{seed}", "test": _scores(f1),
+             "wall_seconds": 60.0, "steps": 250, "degenerate": "O" if arm == "fine-tuned" and seed == 2 else ""}
+            for arm, scores in {"fine-tuned": (0.64, 0.65), "distilled": (0.74, 0.75),
+                                "label-free": (0.73, 0.60)}.items() for seed, f1 in zip((1, 2), scores, strict=True)]
+    summary = {"teachers": {"ncbi_disease": {"model": "ncbi_disease/teacher/model", "test": _scores(0.78),
+                                             "wall_seconds": 120.0, "steps": 170}},
+               "runs": runs, "machine": {"cpu": "test CPU", "torch_threads": 2}}
+    deployed = {"results": {"cells": [{"model": "student-onnx", "test": _scores(0.74)},
+                                      {"model": "student-onnx-int8", "test": _scores(0.736), "degenerate": ""}]},
+                "bench": {"device": "cpu", "settings": {"repeats": 20, "warmup": 3},
+                          "models": [_speed("teacher", 40.0, 22_700_000), _speed("student", 20.0, 17_400_000),
+                                     _speed("student-onnx", 16.0, 17_400_000),
+                                     _speed("student-onnx-int8", 8.0, 17_400_000)]}}
+    report = build_report(PLAN, summary, deployed, {"accuracy": {"int8_drop": 0.001, "examples": 923}},
+                          tmp_path, 5424)
+    rows = {row["arm"] or "teacher": row for row in report["models"]}
+    assert list(rows) == ["teacher", "fine-tuned", "distilled", "label-free", "student-onnx", "student-onnx-int8"]
+    assert rows["distilled"]["f1_mean"] == pytest.approx(0.745) and rows["distilled"]["speedup"] == 2.0
+    assert rows["student-onnx-int8"]["speedup"] == 5.0 and rows["fine-tuned"]["degenerate"] == "O"
+    assert report["demo_minutes"] == round((120 + 6 * 60) / 60, 1)
+    text = render_report(report)
+    assert "more than twice the seed spread" in text.split("What the teacher adds")[1].splitlines()[0], \
+        "+0.10 F1 with sd 0.007 is a finding"
+    assert "not a finding" in text.split("The teacher's outputs alone")[1].splitlines()[0], \
+        "+0.02 with sd 0.09 is within twice the spread"
+    assert "**(one class: O)**" in text and "within 1 point" in text and "-0.0010 F1 (int8" in text

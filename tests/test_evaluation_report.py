@@ -8,7 +8,7 @@ import pytest
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.aggregate import family_average, load_report_data
-from biodistil.evaluation.report import build_report, scores_table
+from biodistil.evaluation.report import build_report, family_table, scores_table
 from biodistil.evaluation.results import RESULTS_FORMAT
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -131,3 +131,19 @@ def test_a_degenerate_score_is_marked_beside_it():
     assert _score_cell(summary, "mean").endswith("(degenerate)")
     plain = _score_cell({**summary, "degenerate": []}, "median")
     assert _score_cell(summary, "median") == f"{plain} (degenerate)"
+
+
+def test_an_average_or_share_that_takes_in_a_degenerate_score_is_marked(tmp_path):
+    degenerate = {**_summary([0.45], "relation_extraction"), "degenerate": ["every example predicted '0'"]}
+    run = write_run(tmp_path / "run", {
+        "teacher": {"ncbi_disease": _summary([0.80], "ner"), "gad": _summary([0.90], "relation_extraction")},
+        "student": {"ncbi_disease": _summary([0.76], "ner"), "gad": degenerate},
+        "baseline": {"ncbi_disease": _summary([0.70], "ner")},
+    }, ["teacher", "student", "baseline"])
+    data = load_report_data([run])
+    _, teacher, student, baseline = scores_table(data)
+    assert not teacher[-2].endswith("(includes degenerate)") and not teacher[-1].endswith("(includes degenerate)")
+    assert student[-2].endswith("(includes degenerate)") and student[-1].endswith("(includes degenerate)")
+    assert not baseline[-1].endswith("(includes degenerate)"), "its share is over ncbi_disease only"
+    families = family_table(data)
+    assert families[2][-1].endswith("(includes degenerate)") and not families[1][-1].endswith("degenerate)")

@@ -101,7 +101,7 @@ def test_missing_tasks_are_skipped_with_a_note(tmp_path):
 
 
 def test_missing_model_folder_is_an_error_before_any_work(tmp_path):
-    with pytest.raises(BiodistilError, match="model folder 'runs/nowhere/model' not found"):
+    with pytest.raises(BiodistilError, match=f"model folder '{os.path.abspath('runs/nowhere/model')}' not found"):
         check_models(recipe(models=["runs/nowhere/model"]), tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(BiodistilError, match=re.escape("has no config.json")):
@@ -212,4 +212,4 @@ def test_tiny_evaluation_writes_predictions_metrics_report_and_resumes(tmp_path,
 def test_cli_evaluate_reports_a_recipe_error(tmp_path, capsys):
     code = main(["evaluate", str(REPO / "recipes/eval-quick.yaml"), "models=[runs/absent/model]",
                  "--out", str(tmp_path / "e")])
-    assert code == 2 and "model folder 'runs/absent/model' not found" in capsys.readouterr().err
+    assert code == 2 and f"model folder '{os.path.abspath('runs/absent/model')}' not found" in capsys.readouterr().err

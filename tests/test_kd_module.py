@@ -1,6 +1,7 @@
 """The KD module and its teacher signals: a frozen teacher gets no gradient and is not part of what is trained;
 cached and online teacher outputs are the same through one interface; token tasks are cached per word."""
 
+import pytest
 import torch
 from kd_fixtures import save_teacher, write_token_task
 
@@ -79,3 +80,24 @@ def test_token_task_outputs_are_cached_per_word(teacher_dir, tokenizer, tmp_path
             assert torch.allclose(torch.tensor(feature["teacher_logits"][position]), logits[position], atol=1e-5)
     positions = [[int(label != -100) for label in f["labels"]] for f in encoded.features]
     assert attach_teacher_outputs(encoded, table, task, positions)[0]["kd_mask"] == features[0]["kd_mask"]
+
+
+def test_a_labelled_budget_in_unlabelled_text_gives_ce_on_the_labelled_examples_only(kd_models, pair_task):
+    teacher_path, student_path = kd_models
+    teacher = load_teacher_classifier(teacher_path, pair_task)
+    student = build_classifier(student_path, pair_task)
+    tokenizer = load_tokenizer(str(student_path))
+    examples = pair_task.load_split("train")[:8]
+    mixed = [e if i in (1, 4, 6) else unlabelled(e) for i, e in enumerate(examples)]
+    collate = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))
+    batch = collate(kd_features(pair_task, mixed, tokenizer))
+    assert batch["labels"].tolist() == [-100 if i not in (1, 4, 6) else pair_task.label_to_id[examples[i].label]
+                                        for i in range(8)]
+    module = KDModule(student.eval(), pair_task, KDOptions(alpha=1.0, beta=1.0), OnlineTeacher(teacher))
+    _, terms = module(batch)
+    with torch.no_grad():
+        logits = student(**model_inputs(student, batch)).logits
+    labelled = batch["labels"] != -100
+    expected = torch.nn.functional.cross_entropy(logits[labelled], batch["labels"][labelled])
+    assert float(terms["ce"]) == pytest.approx(float(expected), rel=1e-4)
+    assert float(expected) > 1e-3

@@ -16,3 +16,28 @@ def test_teacher_fingerprint_follows_the_weights(kd_models, pair_task, tmp_path)
     load_tokenizer(str(teacher_path)).save_pretrained(tmp_path / "changed")
     assert teacher_cache.model_fingerprint(teacher_path) == teacher_cache.model_fingerprint(teacher_path)
     assert teacher_cache.model_fingerprint(tmp_path / "changed") != teacher_cache.model_fingerprint(teacher_path)
+
+
+def test_a_damaged_cache_entry_is_found_and_built_again(kd_models, pair_task, tmp_path, capsys):
+    from biodistil.kd.transfer import unlabelled
+
+    teacher_path, _ = kd_models
+    examples = [unlabelled(e) for e in pair_task.load_split("train")[:12]]
+    request = teacher_cache.TeacherRequest(pair_task)
+    first = teacher_cache.cached_teacher_outputs(teacher_path, examples, request, tmp_path)
+    expected = torch.tensor(first.to_dict()["logits"])
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    arrow = next(entry.glob("*.arrow"))
+    damages = {"truncated": lambda: arrow.write_bytes(arrow.read_bytes()[:50]),
+               "garbage": lambda: arrow.write_bytes(b"\x00garbage" * 100),
+               "flipped": lambda: arrow.write_bytes(arrow.read_bytes()[:-8] + b"\x01" * 8),
+               "no state.json": lambda: (entry / "state.json").unlink()}
+    for name, damage in damages.items():
+        damage()
+        capsys.readouterr()
+        again = teacher_cache.cached_teacher_outputs(teacher_path, examples, request, tmp_path)
+        assert f"Teacher-output cache {entry} is damaged" in capsys.readouterr().out, name
+        assert torch.allclose(torch.tensor(again.to_dict()["logits"]), expected, atol=1e-6), f"{name}: the same outputs"
+    capsys.readouterr()
+    teacher_cache.cached_teacher_outputs(teacher_path, examples, request, tmp_path)
+    assert "damaged" not in capsys.readouterr().out, "an intact entry is read as it is"

@@ -109,3 +109,29 @@ def test_transfer_command_builds_a_kd_recipes_set(pair_task, boolq_file, tmp_pat
     assert info["size"] == 12 and info["randomized"] and not info["labelled"]
     assert len(load_transfer_set(tmp_path / "out")) == 12
     assert main(["transfer", str(recipe), "transfer.sauce=1", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_a_labelled_budget_keeps_the_labels_of_the_subset_fine_tuning_trains_on(pair_task, tmp_path):
+    from kd_fixtures import write_token_task
+
+    from biodistil.kd.transfer import is_labelled
+    from biodistil.tasks.splits import read_split
+
+    for task in (pair_task, get_task(str(write_token_task(tmp_path / "ner")))):
+        budget = 10
+        examples = build_transfer_set(TransferConfig(keep_labels=True, labelled=budget), task)
+        whole = task.load_split("train", None)
+        assert [e.id for e in examples] == [e.id for e in whole], "the whole training split, in file order"
+        labelled = [e.id for e in examples if is_labelled(e)]
+        assert labelled == [e.id for e in read_split(task, "train", None, None, budget)], \
+            "the same seeded subset as task.train_examples"
+        assert len(labelled) == budget
+
+
+def test_a_labelled_budget_needs_the_training_split_and_labels():
+    with pytest.raises(ValueError, match="set keep_labels: true"):
+        TransferConfig(labelled=5)
+    with pytest.raises(ValueError, match="whole training split"):
+        TransferConfig(keep_labels=True, labelled=5, source={"kind": "in_domain", "split": "dev"})
+    with pytest.raises(ValueError, match="whole training split"):
+        TransferConfig(keep_labels=True, labelled=5, source={"kind": "in_domain", "max_examples": 20})

@@ -172,7 +172,7 @@ def test_a_partial_cache_is_detected_and_completed(tmp_path, teacher_dir, corpus
     # damage: a truncated shard and a missing one are named, and rebuilding restores exactly those
     truncated, missing = cache.shard_path(1, 0), cache.shard_path(0, 2)
     truncated.write_bytes(truncated.read_bytes()[:100])
-    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow is unreadable or truncated"):
+    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow holds 100 bytes, [\d,]+ were written"):
         CacheReader(cache, patterns)
     missing.unlink()
     with pytest.raises(BiodistilError, match=r"pattern-0/shard-00002\.arrow is missing"):
@@ -185,6 +185,31 @@ def test_a_partial_cache_is_detected_and_completed(tmp_path, teacher_dir, corpus
     assert setup.build().built == 2
     assert shard_bytes(cache, patterns) == complete, "the rebuilt shards equal the first build's"
     CacheReader(cache, patterns)
+
+
+def test_a_damaged_shard_of_a_complete_cache_is_found_and_rebuilt(tmp_path, teacher_dir, corpus_file):
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    cache, patterns = setup.caches[0].cache, setup.caches[0].patterns
+    setup.build()
+    complete = shard_bytes(cache, patterns)
+    truncated = cache.shard_path(0, 1)
+    truncated.write_bytes(truncated.read_bytes()[:-10])
+    assert setup.build().built == 1, "a complete pattern's truncated shard is built again, not skipped"
+    assert shard_bytes(cache, patterns) == complete
+    flipped = cache.shard_path(1, 0)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, same footer: only the checksum sees it
+    flipped.write_bytes(bytes(data))
+    reader = CacheReader(cache, patterns)
+    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow does not match its checksum.*run the "
+                                             "same command again"):
+        reader.entry(0, 1)
+    assert not cache.complete(1) and not flipped.exists(), "deleted and marked for rebuilding"
+    assert setup.build().built == 1 and shard_bytes(cache, patterns) == complete
+    flipped.write_bytes(bytes(data))
+    assert setup.build().built == 0, "without verification a same-size shard passes the quick checks"
+    assert setup.build(verify=True).built == 1, "cache-teacher verifies every checksum and rebuilds"
+    assert shard_bytes(cache, patterns) == complete
 
 
 @pytest.mark.parametrize("logits", ["top_k", "head"])

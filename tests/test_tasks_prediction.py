@@ -37,3 +37,30 @@ def test_degenerate_predictions_are_named(pair_task, tmp_path):
     assert notes[0].startswith("Long examples cut to") and "3 train, 1 test" in notes[0]
     assert notes[1].startswith("2 of 3 test words were cut off by truncation")
     assert notes[2].startswith("Degenerate test predictions: every word predicted O")
+
+
+def test_the_negative_class_and_a_single_positive_type_is_flagged():
+    from biodistil.tasks.prediction import Predictions, degenerate
+
+    chemprot = get_task("chemprot")
+    assert degenerate(chemprot, Predictions(["False", "CPR:3", "False", "CPR:3"], [])) == \
+        "only the negative class and one positive type ('CPR:3') predicted"
+    assert degenerate(chemprot, Predictions(["False", "CPR:3", "CPR:4"], [])) == ""
+    assert degenerate(chemprot, Predictions(["CPR:3", "CPR:4"], [])) == "", "no negative: two positive types"
+    gad = get_task("gad")
+    assert degenerate(gad, Predictions(["0", "1", "0"], [])) == "", "a binary task has one positive type"
+
+
+def test_ddi_markers_are_entity_markers_and_split_windows_cut_nothing(teacher_dir, tmp_path):
+    from biodistil.data.formats import TokenExample
+    from biodistil.tasks.encoding import ENTITY_MARKERS
+
+    assert ENTITY_MARKERS.findall("@DRUG$ interacts with @DRUG-DRUG$ and @GENE$ BC6ENTC") == [
+        "@DRUG$", "@DRUG-DRUG$", "@GENE$", "BC6ENTC"]
+    ner = get_task(str(write_token_task(tmp_path / "ner")))  # truncation: split, max_length 16
+    tokenizer = load_tokenizer(str(teacher_dir))
+    long = TokenExample("1", ["protein"] * 40, ["B"] + ["I"] * 39)
+    split = encode_split(ner, [long], tokenizer)
+    assert len(split.features) > 1 and split.truncated_examples == 0, "windows keep every word"
+    cut = encode_split(ner.model_copy(update={"truncation": "truncate"}), [long], tokenizer)
+    assert len(cut.features) == 1 and cut.truncated_examples == 1

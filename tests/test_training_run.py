@@ -1,5 +1,7 @@
 """The one way a multi-stage job runs a stage: skip when finished, resume when interrupted, restart when empty."""
 
+import pytest
+
 from biodistil.config import deep_merge
 from biodistil.training.run import run_stage
 
@@ -59,20 +61,37 @@ def test_the_thread_count_is_chosen_and_said(monkeypatch):
 
     import torch
 
-    from biodistil.training.run import choose_threads
+    from biodistil.training import run
 
     before = torch.get_num_threads()
+    usable = run.usable_cores()
     try:
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        assert choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
+        assert run.choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
         monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 0.0, 0.0))
-        assert choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, "a busy machine"
-        monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-        usable = len(os.sched_getaffinity(0))
-        assert choose_threads().startswith("CPU threads: ") and 1 <= torch.get_num_threads() <= usable
+        monkeypatch.setattr(run, "busy_cores", lambda seconds: float(usable))
+        assert run.choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, "a busy machine"
+        monkeypatch.setattr(run, "busy_cores", lambda seconds: 0.0)
+        line = run.choose_threads()
+        assert torch.get_num_threads() == usable and f"({usable} usable cores, 0.0 busy now" in line, "an idle one"
+        monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))  # what ran a minute ago does not count
+        assert run.choose_threads() and torch.get_num_threads() == usable
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cores_are_measured_now_from_cpu_counters(monkeypatch):
+    from biodistil.training import run
+
+    readings = iter([("proc", 1000, 4000), ("proc", 1150, 4200)])  # 150 of 200 jiffies busy over the sample
+    monkeypatch.setattr(run, "_cpu_counters", lambda: next(readings))
+    cores = len(run.os.sched_getaffinity(0))
+    assert run.busy_cores(0.0) == pytest.approx(cores * 0.75)
+    readings = iter([("cgroup", 5_000_000, 10_000_000), ("cgroup", 5_300_000, 10_200_000)])  # 0.3 s CPU in 0.2 s
+    monkeypatch.setattr(run, "_cpu_counters", lambda: next(readings))
+    assert run.busy_cores(0.0) == pytest.approx(1.5)
+    monkeypatch.setattr(run, "_cpu_counters", lambda: None)
+    assert run.busy_cores(0.0) is None
 
 
 def test_a_study_folder_is_continued_not_emptied(tmp_path):

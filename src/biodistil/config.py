@@ -14,11 +14,27 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_write_text, load_yaml
 from biodistil.models.embedded import resolve_model_name
+from biodistil.paths import absolute, model_reference, task_reference
 
 Precision = Literal["auto", "no", "bf16", "fp16"]
-# A model folder, a Hub id, or the short name of an embedded model (e.g. minilm-l6), resolved to its folder
-ModelRef = Annotated[str, AfterValidator(resolve_model_name)]
+
+
+def _model_ref(name: str) -> str:
+    return model_reference(resolve_model_name(name))
+
+
+# Paths a user gives are resolved when the recipe is read, against the working folder, and recorded absolute in the
+# run's config.yaml: a run started as `--out runs/demo` and one started as `--out /abs/runs/demo` are the same run.
+# A file, folder or glob:
+LocalPath = Annotated[str, AfterValidator(absolute)]
+# A model folder (absolute), a Hub id (as given), or the short name of an embedded model (e.g. minilm-l6, resolved
+# to its installed folder):
+ModelRef = Annotated[str, AfterValidator(_model_ref)]
+# A built-in task name (as given) or a task YAML file (absolute):
+TaskRef = Annotated[str, AfterValidator(task_reference)]
+PATH_TYPES = {absolute: absolute, _model_ref: _model_ref, task_reference: task_reference}
 
 
 class Section(BaseModel):
@@ -30,7 +46,7 @@ class Section(BaseModel):
 class RunConfig(Section):
     """Where the run folder goes and how it is named."""
 
-    output_dir: str = "runs/run"
+    output_dir: LocalPath = Field("runs/run", validate_default=True)
     seed: int = 42
 
 
@@ -73,15 +89,15 @@ class TrainConfig(Section):
 class CorpusConfig(Section):
     """A plain-text corpus: files, folders or glob patterns (one document per blank-line-separated block)."""
 
-    train: list[str] = Field(default_factory=list, description="files, folders or globs")
-    eval: list[str] = Field(default_factory=list, description="held-out files; empty = split from train")
+    train: list[LocalPath] = Field(default_factory=list, description="files, folders or globs")
+    eval: list[LocalPath] = Field(default_factory=list, description="held-out files; empty = split from train")
     hub_dataset: str | None = Field(None, description="Hugging Face dataset id (online users)")
     hub_text_column: str = "text"
     eval_fraction: float = Field(0.01, ge=0, lt=1)
     max_eval_blocks: int = Field(500, ge=1)
     max_lines: int | None = Field(None, ge=1, description="read only the first N lines of the corpus")
     block_size: int = Field(128, ge=8)
-    cache_dir: str | None = Field(None, description="default: ~/.cache/biodistil/corpora")
+    cache_dir: LocalPath | None = Field(None, description="default: ~/.cache/biodistil/corpora")
 
     @model_validator(mode="after")
     def _needs_a_source(self) -> CorpusConfig:
@@ -151,7 +167,7 @@ class VocabExpansionConfig(Section):
     """VE-KD: train a WordPiece vocabulary on the domain corpus and append the tokens the teacher lacks."""
 
     vocab_size: int = Field(60000, ge=100, description="student vocabulary size after expansion (paper: 60,000)")
-    corpus: list[str] = Field(default_factory=list, description="files, folders or globs; empty = data.train")
+    corpus: list[LocalPath] = Field(default_factory=list, description="files, folders or globs; empty = data.train")
     max_lines: int | None = Field(None, ge=1, description="train the domain vocabulary on the first N lines only")
     min_frequency: int = Field(2, ge=1)
 
@@ -332,7 +348,7 @@ class TeacherCacheConfig(Section):
     tail_samples: int = Field(64, ge=0, description="logits: top_k: tokens drawn per masked position from the rest "
                               "of the teacher's distribution, for an unbiased KL; 0 = the rest as one bucket (the KL "
                               "inside it is lost)")
-    dir: str | None = Field(None, description="cache folder; default ~/.cache/biodistil/teacher-mlm")
+    dir: LocalPath | None = Field(None, description="cache folder; default ~/.cache/biodistil/teacher-mlm")
     shard_blocks: int = Field(512, ge=1, description="blocks per shard (one file, written atomically)")
     batch_size: int = Field(32, ge=1, description="blocks per teacher batch while building")
 
@@ -380,6 +396,47 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+def resolve_paths(section: type[BaseModel], raw: dict[str, Any]) -> dict[str, Any]:
+    """A partial recipe of `section` (a study's defaults, a pipeline's settings) with every path it holds resolved as
+    validation would resolve it (`LocalPath`, `ModelRef`, `TaskRef`), so that it is recorded absolute too; keys
+    `section` does not know are left for validation to report."""
+    resolved = dict(raw)
+    for key, value in raw.items():
+        field = section.model_fields.get(key) if isinstance(key, str) else None
+        if field is None or value is None:
+            continue
+        resolve = _path_function(field.annotation) or _path_function_in(field.metadata)
+        nested = _model_in(field.annotation)
+        if resolve is not None and isinstance(value, str):
+            resolved[key] = resolve(value)
+        elif resolve is not None and isinstance(value, list):
+            resolved[key] = [resolve(item) if isinstance(item, str) else item for item in value]
+        elif nested is not None and isinstance(value, dict):
+            resolved[key] = resolve_paths(nested, value)
+    hook = getattr(section, "resolve_raw_paths", None)
+    return hook(resolved) if hook is not None else resolved
+
+
+def _path_function(annotation: Any) -> Any:
+    """The resolver of a path type inside an annotation (`LocalPath`, `list[LocalPath]`, `ModelRef | None`), or
+    None."""
+    found = _path_function_in(getattr(annotation, "__metadata__", ()))
+    if found is not None:
+        return found
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _path_function(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _path_function_in(metadata: Any) -> Any:
+    for meta in metadata:
+        if isinstance(meta, AfterValidator) and meta.func in PATH_TYPES:
+            return meta.func
+    return None
+
+
 def load_recipe(recipe_cls: type[RecipeT], path: str | Path | None, overrides: list[str] = ()) -> RecipeT:
     """Read a YAML recipe, apply `key.sub=value` overrides, and validate it into `recipe_cls`."""
     raw: dict[str, Any] = {}
@@ -399,8 +456,6 @@ def validate_recipe(recipe_cls: type[RecipeT], raw: dict[str, Any], source: str 
 
 def dump_recipe(recipe: Section, path: Path) -> None:
     """Save the resolved recipe (every default filled in) as YAML."""
-    from biodistil.io import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
@@ -408,7 +463,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise BiodistilError(f"Recipe not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise BiodistilError(f"Recipe {path}{line}: not valid YAML: {err.problem or err}") from None
     except yaml.YAMLError as err:
         raise BiodistilError(f"Recipe {path} is not valid YAML: {err}") from None
     if data is None:
@@ -423,7 +482,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     if not sep or not key:
         raise BiodistilError(f"Override '{item}' must look like key.sub=value")
     try:
-        value = yaml.safe_load(text) if text else ""
+        value = load_yaml(text) if text else ""
     except yaml.YAMLError:
         value = text
     if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):

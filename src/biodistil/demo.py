@@ -1,29 +1,32 @@
-"""`biodistil demo`: does distillation work here? A real pretrained teacher, offline, on 2 CPU cores.
+"""`biodistil demo`: what a teacher adds where users distil. A real pretrained teacher, offline, on 2 CPU cores.
 
-The question a user brings: how much of the teacher does a student of half its depth keep, and what does the
-teacher add over training the same student without it? The demo answers it on NCBI-disease (entity-level F1,
-strict IOB2, the full test set) in one `biodistil study`:
+The setting of a user with a strong teacher (the transfer-data paper's): the teacher was fine-tuned on a large
+labelled set (often not theirs to share); they hold the teacher, unlabelled in-domain text and few labels. On
+NCBI-disease (entity-level F1, strict IOB2, the full test set) the demo runs one `biodistil study`:
 
-1. teacher: the embedded all-MiniLM-L6-v2 encoder (6 × 384, `minilm-l6`) fine-tuned on a labelled budget of
-   training sentences (a seeded subset), model selection on the dev set;
-2. student: the teacher's pre-trained layers 0, 2, 4 (3 × 384), trained three ways from the same start, with
-   the same optimizer settings and the same number of steps, for every seed:
-   - *distilled*: Hinton KD, 0.5·T²·KL(teacher ‖ student) + 0.5·CE(gold), on the labelled budget;
-   - *without teacher*: fine-tuned on the labelled budget alone (the same data and steps, no teacher term);
-   - with `--label-free`, *distilled without labels*: label-free Hinton KD on the task's whole training text with
-     its labels dropped, so the student never sees a gold label (as when a teacher's data cannot be shared);
-   teacher outputs are computed once per transfer set and cached for every seed;
-3. speed: parameters, CPU latency at batch 1 and throughput at batch 32 (`biodistil bench`).
+1. teacher: the embedded all-MiniLM-L6-v2 encoder (6 × 384, `minilm-l6`) fine-tuned on every training sentence;
+2. student: the teacher's pre-trained layers 0, 2, 4 (3 × 384), trained three ways from the same start, with the
+   same optimizer settings and the same number of steps, for every seed:
+   - *fine-tuned*: on the labelled budget alone (a seeded 15% of the training sentences);
+   - *distilled*: Hinton KD on the transfer text (every training sentence, labels dropped) plus CE on the labelled
+     budget, α·T²·KL(teacher ‖ student) + β·CE(gold);
+   - *distilled without labels*: the KD term alone on the transfer text: the student never sees a gold label;
+   teacher outputs are computed once and cached for every arm and seed;
+3. deployment: the distilled student (first seed) exported to ONNX fp32 and int8 (`biodistil export --int8`, the
+   int8 drop measured on the dev split), then teacher, student and its exports scored on the test set and timed
+   side by side (`biodistil evaluate --finetuned --bench`).
 
-Every stage is an ordinary run folder under DIR, so an interrupted demo continues where it stopped. The plan
-below was fixed from measured step times (see docs/demo.md) and not tuned on the test set. `--quick` runs the
-self-contained toy path instead (demo_quick.py: pre-train, distil, fine-tune tiny models in under a minute).
+`same_labels` (`--same-labels`) runs the earlier comparison instead: the teacher fine-tuned on the same labelled
+budget as the students, and the distilled student trained on those sentences only; there a student made of a
+pretrained encoder's layers gets little from a teacher that knows no more than its labels.
+
+Every stage is an ordinary run folder under DIR, so an interrupted demo continues where it stopped, and a finished
+one only writes its report again. The plan was fixed on dev scores (docs/demo.md), never on the test set. `--quick`
+runs the self-contained toy path instead (demo_quick.py: pre-train, distil, fine-tune tiny models in a minute).
 """
 
-import json
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,16 +35,21 @@ from biodistil.config import validate_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.demo_quick import run_quick_demo
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.bench import run_bench
+from biodistil.evaluation.deployed import ScoringPlan, run_scoring
+from biodistil.evaluation.onnx_export import ExportOptions, run_export
 from biodistil.evaluation.recipe import BenchConfig
-from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.methods.finetune import init_model_path
 from biodistil.models.embedded import resolve_model_name
+from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
+from biodistil.training.run import describe_machine
 
 TASK = "ncbi_disease"
+ARMS = {"fine-tuned": "fine-tuned on the labelled budget", "distilled": "distilled (KD on text + CE on budget)",
+        "label-free": "distilled without labels"}
 
 
 @dataclass(frozen=True)
@@ -50,95 +58,86 @@ class DemoPlan:
 
     teacher: str = "minilm-l6"
     student_layers: tuple[int, ...] = (0, 2, 4)
-    labelled: int = 1500  # labelled training sentences (a seeded subset); dev and test are smaller, so kept whole
     max_length: int = 128
-    teacher_batch_size: int = 16
-    teacher_learning_rate: float = 1e-4
-    teacher_epochs: float = 2.0
-    student_batch_size: int = 32  # a step's fixed cost (the AdamW update of the embeddings) shared by more tokens
-    student_learning_rate: float = 2e-4  # the teacher's rate scaled with the batch
-    student_epochs: float = 3.0  # over the labelled sentences; every student arm trains this many steps
+    teacher_epochs: float = 1.0  # over every training sentence (5,424 in NCBI-disease)
+    teacher_batch_size: int = 32
+    teacher_learning_rate: float = 2e-4
+    labelled_share: float = 0.15  # the students' labelled budget: a seeded share of the training sentences
+    student_steps: int = 250  # every arm: 1.5 passes over the transfer text at batch 32
+    student_batch_size: int = 32
+    student_learning_rate: float = 3e-4
+    evaluations: int = 2  # dev evaluations per student run (the best is kept)
     temperature: float = 2.0
+    alpha: float = 1.0  # the KD term of the distilled arm
+    beta: float = 0.2  # its CE term on the labelled budget
     seeds: tuple[int, ...] = (1, 2)
-    label_free: bool = False  # add the arm distilled without labels (≈ 3 more minutes per seed on 2 cores)
-    transfer: int | None = None  # its training sentences, labels dropped (None: the whole training split)
+    same_labels: bool = False  # the teacher knows only the students' labelled budget (the earlier demo)
+
+    def labelled(self, train_size: int) -> int:
+        return max(1, min(train_size, round(self.labelled_share * train_size)))
 
 
 PLAN = DemoPlan()
 
 
-def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = False, label_free: bool = False,
+def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = False, same_labels: bool = False,
              plan: DemoPlan = PLAN) -> Path:
     """Run (or continue) the demo in `out`; returns the path of its Markdown report."""
-    plan = replace(plan, label_free=plan.label_free or label_free)
     if quick:
         return run_quick_demo(out, data)
-    out = Path(out)
+    plan = replace(plan, same_labels=plan.same_labels or same_labels)
+    out = Path(absolute(out))
     root = resolve_data_root(data)
     task = get_task(TASK)
     if not task.is_available(root):
         raise BiodistilError(f"NCBI-disease is missing under {root}: expected {task.missing_files(root)}")
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    student_init = _timed(timings, "student from teacher layers",
-                          lambda: init_model_path(plan.teacher, list(plan.student_layers), out))
     train_size = len(task.load_split("train", root))
-    study = _timed(timings, "study", lambda: _run_study(plan, out, root, student_init, train_size))
-    summary = json.loads((study.parent / "summary.json").read_text())
-    models = _models(summary, plan)
-    bench = _timed(timings, "bench", lambda: _bench(out, models))
-    report = {"plan": asdict(plan), "task": TASK, "data": str(root), "train_sentences": train_size,
-              "models": _rows(summary, models, bench), "stages": _stage_times(summary),
-              "demo_minutes": round((time.perf_counter() - started) / 60, 2), "timings": timings,
-              "bench": {"device": bench["device"], "settings": bench["settings"]}}
+    student_init = init_model_path(plan.teacher, list(plan.student_layers), out)
+    study_dir = _run_study(plan, out, root, student_init, train_size)
+    summary = read_json(study_dir / "summary.json")
+    models = _models(summary, study_dir)
+    export = _export(out, models["distilled"], root)
+    deployed = _deployed(out, models, root)
+    report = build_report(plan, summary, deployed, export, root, train_size)
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", render_report(report))
     return out / "report.md"
 
 
-def _timed(timings: dict[str, float], name: str, step):
-    began = time.perf_counter()
-    result = step()
-    timings[name] = round(time.perf_counter() - began, 1)
-    return result
-
-
 def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size: int) -> dict[str, Any]:
-    """The demo as a `biodistil study` recipe: the teacher, then the three student arms × seeds."""
-    labelled = min(plan.labelled, train_size)
-    steps = math.ceil(plan.student_epochs * labelled / plan.student_batch_size)
-    transfer = min(plan.transfer or train_size, train_size)
-    transfer_epochs = round(steps * plan.student_batch_size / transfer, 4)  # the label-free arm: the same steps
+    """The demo as a `biodistil study` recipe: the teacher, then the three student arms × seeds, equal steps."""
+    labelled = plan.labelled(train_size)
     train = {"batch_size": plan.student_batch_size, "learning_rate": plan.student_learning_rate,
-             "warmup_ratio": 0.1, "eval_every": 0, "save_every": 0, "log_every": 20, "tensorboard": False,
-             "group_by_length": True}  # NCBI-disease batches of random sentences are ~55% padding
-    teacher_train = {"batch_size": plan.teacher_batch_size, "learning_rate": plan.teacher_learning_rate}
-    task = {"max_length": plan.max_length, "max_examples": plan.labelled}
+             "max_steps": plan.student_steps, "warmup_ratio": 0.1,
+             "eval_every": math.ceil(plan.student_steps / plan.evaluations), "save_every": 0, "log_every": 20,
+             "tensorboard": False, "group_by_length": True}  # NCBI-disease batches of random sentences: ~55% padding
+    teacher = {"finetune": {"epochs": plan.teacher_epochs, "score_init": False},
+               "train": {"batch_size": plan.teacher_batch_size, "learning_rate": plan.teacher_learning_rate,
+                         "eval_every": 0},
+               "task": {"train_examples": labelled if plan.same_labels else None}}
+    kd = {"soft_loss": "hinton", "temperature": plan.temperature, "select_on_dev": True,
+          "cache_dir": str(out / "teacher_outputs")}
+    text = {"kind": "in_domain", "split": "train"}
+    distilled = ({"source": {**text, "max_examples": labelled}, "keep_labels": True} if plan.same_labels
+                 else {"source": text, "keep_labels": True, "labelled": labelled})
     return {
         "run": {"output_dir": str(out / "study")},
         "data_dir": str(root),
         "seeds": list(plan.seeds),
         "student": student,
         "teacher_init": resolve_model_name(plan.teacher),
-        "tasks": [{"name": TASK, "teacher_overrides": {"finetune": {"epochs": plan.teacher_epochs},
-                                                       "train": teacher_train}}],
+        "tasks": [{"name": TASK, "teacher_overrides": teacher}],
         "defaults": {
-            "finetune": {"task": task, "finetune": {"score_init": False}, "train": train},
-            "kd": {"task": task, "train": train,
-                   "kd": {"soft_loss": "hinton", "alpha": 0.5, "beta": 0.5, "temperature": plan.temperature,
-                          "epochs": plan.student_epochs, "select_on_dev": True,
-                          "cache_dir": str(out / "teacher_outputs")},
-                   "transfer": {"source": {"kind": "in_domain", "split": "train", "max_examples": plan.labelled},
-                                "keep_labels": True}},
+            "finetune": {"task": {"max_length": plan.max_length, "train_examples": labelled},
+                         "finetune": {"score_init": False}, "train": train},
+            "kd": {"task": {"max_length": plan.max_length}, "train": train, "kd": kd},
         },
         "arms": [
-            {"name": "distilled", "command": "kd"},
-            {"name": "without-teacher", "command": "finetune", "overrides": {
-                "finetune": {"epochs": plan.student_epochs, "score_init": True}}},
-            *([{"name": "label-free", "command": "kd", "overrides": {
-                "kd": {"alpha": 1.0, "beta": 0.0, "epochs": transfer_epochs},
-                "transfer": {"source": {"max_examples": plan.transfer}, "keep_labels": False}}}]
-              if plan.label_free else []),
+            {"name": "fine-tuned", "command": "finetune", "overrides": {"finetune": {"score_init": True}}},
+            {"name": "distilled", "command": "kd", "overrides": {
+                "kd": {"alpha": plan.alpha, "beta": plan.beta}, "transfer": distilled}},
+            {"name": "label-free", "command": "kd", "overrides": {
+                "kd": {"alpha": 1.0, "beta": 0.0}, "transfer": {"source": text, "keep_labels": False}}},
         ],
     }
 
@@ -146,129 +145,178 @@ def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size
 def _run_study(plan: DemoPlan, out: Path, root: Path, student: str, train_size: int) -> Path:
     raw = study_recipe(plan, out, root, student, train_size)
     recipe = validate_recipe(StudyRecipe, raw, source="demo study")
-    return run_study(recipe, resume=(out / "study" / "config.yaml").is_file())
+    return run_study(recipe, resume=(out / "study" / "config.yaml").is_file()).parent
 
 
-def _models(summary: dict[str, Any], plan: DemoPlan) -> dict[str, str]:
-    """Model folders to benchmark: the teacher and the first seed of each student arm (same architecture)."""
-    first = {}
+def _models(summary: dict[str, Any], study_dir: Path) -> dict[str, Path]:
+    """Model folders: the teacher and each student arm's first seed (the students share one architecture)."""
+    first: dict[str, Path] = {}
     for run in summary["runs"]:
-        first.setdefault(run["arm"], str(Path(run["folder"]) / "model"))
-    return {"teacher": summary["teachers"][TASK]["model"], **first}
+        first.setdefault(run["arm"], recalled(run["folder"], study_dir) / "model")
+    return {"teacher": recalled(summary["teachers"][TASK]["model"], study_dir), **first}
 
 
-def _bench(out: Path, models: dict[str, str]) -> dict[str, Any]:
-    path = out / "bench.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    cfg = BenchConfig(lengths=[128], latency_batch=1, throughput_batch=32, warmup=2, repeats=10)
-    result = run_bench([("teacher", models["teacher"]), ("student", models["distilled"])], cfg)
-    atomic_write_json(path, result)
-    return result
+def _export(out: Path, student: Path, root: Path) -> dict[str, Any]:
+    """The distilled student as ONNX fp32 and int8 (`biodistil export --int8 --task ... --split dev`): the int8
+    accuracy gate runs on the dev split, so the test scores below are the first the exports see."""
+    folder = out / "student-onnx"
+    if not (folder / "export.json").is_file():
+        run_export(student, folder, ExportOptions(int8=True, task=TASK, split="dev", data_root=str(root)))
+    return read_json(folder / "export.json")
 
 
-def _rows(summary: dict[str, Any], models: dict[str, str], bench: dict[str, Any]) -> list[dict[str, Any]]:
-    teacher_scores = summary["teachers"][TASK]["test"]
-    speed = {row["label"]: row for row in bench["models"]}
-    rows = [_row("teacher (6 × 384, fine-tuned)", [teacher_scores], teacher_scores, speed["teacher"])]
-    names = {"distilled": "distilled student (3 × 384)", "without-teacher": "student without teacher (3 × 384)",
-             "label-free": "distilled without labels (3 × 384)"}
-    for arm, name in names.items():
-        runs = [r["test"] for r in summary["runs"] if r["arm"] == arm]
-        if not runs:
-            continue
-        rows.append(_row(name, runs, teacher_scores, speed["student"], arm=arm))
-    return rows
+def _deployed(out: Path, models: dict[str, Path], root: Path) -> dict[str, Any]:
+    """Teacher, student and the student's exports scored on the test set and timed side by side
+    (`biodistil evaluate --finetuned ... --bench`)."""
+    folder = out / "deployed"
+    if not ((folder / "results.json").is_file() and (folder / "bench.json").is_file()):
+        specs = [("teacher", str(models["teacher"])), ("student", str(models["distilled"])),
+                 ("student-onnx", str(out / "student-onnx"))]
+        bench = BenchConfig(lengths=[128], latency_batch=1, throughput_batch=32, warmup=3, repeats=20)
+        run_scoring(specs, ScoringPlan(TASK, "test", data_root=str(root)), folder, bench)
+    return {"results": read_json(folder / "results.json"), "bench": read_json(folder / "bench.json")}
 
 
-def _row(name: str, scores: list[dict[str, float]], teacher: dict[str, float], speed: dict[str, Any],
-         arm: str | None = None) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------- the report
+
+
+def build_report(plan: DemoPlan, summary: dict[str, Any], deployed: dict[str, Any], export: dict[str, Any],
+                 root: Path, train_size: int) -> dict[str, Any]:
+    """report.json: the plan, one row per model (scores over seeds, speed), the stages' wall times; made from the
+    run folders' records only, so a finished demo gives the same report every time."""
+    speed = {row["label"]: row for row in deployed["bench"]["models"]}
+    scored = {cell["model"]: cell for cell in deployed["results"]["cells"]}
+    teacher = summary["teachers"][TASK]
+    rows = [_row("teacher (6 × 384), PyTorch fp32", None, [teacher["test"]], speed["teacher"],
+                 teacher.get("degenerate"))]
+    for arm, name in ARMS.items():
+        runs = [r for r in summary["runs"] if r["arm"] == arm]
+        rows.append(_row(f"student (3 × 384) {name}, PyTorch fp32", arm, [r["test"] for r in runs],
+                         speed["student"], "; ".join(r["degenerate"] for r in runs if r["degenerate"])))
+    for label, name in (("student-onnx", "ONNX fp32"), ("student-onnx-int8", "ONNX int8")):
+        cell = scored[label]
+        rows.append(_row(f"distilled student, seed {plan.seeds[0]}, {name}", label, [cell["test"]], speed[label],
+                         cell.get("degenerate")))
+    teacher_f1 = rows[0]["f1_mean"]
+    for row in rows:
+        row["share_of_teacher"] = row["f1_mean"] / teacher_f1 if teacher_f1 else None
+        row["speedup"] = rows[0]["latency_ms"] / row["latency_ms"] if row["latency_ms"] else None
+    stages = _stage_times(summary)
+    return {"plan": asdict(plan), "task": TASK, "data": str(root), "train_sentences": train_size,
+            "labelled": plan.labelled(train_size), "models": rows, "stages": stages,
+            "distilled_seed_1_pytorch_f1": _first_seed_f1(summary, plan.seeds[0]),
+            "int8_dev_gate": export.get("accuracy"),
+            "demo_minutes": round(sum(s["seconds"] or 0 for s in stages) / 60, 1),
+            "bench": {"device": deployed["bench"]["device"], "settings": deployed["bench"]["settings"]},
+            "machine": summary.get("machine") or describe_machine()}
+
+
+def _row(name: str, arm: str | None, scores: list[dict[str, float]], speed: dict[str, Any],
+         degenerate: str | None) -> dict[str, Any]:
     f1 = [s["f1"] for s in scores]
-    mean = statistics.fmean(f1)
-    return {"model": name, "arm": arm, "seeds": len(f1), "f1": f1, "f1_mean": mean,
+    return {"model": name, "arm": arm, "seeds": len(f1), "f1": f1, "f1_mean": statistics.fmean(f1),
             "f1_sd": statistics.stdev(f1) if len(f1) > 1 else None,
             "precision_mean": statistics.fmean(s["precision"] for s in scores),
             "recall_mean": statistics.fmean(s["recall"] for s in scores),
-            "share_of_teacher": mean / teacher["f1"] if teacher["f1"] else None,
-            "parameters": speed["parameters"], "parameters_without_embeddings": speed["parameters_without_embeddings"],
-            "latency_ms": speed["latency"]["128"]["median_ms"],
-            "sequences_per_s": speed["throughput"]["128"]["sequences_per_s"]}
+            "parameters": speed.get("parameters"), "latency_ms": speed["latency"]["128"]["median_ms"],
+            "sequences_per_s": speed["throughput"]["128"]["sequences_per_s"], "degenerate": degenerate or ""}
+
+
+def _first_seed_f1(summary: dict[str, Any], seed: int) -> float:
+    return next(r["test"]["f1"] for r in summary["runs"] if r["arm"] == "distilled" and r["seed"] == seed)
 
 
 def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Wall seconds of every run of the study (teacher, then each arm × seed), read from its metrics."""
-    stages = []
-    teacher_metrics = Path(summary["teachers"][TASK]["model"]).parent / "metrics.json"
-    for name, path in [("teacher fine-tuning", teacher_metrics)] + [
-            (f"{r['arm']} seed {r['seed']}", Path(r["folder"]) / "metrics.json") for r in summary["runs"]]:
-        metrics = json.loads(path.read_text())
-        stages.append({"stage": name, "seconds": metrics.get("wall_seconds"),
-                       "steps": (metrics.get("train") or metrics.get("result") or {}).get("steps")})
+    """Wall seconds and steps of every run of the study (teacher, then each arm × seed), from its records."""
+    teacher = summary["teachers"][TASK]
+    stages = [{"stage": "teacher fine-tuning", "seconds": teacher.get("wall_seconds"), "steps": teacher.get("steps")}]
+    stages += [{"stage": f"{r['arm']} seed {r['seed']}", "seconds": r["wall_seconds"], "steps": r["steps"]}
+               for r in summary["runs"]]
     return stages
 
 
 def render_report(report: dict[str, Any]) -> str:
     plan = report["plan"]
-    lines = [
-        "# biodistil demo: does distillation work here?",
-        "",
-        f"Task NCBI-disease (disease mentions; entity-level F1, strict IOB2, full test set of 940 sentences); data "
-        f"folder `{report['data']}`. Teacher: all-MiniLM-L6-v2 (`{plan['teacher']}`, a pretrained general-domain "
-        f"BERT encoder, 6 × 384) fine-tuned on {plan['labelled']:,} labelled training sentences (a seeded subset) "
-        f"for {plan['teacher_epochs']:g} epochs (batch {plan['teacher_batch_size']}, learning rate "
-        f"{plan['teacher_learning_rate']:g}). Every student starts from the teacher's pre-trained layers "
-        f"{list(plan['student_layers'])} and trains for the same number of steps (batch "
-        f"{plan['student_batch_size']}, learning rate {plan['student_learning_rate']:g}): the *distilled* student "
-        f"with Hinton KD (0.5·T²·KL + 0.5·CE, T = {plan['temperature']:g}) on the {plan['labelled']:,} labelled "
-        f"sentences for {plan['student_epochs']:g} epochs; the student *without teacher* on the same sentences "
-        "and labels alone" + (
-            f"; the student *distilled without labels* on the teacher's outputs only (T²·KL) over "
-            f"{plan['transfer'] or report['train_sentences']:,} training sentences with their labels dropped"
-            if plan["label_free"] else "") +
-        f". At most {plan['max_length']} sub-words, model selection on the dev set, seeds {list(plan['seeds'])}.",
-        "",
-        "| model | parameters (without embeddings) | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) "
-        "| throughput, batch 32 (seq/s) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in report["models"]:
-        lines.append(
-            f"| {row['model']} | {row['parameters'] / 1e6:.1f} M ({row['parameters_without_embeddings'] / 1e6:.1f} M) "
-            f"| {_f1(row)} ({row['precision_mean']:.3f} / {row['recall_mean']:.3f}) | "
-            f"{100 * row['share_of_teacher']:.1f}% | {row['latency_ms']:.1f} | {row['sequences_per_s']:.0f} |")
-    lines += ["", *verdict({row["arm"] or "teacher": row for row in report["models"]}), "",
-              "Wall time per stage:", "", "| stage | steps | seconds |", "|---|---|---|"]
+    rows = report["models"]
+    lines = ["# biodistil demo: what does the teacher add?", "", _setting(report), "",
+             "| model | parameters | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) | speed-up "
+             "| throughput, batch 32 (seq/s) |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        flag = f" **(one class: {row['degenerate']})**" if row["degenerate"] else ""
+        lines.append(f"| {row['model']} | {_millions(row['parameters'])} | {_f1(row)} ({row['precision_mean']:.3f} "
+                     f"/ {row['recall_mean']:.3f}){flag} | {100 * row['share_of_teacher']:.1f}% | "
+                     f"{row['latency_ms']:.1f} | {row['speedup']:.1f}× | {row['sequences_per_s']:.0f} |")
+    lines += ["", "What it shows:", "", *verdict(report), "", "Wall time per stage (as recorded when it ran):", "",
+              "| stage | steps | seconds |", "|---|---|---|"]
     lines += [f"| {s['stage']} | {s['steps'] or ''} | {s['seconds'] if s['seconds'] is not None else '?'} |"
               for s in report["stages"]]
-    lines += [f"| benchmark | | {report['timings'].get('bench', '?')} |", "",
-              f"Whole demo: {report['demo_minutes']} minutes (a resumed demo counts only its last invocation). "
-              f"Speed: CPU, {report['bench']['device']}, sequence length 128, median of "
-              f"{report['bench']['settings']['repeats']} runs; the students share one architecture, so one is timed. "
-              "Numbers are as they came out: nothing was tuned on the test set.", ""]
+    machine = report["machine"]
+    lines += ["", f"Training runs: {report['demo_minutes']} minutes in all (export, scoring and timing not "
+              f"included). Speed: {report['bench']['device']}, sequence length 128, median of "
+              f"{report['bench']['settings']['repeats']} runs after {report['bench']['settings']['warmup']} "
+              f"untimed; the three PyTorch students share one architecture, so one is timed. Machine: "
+              f"{machine.get('cpu')}, {machine.get('torch_threads')} threads. F1 mean ± sd over seeds "
+              f"{list(plan['seeds'])}; nothing was tuned on the test set.", ""]
     return "\n".join(lines)
 
 
-def _f1(row: dict[str, Any]) -> str:
-    if row["f1_sd"] is None:
-        return f"{row['f1_mean']:.3f}"
-    return f"{row['f1_mean']:.3f} ± {row['f1_sd']:.3f}"
+def _setting(report: dict[str, Any]) -> str:
+    plan = report["plan"]
+    teacher_data = (f"the same {report['labelled']:,} labelled sentences as the students" if plan["same_labels"]
+                    else f"all {report['train_sentences']:,} labelled training sentences")
+    text = ("the same labelled sentences (every one labelled)" if plan["same_labels"] else
+            f"all {report['train_sentences']:,} training sentences as unlabelled text")
+    return (
+        f"Task NCBI-disease (disease mentions; entity-level F1, strict IOB2, full test set of 940 sentences); data "
+        f"folder `{report['data']}`. Teacher: all-MiniLM-L6-v2 (`{plan['teacher']}`, a pretrained general-domain "
+        f"BERT encoder, 6 × 384) fine-tuned on {teacher_data} for {plan['teacher_epochs']:g} epoch(s) (batch "
+        f"{plan['teacher_batch_size']}, learning rate {plan['teacher_learning_rate']:g}). Every student starts from "
+        f"the teacher's pre-trained layers {list(plan['student_layers'])} and trains {plan['student_steps']} steps "
+        f"(batch {plan['student_batch_size']}, learning rate {plan['student_learning_rate']:g}, the best of "
+        f"{plan['evaluations']} dev evaluations kept). Labelled budget: a seeded {report['labelled']:,} sentences "
+        f"({100 * plan['labelled_share']:.0f}%). *Fine-tuned*: the budget alone. *Distilled*: "
+        f"{plan['alpha']:g}·T²·KL(teacher ‖ student) (T = {plan['temperature']:g}) over {text} + "
+        f"{plan['beta']:g}·CE on the budget's labels. *Without labels*: T²·KL alone over all training sentences. "
+        f"At most {plan['max_length']} sub-words. The distilled student of the first seed is exported to ONNX "
+        "(`biodistil export --int8`; the int8 check on the dev split) and scored on the test set with its exports.")
 
 
-def verdict(rows: dict[str, dict[str, Any]]) -> list[str]:
+def verdict(report: dict[str, Any]) -> list[str]:
     """Plain-language answers; a difference between student arms must clear twice their seed spread."""
-    teacher, distilled, plain = rows["teacher"], rows["distilled"], rows["without-teacher"]
+    rows = {row["arm"] or "teacher": row for row in report["models"]}
+    teacher, distilled, plain, label_free = (rows["teacher"], rows["distilled"], rows["fine-tuned"],
+                                             rows["label-free"])
+    int8 = rows["student-onnx-int8"]
     lines = [f"- The distilled student keeps {100 * distilled['share_of_teacher']:.1f}% of the teacher's F1 with "
-             f"{distilled['parameters'] / teacher['parameters']:.0%} of its parameters and "
-             f"{teacher['latency_ms'] / distilled['latency_ms']:.1f}× its batch-1 speed.",
-             compare("What the teacher adds (distilled vs without teacher, same data, labels and steps)", distilled,
-                     plain)]
-    if "label-free" in rows:
-        label_free = rows["label-free"]
-        lines += [f"- Without a single gold label the student keeps {100 * label_free['share_of_teacher']:.1f}% of "
-                  "the teacher's F1: everything it knows of the task came through the teacher's outputs.",
-                  compare("Gold labels vs teacher outputs only (without teacher vs distilled without labels)", plain,
-                          label_free)]
+             f"{distilled['parameters'] / teacher['parameters']:.0%} of its parameters at "
+             f"{distilled['speedup']:.1f}× its batch-1 speed (PyTorch); exported to ONNX int8 it keeps "
+             f"{100 * int8['share_of_teacher']:.1f}% at {int8['speedup']:.1f}× the teacher's speed.",
+             compare("What the teacher adds (distilled vs fine-tuned on the labelled budget alone, equal steps)",
+                     distilled, plain),
+             compare("The teacher's outputs alone vs the labelled budget alone (without labels vs fine-tuned)",
+                     label_free, plain),
+             _int8_line(report, int8)]
+    if report["plan"]["same_labels"]:
+        lines.append("- Here the teacher knows only the students' labelled sentences: a student made of a "
+                     "pretrained encoder's layers, fine-tuned on the same labels, has little to learn from it. The "
+                     "default demo gives the teacher the whole training set, as a user's teacher usually has.")
     return lines
+
+
+def _int8_line(report: dict[str, Any], int8: dict[str, Any]) -> str:
+    fp32 = report["distilled_seed_1_pytorch_f1"]
+    drop = fp32 - int8["f1_mean"]
+    gate = report.get("int8_dev_gate") or {}
+    dev = f"; the export's dev-split check measured {_gate_drop(gate)}" if gate else ""
+    within = "within" if abs(drop) <= 0.01 else "more than"
+    return (f"- ONNX int8 vs the same student in PyTorch fp32 (seed 1): {-drop:+.4f} F1 on the test set, {within} "
+            f"1 point{dev}.")
+
+
+def _gate_drop(gate: dict[str, Any]) -> str:
+    if gate.get("int8_drop") is None:
+        return "no int8 score"
+    return f"{-gate['int8_drop']:+.4f} F1 (int8 − PyTorch fp32 on the {gate.get('examples', '?')} dev sentences)"
 
 
 def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str:
@@ -283,3 +331,14 @@ def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str
     better, worse = (first, second) if gain > 0 else (second, first)
     return (f"- {question}: {gain:+.3f} F1, more than twice the seed spread (sd up to {spread:.3f}, "
             f"{first['seeds']} seeds): the {better['model']} scores higher than the {worse['model']}.")
+
+
+def _f1(row: dict[str, Any]) -> str:
+    if row["f1_sd"] is None:
+        return f"{row['f1_mean']:.3f}"
+    return f"{row['f1_mean']:.3f} ± {row['f1_sd']:.3f}"
+
+
+def _millions(count: int | None) -> str:
+    return "?" if count is None else f"{count / 1e6:.1f} M"
+

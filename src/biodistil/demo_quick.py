@@ -24,12 +24,13 @@ from biodistil.io import atomic_write_json, atomic_write_text
 from biodistil.methods.finetune import finetune_on_task
 from biodistil.methods.task_agnostic import run_distill, run_pretrain
 from biodistil.models.size import count_parameters
+from biodistil.paths import absolute, recorded
 from biodistil.tasks.registry import get_task
 from biodistil.training.run import run_stage
 
 
 @dataclass(frozen=True)
-class DemoPlan:
+class QuickPlan:
     vocab_size: int
     layers: int
     hidden: int
@@ -44,13 +45,13 @@ class DemoPlan:
     max_task_examples: int | None = None
 
 
-QUICK = DemoPlan(vocab_size=2000, layers=2, hidden=32, heads=2, ffn=64, block_size=64, batch_size=16,
+QUICK = QuickPlan(vocab_size=2000, layers=2, hidden=32, heads=2, ffn=64, block_size=64, batch_size=16,
                  teacher_steps=12, distill_steps=8, finetune_epochs=1, max_corpus_lines=3000, max_task_examples=200)
 FINETUNE_LR = 3e-4
 
 
-def run_quick_demo(out: str | Path, data: str | Path | None = None, plan: DemoPlan = QUICK) -> Path:
-    out = Path(out)
+def run_quick_demo(out: str | Path, data: str | Path | None = None, plan: QuickPlan = QUICK) -> Path:
+    out = Path(absolute(out))
     root = resolve_data_root(data)
     corpus = require_file(root, "corpus/biomed.txt")
     task = get_task("ncbi_disease")
@@ -80,30 +81,30 @@ def _stage(folder: Path, recipe_cls, runner, raw: dict[str, Any]) -> Path:
     return model_dir
 
 
-def _train(plan: DemoPlan, steps: int) -> dict[str, Any]:
+def _train(plan: QuickPlan, steps: int) -> dict[str, Any]:
     return {"max_steps": steps, "batch_size": plan.batch_size, "learning_rate": 1e-3, "warmup_ratio": 0.06,
             "eval_every": max(steps // 2, 1), "eval_batches": 20, "save_every": max(steps // 3, 1),
             "log_every": max(steps // 20, 1)}
 
 
-def _data(plan: DemoPlan, corpus: Path, out: Path) -> dict[str, Any]:
+def _data(plan: QuickPlan, corpus: Path, out: Path) -> dict[str, Any]:
     return {"train": [str(corpus)], "block_size": plan.block_size, "max_lines": plan.max_corpus_lines,
             "cache_dir": str(out / "cache"), "eval_fraction": 0.01, "max_eval_blocks": 320}
 
 
-def _architecture(plan: DemoPlan, layers: int) -> dict[str, Any]:
+def _architecture(plan: QuickPlan, layers: int) -> dict[str, Any]:
     return {"num_layers": layers, "hidden_size": plan.hidden, "num_heads": plan.heads,
             "intermediate_size": plan.ffn, "max_position_embeddings": max(plan.block_size, 128)}
 
 
-def _teacher_recipe(plan: DemoPlan, corpus: Path, out: Path) -> dict[str, Any]:
+def _teacher_recipe(plan: QuickPlan, corpus: Path, out: Path) -> dict[str, Any]:
     return {"run": {"output_dir": str(out / "teacher"), "seed": 1},
             "model": {"init": "scratch", "architecture": _architecture(plan, plan.layers),
                       "tokenizer": {"vocab_size": plan.vocab_size, "max_lines": plan.max_corpus_lines}},
             "data": _data(plan, corpus, out), "train": _train(plan, plan.teacher_steps)}
 
 
-def _student_recipe(plan: DemoPlan, corpus: Path, out: Path, teacher: Path) -> dict[str, Any]:
+def _student_recipe(plan: QuickPlan, corpus: Path, out: Path, teacher: Path) -> dict[str, Any]:
     return {"run": {"output_dir": str(out / "student"), "seed": 2},
             "teacher": {"name_or_path": str(teacher)},
             "student": {"init": "teacher_layers"},  # every other layer: half the depth
@@ -115,14 +116,14 @@ def _student_recipe(plan: DemoPlan, corpus: Path, out: Path, teacher: Path) -> d
             "train": _train(plan, plan.distill_steps)}
 
 
-def _baseline_recipe(plan: DemoPlan, corpus: Path, out: Path, teacher: Path) -> dict[str, Any]:
+def _baseline_recipe(plan: QuickPlan, corpus: Path, out: Path, teacher: Path) -> dict[str, Any]:
     return {"run": {"output_dir": str(out / "baseline"), "seed": 2},
             "model": {"init": "scratch", "architecture": _architecture(plan, plan.layers // 2),
                       "tokenizer_name_or_path": str(teacher)},
             "data": _data(plan, corpus, out), "train": _train(plan, plan.distill_steps)}
 
 
-def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: DemoPlan, out: Path) -> dict:
+def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: QuickPlan, out: Path) -> dict:
     folder = out / "finetune" / name.replace(" ", "-")
     result_file = folder / "result.json"
     run_stage(folder, result_file.is_file, lambda resume: _finetune_row(name, model_dir, task, root, plan, folder),
@@ -130,7 +131,7 @@ def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: Demo
     return json.loads(result_file.read_text())
 
 
-def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: DemoPlan, folder: Path) -> None:
+def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: QuickPlan, folder: Path) -> None:
     """Fine-tune one model of the quick demo on the task and write its row of the report to result.json."""
     folder.mkdir(parents=True)
     cfg = TrainConfig(batch_size=32, learning_rate=FINETUNE_LR, warmup_ratio=0.1, eval_every=0, save_every=0,
@@ -140,7 +141,8 @@ def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: DemoPlan, 
     sizes = count_parameters(outcome.model.base_model)
     stage = json.loads((model_dir.parent / "summary.json").read_text())["result"]
     metrics = outcome.test_scores
-    row = {"model": name, "path": str(model_dir), "layers": outcome.model.config.num_hidden_layers,
+    row = {"model": name, "path": recorded(model_dir, folder.parent.parent),  # relative to the demo folder
+           "layers": outcome.model.config.num_hidden_layers,
            "hidden": outcome.model.config.hidden_size, "parameters": sizes["total"],
            "parameters_without_embeddings": sizes["non_embedding"],
            "test_f1": metrics["f1"], "test_precision": metrics["precision"], "test_recall": metrics["recall"],

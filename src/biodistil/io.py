@@ -1,16 +1,26 @@
 """File I/O shared by every stage: atomic file and folder writes (a reader sees the old content or the new, never
-half of it), and JSON that stays standard (NaN written as null, read back as NaN)."""
+half of it), exclusive locks on the folders a process writes, YAML that refuses duplicate keys, and JSON that stays
+standard (NaN written as null, read back as NaN)."""
 
+import fcntl
+import hashlib
 import json
 import math
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import yaml
 
 from biodistil.errors import BiodistilError
+
+LOCK_FILE = ".biodistil.lock"
+STALE_SECONDS = 24 * 3600  # a temporary folder of another host is removed only when this old
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -36,19 +46,23 @@ def atomic_write_json(path: Path, data: Any) -> None:
 def atomic_directory(target: Path, fill: Callable[[Path], None]) -> None:
     """Build a folder with `fill(tmp_dir)` beside `target`, then swap it into place in one rename.
 
-    An interrupted write leaves only a hidden `.tmp-*` folder, which the next call removes.
+    An interrupted write leaves only a hidden `.tmp-<name>-<host>-<pid>-*` folder, which a later call removes once
+    its process is gone (or, from another host, after a day); the temporary folder of a live process building the
+    same target (two runs sharing a cache) is left alone, and the last rename wins.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(f".tmp-{target.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+        if is_stale_temporary(stale, target.name):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{socket.gethostname()}-{os.getpid()}-",
+                                dir=target.parent))
     try:
         fill(tmp)
         if target.exists():
-            old = target.with_name(f".tmp-{target.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
+            old = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-{socket.gethostname()}-{os.getpid()}-old-",
+                                        dir=target.parent))
+            os.replace(target, old / "content")
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -58,12 +72,126 @@ def atomic_directory(target: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
+def is_stale_temporary(folder: Path, name: str) -> bool:
+    """Whether a `.tmp-<name>-<host>-<pid>-*` folder was left by a process that is gone: one of this host whose pid
+    no longer runs; one of another host (or of the older unlabelled layout) after a day."""
+    ours = f".tmp-{name}-{socket.gethostname()}-"
+    pid = folder.name[len(ours):].split("-", 1)[0] if folder.name.startswith(ours) else ""
+    if pid.isdigit():
+        return not process_alive(int(pid))
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_SECONDS
+    except OSError:
+        return False
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_HELD_LOCKS: dict[tuple[int, int], IO[str]] = {}  # (device, inode) of the lock file → its open handle
+
+
+def lock_folder(folder: Path, what: str = "run folder") -> None:
+    """Hold an exclusive lock on `folder` for the rest of this process (an advisory `flock` on its
+    `.biodistil.lock`, released by the system when the process ends, however it ends). A folder locked by another
+    live process is refused with its holder (pid, host, start time); a lock left by a dead process is free, so it is
+    taken over. Taking a lock this process already holds is a no-op."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    if _held_here(path):  # also under another name: a folder moved while this process holds it
+        return
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the process lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise BiodistilError(f"The {what} {folder} is in use by {holder}; wait for it to finish, or choose another "
+                             "folder (two processes writing one folder would mix their outputs)") from None
+    handle.seek(0)
+    handle.truncate()
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    handle.write(f"pid {os.getpid()} on host {socket.gethostname()}, started {started}\n")
+    handle.flush()
+    status = os.fstat(handle.fileno())
+    _HELD_LOCKS[status.st_dev, status.st_ino] = handle
+
+
+def _held_here(path: Path) -> bool:
+    try:
+        status = path.stat()
+    except OSError:
+        return False
+    return (status.st_dev, status.st_ino) in _HELD_LOCKS
+
+
+def clear_folder(folder: Path) -> None:
+    """Remove everything in `folder` but its lock file (the lock stays held while the folder starts again)."""
+    for entry in Path(folder).iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first on line {seen[key] + 1}); a later value would "
+                    "replace the earlier one silently", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text (safe: no Python objects) with duplicate keys refused; errors are yaml.YAMLError with a mark."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (what a cache records of each file it writes, and checks when it reads)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def read_json(path: Path) -> Any:
     """The JSON content of `path`; an unreadable or malformed file is an error naming it."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise BiodistilError(f"{path}: cannot read JSON ({err})") from None
+
+
+def read_record(path: Path) -> Any | None:
+    """A run's own record (a finished cell's or arm's metrics.json), or None when it is missing or damaged (a disk
+    that filled, a copy cut short): a damaged record says so and counts as unfinished, so its stage runs again."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        print(f"{path}: damaged record ({type(err).__name__}); its stage runs again", flush=True)
+        return None
 
 
 def jsonable(value: Any) -> Any:
@@ -83,9 +211,24 @@ def number(value: float | None) -> float:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop the JSON-lines records of `path` written after `last_step` (a resumed run writes them again)."""
+    """Drop the JSON-lines records of `path` written after `last_step` (a resumed run writes them again), and a last
+    line left half-written (a process killed, or a full disk, during an append)."""
     path = Path(path)
-    if path.is_file():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] <= last_step]
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                print(f"{path}:{number}: dropped a half-written last record", flush=True)
+                continue
+            raise BiodistilError(f"{path}:{number}: not a JSON record; the metrics file is damaged (move it away "
+                                 "to continue without the earlier records)") from None
+        if record.get("step", 0) <= last_step:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))

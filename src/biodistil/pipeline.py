@@ -27,11 +27,13 @@ from biodistil.config import (
     _apply_override,
     _read_yaml,
     deep_merge,
+    load_recipe,
     validate_recipe,
 )
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import EvaluateRecipe
 from biodistil.io import atomic_write_json, jsonable, read_json
+from biodistil.paths import absolute
 from biodistil.training.run import describe_machine, run_stage
 
 COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe}
@@ -77,7 +79,17 @@ class PipelineRecipe(Section):
         return self
 
 
-def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path) -> Path:
+def load_pipeline(path: str | Path, overrides: list[str] = ()) -> PipelineRecipe:
+    """Read a pipeline recipe; its stages' recipe files, relative to the pipeline file, become absolute."""
+    recipe = load_recipe(PipelineRecipe, path, overrides)
+    base = Path(absolute(path)).parent
+    for stage in recipe.stages:
+        if stage.recipe is not None:
+            stage.recipe = absolute(base / stage.recipe)
+    return recipe
+
+
+def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
     """Run every stage in order (finished ones skipped, an interrupted one resumed); write `pipeline.json`; return
     the last stage's folder (its exported model for pretrain and distill)."""
     root = Path(recipe.run.output_dir)

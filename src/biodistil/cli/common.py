@@ -21,7 +21,7 @@ def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argpars
     if stop_after:
         parser.add_argument("--stop-after", type=int, metavar="STEP",
                             help="checkpoint and stop at this step (resume later with --resume)")
-    parser.set_defaults(run=runner, resume=False, stop_after=None)
+    parser.set_defaults(run=runner, resume=False, stop_after=None, continue_flag="--resume" if resume else None)
 
 
 def recipe_overrides(args: argparse.Namespace) -> list[str]:

@@ -99,7 +99,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     scoring.add_argument("--bench", action="store_true", help="also benchmark them on the CPU (bench.json; the "
                          "report plots score against latency)")
     scoring.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: torch's)")
-    parser.set_defaults(run=_evaluate)
+    parser.set_defaults(run=_evaluate, continue_flag="--resume")
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

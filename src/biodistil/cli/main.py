@@ -3,7 +3,10 @@
 import argparse
 import os
 import re
+import shlex
+import signal
 import sys
+import threading
 
 from safetensors import SafetensorError
 
@@ -34,21 +37,17 @@ def _cache_teacher(args: argparse.Namespace) -> object:
 
 
 def _pipeline(args: argparse.Namespace) -> object:
-    from pathlib import Path
-
-    from biodistil.config import load_recipe
-    from biodistil.pipeline import PipelineRecipe, run_pipeline
+    from biodistil.pipeline import load_pipeline, run_pipeline
 
     if args.stop_after is not None:
         raise BiodistilError("--stop-after applies to single commands; a pipeline resumes stage by stage")
-    recipe = load_recipe(PipelineRecipe, args.recipe, recipe_overrides(args))
-    return run_pipeline(recipe, Path(args.recipe).parent)  # interrupted stages always continue: --resume implied
+    return run_pipeline(load_pipeline(args.recipe, recipe_overrides(args)))  # interrupted stages always continue
 
 
 def _demo(args: argparse.Namespace) -> object:
     from biodistil.demo import run_demo
 
-    return run_demo(args.out, data=args.data, quick=args.quick, label_free=args.label_free)
+    return run_demo(args.out, data=args.data, quick=args.quick, same_labels=args.same_labels)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,17 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill/evaluate stages in order", _pipeline,
                        stop_after=False)
     demo = sub.add_parser(
-        "demo", help="Offline demo: a real pretrained teacher distilled into a half-depth student on NCBI-disease",
-        description="Offline demo on 2 CPU cores (under 15 minutes): fine-tunes the embedded all-MiniLM-L6-v2 "
-        "teacher on NCBI-disease, trains a student made of its layers 0, 2, 4 with and without the teacher (2 "
-        "seeds each), scores and times them, and writes DIR/report.md and DIR/report.json. --quick runs the "
+        "demo", help="Offline demo: what a real pretrained teacher adds to a half-depth student on NCBI-disease",
+        description="Offline demo on 2 CPU cores (about 15 minutes): fine-tunes the embedded all-MiniLM-L6-v2 "
+        "teacher on NCBI-disease's training set, then trains a student made of its layers 0, 2, 4 three ways (2 "
+        "seeds each, equal steps): fine-tuned on a 15%% labelled budget, distilled (KD on the unlabelled training "
+        "text + CE on the budget) and distilled without labels; exports the distilled student to ONNX int8, scores "
+        "and times everything side by side, and writes DIR/report.md and DIR/report.json. Run it again to "
+        "continue an interrupted demo (or to rewrite the report of a finished one). --quick runs the "
         "task-agnostic pipeline on toy models instead (under a minute).",
     )
-    demo.add_argument("--out", required=True, help="output folder")
+    demo.add_argument("--out", required=True, help="output folder (relative to the working folder, or absolute)")
     demo.add_argument("--data", help="data folder (default: $BIODISTIL_DATA, else ../shared/data beside the repo)")
-    demo.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke test, minutes)")
-    demo.add_argument("--label-free", action="store_true",
-                      help="also distil a student without any gold label (teacher outputs only; ~6 more minutes)")
+    demo.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke test, a minute)")
+    demo.add_argument("--same-labels", action="store_true",
+                      help="the earlier comparison: the teacher fine-tuned on the students' labelled budget only")
     demo.set_defaults(run=_demo)
     task_commands.register(sub)
     eval_commands.register(sub)
@@ -88,8 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(number: int, frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
+    """What to type to continue an interrupted command: the same command, with --resume where it has one."""
+    flag = getattr(args, "continue_flag", None)
+    words = [*argv, *([flag] if flag and flag not in argv else [])]
+    return "biodistil " + " ".join(shlex.quote(word) for word in words)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: training stops with a checkpoint, others at once
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
         if args.command not in ("report", "export"):
@@ -117,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"biodistil {args.command}: error: {type(err).__name__}: {output_problem(err)} (run "
               "`biodistil --debug ...` for the traceback)", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("Interrupted; continue with --resume.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        print(f"Interrupted; continue with: {continue_advice(args, argv)}", file=sys.stderr)
+        return 143 if "SIGTERM" in str(err) else 130
     if result is not None and os.environ.get("LOCAL_RANK", "0") == "0":
         print(result)
     return 0

@@ -23,7 +23,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig, label_from_path, unique_labels
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.runtime import OnnxModel, is_export_folder, read_description, variant_of
-from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text, lock_folder
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
@@ -187,6 +187,7 @@ def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
 def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out: Path,
                 bench: BenchConfig | None = None) -> Path:
     """Score every deployed variant of `specs` on the plan's split; write the run folder and its report."""
+    lock_folder(out, "evaluation folder")
     if (out / "config.yaml").is_file():
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)

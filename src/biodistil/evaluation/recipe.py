@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from biodistil.config import ModelRef, RunConfig, Section, TrainConfig
+from biodistil.config import LocalPath, ModelRef, RunConfig, Section, TaskRef, TrainConfig
 from biodistil.models.embedded import EMBEDDED
 
 Family = Literal["ner", "relation_extraction", "document_classification", "question_answering", "pico"]
@@ -70,7 +70,7 @@ class ModelEntry(Section):
 class TaskEntry(Section):
     """A task to evaluate on (built-in name or task YAML file), with optional per-task settings."""
 
-    name: str = Field(min_length=1, description="built-in task name or path of a task YAML file")
+    name: TaskRef = Field(min_length=1, description="built-in task name or path of a task YAML file")
     family: Family | None = Field(None, description="BLURB family (default: from the task's metric)")
     learning_rate: float | None = Field(None, gt=0)
     batch_size: int | None = Field(None, ge=1)
@@ -111,7 +111,7 @@ class EvalTrainConfig(TrainConfig):
 class EvalDataConfig(Section):
     """Where the task files are, and caps for quick runs."""
 
-    root: str | None = Field(None, description="data folder (default: $BIODISTIL_DATA, else ../shared/data)")
+    root: LocalPath | None = Field(None, description="data folder (default: $BIODISTIL_DATA, else ../shared/data)")
     max_examples: int | None = Field(
         None, ge=1, description="cap on the examples of every split; scores are then not comparable to papers"
     )

@@ -56,10 +56,18 @@ def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
         average, _ = family_average(model_scores(model, statistic), data.families)
         missing = len(data.tasks) - len(model.tasks)
         share = share_of_reference(model, reference, data.families, statistic)
+        common = set(model.tasks) & set(reference.tasks)
         rows.append([model.label, _millions(model_parameters(data, model)), *cells,
-                     _pct(average) + (f" ({len(model.tasks)}/{len(data.tasks)} tasks)" if missing else ""),
-                     _pct(share)])
+                     _pct(average) + (f" ({len(model.tasks)}/{len(data.tasks)} tasks)" if missing else "")
+                     + _degenerate_mark(model, model.tasks),
+                     _pct(share) + _degenerate_mark(model, common, reference)])
     return rows
+
+
+def _degenerate_mark(model: Any, tasks: Any, *others: Any) -> str:
+    """' (includes degenerate)' when an average takes in a score of a model that predicted one class."""
+    found = any((m.tasks.get(task) or {}).get("degenerate") for m in (model, *others) for task in tasks)
+    return " (includes degenerate)" if found else ""
 
 
 def _score_cell(summary: dict[str, Any] | None, statistic: str) -> str:
@@ -77,7 +85,8 @@ def family_table(data: ReportData) -> list[list[str]]:
     rows = [["model", *[FAMILY_TITLES[f] for f in present], "macro average"]]
     for model in data.models:
         average, means = family_average(model_scores(model), data.families)
-        rows.append([model.label, *[_pct(means.get(f)) for f in present], _pct(average)])
+        rows.append([model.label, *[_pct(means.get(f)) for f in present],
+                     _pct(average) + _degenerate_mark(model, model.tasks)])
     return rows
 
 

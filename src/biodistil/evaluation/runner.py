@@ -37,9 +37,10 @@ from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
-from biodistil.io import atomic_write_json, atomic_write_text, read_json
+from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_json, read_record
 from biodistil.methods.finetune import init_model_path
 from biodistil.models.loading import check_model
+from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
@@ -158,10 +159,6 @@ def plan_tasks(recipe: EvaluateRecipe) -> tuple[list[PlannedTask], list[dict[str
     return planned, skipped
 
 
-def _looks_like_path(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
-
-
 def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
     """(label, path) of every model, after checking that local folders exist and hold a model; an entry with
     `layers` or `reinitialise` is written once as that model to <out>/init_models/<label>."""
@@ -172,7 +169,7 @@ def check_models(recipe: EvaluateRecipe, out: Path) -> list[tuple[str, str]]:
             raise BiodistilError(f"Recipe models: folder {local} has no config.json (expected a Hugging Face model)")
         if local.exists() and not local.is_dir():
             raise BiodistilError(f"Recipe models: '{entry.path}' is a file; expected a model folder or a Hub id")
-        if not local.exists() and _looks_like_path(entry.path):
+        if not local.exists() and looks_like_path(entry.path):
             raise BiodistilError(f"Recipe models: model folder '{entry.path}' not found (expected a folder with "
                                  "config.json, or a Hub id such as dmis-lab/biobert-base-cased-v1.2)")
         check_model(entry.path, f"Recipe models: {label}")
@@ -201,9 +198,9 @@ def cell_settings(cell: Cell, recipe: EvaluateRecipe) -> dict[str, Any]:
 def _finished(cell: Cell, out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     """The record of a finished cell (None if unfinished); an error if it was run with other settings."""
     path = cell.folder(out) / "metrics.json"
-    if not path.is_file():
+    record = read_record(path)
+    if not isinstance(record, dict):
         return None
-    record = read_json(path)
     old = record.get("settings", {})
     if old != settings:
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
@@ -338,8 +335,9 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     """Run every cell of the recipe (skipping finished ones), then bench (if asked) and report."""
     single_process("evaluate")
     out = Path(recipe.run.output_dir)
-    _check_output(out, resume)
     make_folder(out, "run.output_dir")
+    lock_folder(out, "evaluation folder")
+    _check_output(out, resume)
     if recipe.data.root is not None:
         resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
     models = check_models(recipe, out)
@@ -387,9 +385,9 @@ def _bench(models: Sequence[tuple[str, str]], recipe: EvaluateRecipe, out: Path,
     from biodistil.evaluation.bench import run_bench, write_bench
 
     path = out / "bench.json"
-    if resume and path.is_file():
-        old = read_json(path)
-        if [m.get("label") for m in old.get("models", [])] == [label for label, _ in models]:
-            print(f"Benchmark: {path} exists for these models, kept", flush=True)
-            return
+    old = read_record(path) if resume else None
+    labels = [m.get("label") for m in old.get("models", [])] if isinstance(old, dict) else None
+    if labels == [label for label, _ in models]:
+        print(f"Benchmark: {path} exists for these models, kept", flush=True)
+        return
     write_bench(run_bench(models, recipe.bench), path)

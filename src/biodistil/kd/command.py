@@ -48,6 +48,7 @@ from biodistil.kd.transfer import (
 )
 from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
 from biodistil.models.loading import check_model, load_tokenizer
+from biodistil.paths import recorded
 from biodistil.tasks.encoding import collator_for, fit_length_to_model
 from biodistil.tasks.prediction import degenerate, prediction_notes, write_predictions
 from biodistil.tasks.recipe import load_task_split, task_spec
@@ -145,7 +146,7 @@ def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolde
                                     setup.init_scores, run.path))
         if recipe.export.enabled:
             export_model(setup.student, setup.tokenizer, run.model_dir)
-            report["model_dir"] = str(run.model_dir)
+            report["model_dir"] = recorded(run.model_dir, run.path)
     if setup.pre_step is not None:
         report["meta"] = setup.pre_step.final_values()
     return report

@@ -134,14 +134,18 @@ def _pad_rows(rows: list[list[float]], length: int) -> list[list[float]]:
 
 def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
                 signal: TeacherSignal | None = None) -> list[dict[str, Any]]:
-    """The student's features of the transfer examples, prepared by the teacher signal: labels only when every
-    example has one; token tasks get `kd_mask` (the labelled sub-word positions)."""
+    """The student's features of the transfer examples, prepared by the teacher signal: labels when some example
+    has one (-100, no target, for the others: a labelled budget within unlabelled text); token tasks get `kd_mask`
+    (the sub-word positions a word's label would sit at)."""
     encoded = encode_split(task, with_placeholder_labels(examples, task), tokenizer)
     token_task = task.kind == "token_classification"
     positions = [[int(label != -100) for label in f["labels"]] for f in encoded.features] if token_task else None
     features = signal.features(encoded, task, positions) if signal is not None else marked_features(encoded,
                                                                                                      positions)
-    if not all(is_labelled(e) for e in examples):
-        for feature in features:
+    labelled = [is_labelled(example) for example in examples]
+    for feature, (index, _) in zip(features, encoded.origins, strict=True):
+        if not any(labelled):
             feature.pop("labels")
+        elif not labelled[index]:
+            feature["labels"] = [-100] * len(feature["labels"]) if token_task else -100
     return features

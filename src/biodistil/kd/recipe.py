@@ -13,8 +13,19 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from biodistil.config import ExportConfig, ModelConfig, ModelRef, RunConfig, Section, TrainConfig
+from biodistil.config import (
+    ExportConfig,
+    LocalPath,
+    ModelConfig,
+    ModelRef,
+    RunConfig,
+    Section,
+    TaskRef,
+    TrainConfig,
+    resolve_paths,
+)
 from biodistil.kd.random_text import DEFAULT_STARTERS
+from biodistil.paths import absolute
 from biodistil.tasks.recipe import TaskConfig
 
 SourceKind = Literal["in_domain", "task", "file", "text", "saved"]
@@ -25,12 +36,12 @@ class SourceConfig(Section):
 
     in_domain: the target task's own split; task: a split of another registry task (e.g. pubmedqa);
     file: a task file of a known format (e.g. boolq_jsonl); text: plain text, one paragraph per line (split
-    into sentences); saved: a transfer set written by `biodistil transfer`. Relative paths are under the data
-    folder (saved: relative to the working directory).
+    into sentences); saved: a transfer set written by `biodistil transfer`. A relative `path` is under the task's
+    data folder (kind file, text) or the working folder (kind saved, made absolute when the recipe is read).
     """
 
     kind: SourceKind = "in_domain"
-    task: str | None = Field(None, description="kind=task: registry task name or task YAML")
+    task: TaskRef | None = Field(None, description="kind=task: registry task name or task YAML")
     split: Literal["train", "dev", "test"] = "train"
     path: str | None = Field(None, description="kind=file/text/saved")
     format: str | None = Field(None, description="kind=file: a reader of biodistil.data.formats, e.g. boolq_jsonl")
@@ -38,6 +49,14 @@ class SourceConfig(Section):
     max_examples: int | None = Field(None, ge=1, description="keep N examples: a fixed random subset in file order "
                                                                "(kind=text: the first N texts)")
     sentences: bool = Field(True, description="kind=text: split paragraphs into sentences")
+
+    @model_validator(mode="before")
+    @classmethod
+    def resolve_raw_paths(cls, raw: Any) -> Any:
+        """A saved transfer set is a folder the user names: absolute, like every other path they give."""
+        if isinstance(raw, dict) and raw.get("kind") == "saved" and isinstance(raw.get("path"), str):
+            return {**raw, "path": absolute(raw["path"])}
+        return raw
 
     @model_validator(mode="after")
     def _kind_has_its_inputs(self) -> SourceConfig:
@@ -78,11 +97,21 @@ class TransferConfig(Section):
         default_factory=dict, description="source label -> task label; null drops those examples (keep_labels)"
     )
     pairs: bool | None = Field(None, description="text pairs? default: as the task's training data")
+    labelled: int | None = Field(
+        None, ge=1, description="keep_labels on a labelled budget only: the gold labels of the seeded subset of N "
+        "training examples that task.train_examples: N fine-tunes on; the rest of the transfer set is unlabelled "
+        "(teacher term only). Needs source kind in_domain, split train")
 
     @model_validator(mode="after")
     def _labels(self) -> TransferConfig:
         if self.random is not None and self.keep_labels:
             raise ValueError("a random transfer set has no labels; set keep_labels: false")
+        if self.labelled is not None:
+            if not self.keep_labels:
+                raise ValueError("transfer.labelled keeps the labels of a budget of examples: set keep_labels: true")
+            if (self.source.kind, self.source.split) != ("in_domain", "train") or self.source.max_examples:
+                raise ValueError("transfer.labelled needs the whole training split as the transfer source "
+                                 "(source kind in_domain, split train, no max_examples)")
         return self
 
 
@@ -106,7 +135,7 @@ class KDOptions(Section):
         "auto", description="cached: computed once and stored on disk; online: teacher run every step; "
         "auto: online for meta-learning, else cached",
     )
-    cache_dir: str | None = Field(None, description="teacher-output cache; default ~/.cache/biodistil/teacher")
+    cache_dir: LocalPath | None = Field(None, description="teacher-output cache; default ~/.cache/biodistil/teacher")
     epochs: float | None = Field(None, gt=0, description="set train.max_steps from the transfer-set size")
     patient: PatientConfig | None = None
     select_on_dev: bool = Field(False, description="score the task's dev split every train.eval_every steps "
@@ -196,7 +225,7 @@ class TransferRecipe(Section):
 class StudyTask(Section):
     """One evaluation task of a study and its teacher: a fine-tuned folder, or fine-tuned by the study."""
 
-    name: str
+    name: TaskRef = Field(description="built-in task name or task YAML file (its folders take the task's name)")
     teacher: ModelRef | None = Field(None, description="a teacher already fine-tuned on the task (folder or Hub id)")
     teacher_init: ModelRef | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
                                                        "(default: the study's teacher_init)")
@@ -216,7 +245,7 @@ class StudyRecipe(Section):
     the mean score and the gap closed (S − S_init)/(T − S_init)."""
 
     run: RunConfig = Field(default_factory=RunConfig)
-    data_dir: str | None = None
+    data_dir: LocalPath | None = None
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
     metric: str | None = Field(None, description="key of the task metric to report; default the headline")
     student: ModelRef = Field(description="the student encoder every arm starts from (folder, Hub id or embedded "
@@ -231,6 +260,28 @@ class StudyRecipe(Section):
     )
     arms: list[StudyArm] = Field(min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _paths_in_partial_recipes(cls, raw: Any) -> Any:
+        """Paths in `defaults`, arm `overrides` and `teacher_overrides` resolved as the runs' recipes will resolve
+        them, so that the study's config.yaml records them absolute (a resumed study compares them)."""
+        if not isinstance(raw, dict):
+            return raw
+        from biodistil.methods.finetune import FinetuneRecipe
+
+        commands = {"finetune": FinetuneRecipe, "kd": KDRecipe}
+        raw = dict(raw)
+        if isinstance(raw.get("defaults"), dict):
+            raw["defaults"] = {key: resolve_paths(commands[key], value) if key in commands and isinstance(value, dict)
+                               else value for key, value in raw["defaults"].items()}
+        if isinstance(raw.get("arms"), list):
+            raw["arms"] = [_with_resolved(arm, "overrides", commands.get(arm.get("command", "kd"), KDRecipe))
+                           if isinstance(arm, dict) else arm for arm in raw["arms"]]
+        if isinstance(raw.get("tasks"), list):
+            raw["tasks"] = [_with_resolved(task, "teacher_overrides", FinetuneRecipe) if isinstance(task, dict)
+                            else task for task in raw["tasks"]]
+        return raw
+
     @model_validator(mode="after")
     def _unique_arms(self) -> StudyRecipe:
         names = [arm.name for arm in self.arms]
@@ -240,3 +291,8 @@ class StudyRecipe(Section):
             if task.teacher is None and (task.teacher_init or self.teacher_init) is None:
                 raise ValueError(f"task {task.name}: give its teacher (fine-tuned) or a teacher_init to fine-tune")
         return self
+
+
+def _with_resolved(entry: dict[str, Any], key: str, recipe_cls: type[Section]) -> dict[str, Any]:
+    value = entry.get(key)
+    return {**entry, key: resolve_paths(recipe_cls, value)} if isinstance(value, dict) else entry

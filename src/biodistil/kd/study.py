@@ -13,11 +13,12 @@ from typing import Any
 
 from biodistil.config import deep_merge, validate_recipe
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
+from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json, read_record
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.kd.teacher_cache import teacher_test_scores
 from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
+from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
@@ -34,14 +35,16 @@ def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     runs: list[dict[str, Any]] = []
     teachers: dict[str, dict[str, Any]] = {}
     for study_task in recipe.tasks:
-        teacher = study_task.teacher or _teacher_stage(recipe, study_task, run.path)
-        teachers[study_task.name] = {"model": teacher, "test": _teacher_scores(recipe, study_task, teacher, run.path),
-                                     **_teacher_record(study_task, teacher)}
+        spec = get_task(study_task.name)  # a built-in name or a task file: its folders take the task's name
+        teacher = study_task.teacher or _teacher_stage(recipe, study_task, run.path / spec.name)
+        teachers[spec.name] = {"model": recorded(teacher, run.path), "headline": spec.headline_key,
+                               "test": _teacher_scores(recipe, study_task, teacher, run.path),
+                               **_teacher_record(study_task, teacher)}
         for arm in recipe.arms:
             for seed in recipe.seeds:
-                folder = run.path / study_task.name / arm.name / f"seed-{seed}"
+                folder = run.path / spec.name / arm.name / f"seed-{seed}"
                 raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, run.path)
-                runs.append(_run_record(study_task.name, arm.name, arm.command, seed, folder,
+                runs.append(_run_record(spec.name, arm.name, arm.command, seed, folder,
                                         _stage(arm.command, raw, folder), run.path))
     summary = {"rows": summarise(runs, teachers, recipe.metric), "teachers": teachers, "runs": runs,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
@@ -57,7 +60,7 @@ def _run_record(task: str, arm: str, command: str, seed: int, folder: Path, metr
     """One arm × seed in the summary: its scores, its initialisation's, steps, wall time and any degenerate test
     predictions (one class for every example)."""
     train = metrics.get("train") or {}
-    return {"task": task, "arm": arm, "command": command, "seed": seed, "folder": str(folder.relative_to(root)),
+    return {"task": task, "arm": arm, "command": command, "seed": seed, "folder": recorded(folder, root),
             "test": metrics.get("test", {}), "init": metrics.get("init", {}),
             "steps": metrics.get("steps", train.get("steps")), "wall_seconds": metrics.get("wall_seconds"),
             "degenerate": metrics.get("degenerate") or ""}
@@ -76,8 +79,8 @@ def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
     return {"data_dir": recipe.data_dir} if recipe.data_dir else {}
 
 
-def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> str:
-    folder = root / study_task.name / "teacher"
+def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, task_dir: Path) -> str:
+    folder = task_dir / "teacher"
     raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), study_task.teacher_overrides), {
         "model": {"name_or_path": study_task.teacher_init or recipe.teacher_init},
         "run": {"output_dir": str(folder), "seed": recipe.seeds[0]},
@@ -111,8 +114,11 @@ def _stage(command: str, raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
 
-    run_stage(folder, lambda: done.is_file() and read_json(done).get("finished", True), run,
-              resumable=command == "kd")
+    def finished() -> bool:
+        record = read_record(done)
+        return isinstance(record, dict) and record.get("finished", True) is not False
+
+    run_stage(folder, finished, run, resumable=command == "kd")
     return read_json(done)
 
 
@@ -133,7 +139,7 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
     for task, arm in dict.fromkeys((r["task"], r["arm"]) for r in runs):
         group = [r for r in runs if r["task"] == task and r["arm"] == arm]
         teacher = teachers[task]["test"]
-        key = metric or _headline(task)
+        key = metric or teachers[task].get("headline") or _headline(task)
         if any(key not in r["test"] for r in group) or key not in teacher:
             raise BiodistilError(f"Study metric '{key}' is not among the scores of task {task} "
                                  f"({sorted(teacher)}); set the study's metric")

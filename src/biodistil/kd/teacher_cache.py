@@ -1,6 +1,6 @@
 """Teacher outputs over a transfer set, computed once and cached on disk for every epoch and run that needs them.
 
-The cache key is sha256(teacher fingerprint, transfer-set fingerprint, task encoding, requested layers):
+The cache key is sha256(teacher fingerprint, transfer-set inputs (not labels), task encoding, requested layers):
 a change of the teacher's weights, config or tokenizer, or of the transfer set, gives a new entry. An entry is
 a datasets Arrow folder with one row per *teacher feature* (an example, or one window of a long token
 sequence): `example`, `start` (first word of the window), `logits` ([C] per example, or [W, C] for the W words
@@ -20,6 +20,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -27,14 +28,15 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 from biodistil.data.corpus import default_cache_dir
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_json, jsonable, number
+from biodistil.io import atomic_directory, atomic_write_json, file_sha256, jsonable, number
 from biodistil.kd.transfer import fingerprint_examples
 from biodistil.methods.finetune import build_classifier
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+CHECKSUMS = "checksums.json"  # sha256 of every file of an entry, written last
 _MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
                 "special_tokens_map.json")
 _ARCHITECTURE = {"token_classification": "ForTokenClassification",
@@ -117,13 +119,36 @@ def cached_teacher_outputs(teacher: str | Path, examples: Sequence[Example], req
                            cache_dir: str | Path | None = None, device: torch.device | str = "cpu",
                            ) -> datasets.Dataset:
     """The teacher's outputs over `examples`: read from the cache, or computed once and stored there."""
-    payload = {"teacher": model_fingerprint(teacher), "transfer": fingerprint_examples(examples),
+    payload = {"teacher": model_fingerprint(teacher), "transfer": fingerprint_examples(examples, labels=False),
                "request": request.key(), "version": CACHE_VERSION}
     key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
     target = teacher_cache_dir(cache_dir) / key
-    if not (target / "dataset_info.json").is_file():
+    table = load_verified(target)
+    if table is None:
         atomic_directory(target, lambda tmp: _write_outputs(tmp, teacher, examples, request, device, payload))
-    return datasets.load_from_disk(str(target))
+        table = load_verified(target)
+    if table is None:
+        raise BiodistilError(f"Teacher-output cache {target} could not be read back right after it was written; is "
+                             "the disk full or failing? Choose another kd.cache_dir")
+    return table
+
+
+def load_verified(folder: Path) -> datasets.Dataset | None:
+    """A cache entry whose files match the sha256 sums recorded when it was written (`checksums.json`), loaded; None
+    when it is absent or damaged (a truncated or garbage file, a missing `state.json`), saying which, so that it is
+    built again."""
+    if not folder.exists():
+        return None
+    try:
+        sums = json.loads((folder / CHECKSUMS).read_text(encoding="utf-8"))
+        changed = [name for name, digest in sums.items() if file_sha256(folder / name) != digest]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changed since written")
+        return datasets.load_from_disk(str(folder))
+    except (OSError, ValueError, pa.ArrowException) as err:
+        print(f"Teacher-output cache {folder} is damaged ({type(err).__name__}: {str(err)[:200]}); building it "
+              "again", flush=True)
+        return None
 
 
 def _write_outputs(folder: Path, teacher: str | Path, examples: Sequence[Example], request: TeacherRequest,
@@ -136,6 +161,8 @@ def _write_outputs(folder: Path, teacher: str | Path, examples: Sequence[Example
     rows = teacher_rows(model, tokenizer, request, encoded)
     datasets.Dataset.from_list(rows).save_to_disk(str(folder))
     (folder / "cache_key.json").write_text(json.dumps(payload, indent=1))
+    sums = {path.name: file_sha256(path) for path in sorted(folder.iterdir()) if path.is_file()}
+    (folder / CHECKSUMS).write_text(json.dumps(sums, indent=1))
 
 
 @torch.inference_mode()

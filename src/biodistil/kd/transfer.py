@@ -56,7 +56,25 @@ def build_transfer_set(cfg: TransferConfig, task: TaskSpec, data_root: str | Pat
     shaped = shape_for_task(examples, task, pairs)
     if not cfg.keep_labels:
         return [unlabelled(example) for example in shaped]
+    if cfg.labelled is not None:
+        return labelled_budget(shaped, task, cfg, fold)
     return map_labels(shaped, task, cfg.label_map, describe_source(cfg.source))
+
+
+def labelled_budget(examples: Sequence[Example], task: TaskSpec, cfg: TransferConfig,
+                    fold: int | None) -> list[Example]:
+    """The training split with the gold labels of its labelled budget (`cfg.labelled` examples: the seeded subset
+    `task.train_examples` fine-tunes on, drawn with the same key) and none on the rest."""
+    if task.kind == "multilabel_classification":
+        raise BiodistilError(f"transfer.labelled: task {task.name} is multi-label, whose label vectors cannot be "
+                             "left out per example; give the labelled examples as a transfer set of their own")
+    keep = set(seeded_subset(range(len(examples)), cfg.labelled, f"{task.name}/train/{fold}"))
+    labelled = map_labels([examples[i] for i in sorted(keep)], task, cfg.label_map, describe_source(cfg.source))
+    if len(labelled) != len(keep):
+        raise BiodistilError("transfer.labelled: transfer.label_map drops examples of the labelled budget; a budget "
+                             "keeps every label")
+    by_index = dict(zip(sorted(keep), labelled, strict=True))
+    return [by_index.get(i) or unlabelled(example) for i, example in enumerate(examples)]
 
 
 def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | None,
@@ -118,8 +136,10 @@ def is_pair_task(task: TaskSpec, data_root: str | Path | None, fold: int | None 
     try:
         first = task.load_split("train", data_root, fold)[:1]
     except BiodistilError as err:
-        raise BiodistilError(f"Cannot tell whether task {task.name} takes text pairs ({err}); set "
-                             "transfer.pairs: true or false") from None
+        if task.is_available(data_root):
+            raise  # the file is there but malformed: the error names its file and line
+        raise BiodistilError(f"Cannot tell whether task {task.name} takes text pairs: its training split is absent "
+                             f"({err}); set transfer.pairs: true or false") from None
     return bool(first) and first[0].text_pair is not None
 
 
@@ -257,12 +277,13 @@ def dataset_to_examples(table: datasets.Dataset) -> list[Example]:
             for row in table]
 
 
-def fingerprint_examples(examples: Sequence[Example]) -> str:
-    """sha256 of the examples' content (inputs and labels, in order): the transfer set's identity."""
-    digest = hashlib.sha256(f"transfer-v{FORMAT_VERSION}".encode())
+def fingerprint_examples(examples: Sequence[Example], labels: bool = True) -> str:
+    """sha256 of the examples' content (inputs and labels, in order): the transfer set's identity. Without
+    `labels`, of the inputs alone (what a teacher's outputs depend on)."""
+    digest = hashlib.sha256(f"transfer-v{FORMAT_VERSION}{'' if labels else '-inputs'}".encode())
     for example in examples:
-        fields = (example.tokens, example.tags) if isinstance(example, TokenExample) else (
-            example.text, example.text_pair, example.label)
+        fields = (example.tokens, example.tags if labels else None) if isinstance(example, TokenExample) else (
+            example.text, example.text_pair, example.label if labels else None)
         digest.update(json.dumps(fields, ensure_ascii=False).encode())
         digest.update(b"\n")
     return digest.hexdigest()

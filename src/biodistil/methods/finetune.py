@@ -29,6 +29,7 @@ from biodistil.config import ExportConfig, ModelConfig, RunConfig, Section, Trai
 from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, jsonable, number
+from biodistil.paths import recorded
 from biodistil.tasks.encoding import collator_for, encode_split, fit_length_to_model, model_inputs
 from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, write_predictions
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
@@ -100,14 +101,17 @@ def finetune_on_task(
     max_examples: int | None = None,
     select_metric: str | None = None,
     resume: bool = False,
+    train_examples: int | None = None,
 ) -> FinetuneOutcome:
     """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
 
     `epochs` sets cfg.max_steps from the training-set size; with a dev split, the dev score is computed every
     `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
     `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
-    `select_metric` chooses the dev score used for selection (default: the task's headline, e.g. accuracy for
-    BioASQ; the transfer study selects on AUROC). `resume` continues from the latest checkpoint in `run_dir`.
+    `train_examples` keeps a seeded subset of the training split only (a labelled budget; `max_examples` caps
+    every split). `select_metric` chooses the dev score used for selection (default: the task's headline, e.g.
+    accuracy for BioASQ; the transfer study selects on AUROC). `resume` continues from the latest checkpoint in
+    `run_dir`.
     """
     from accelerate.utils import set_seed
 
@@ -117,7 +121,8 @@ def finetune_on_task(
     set_seed(seed)
     tokenizer = load_tokenizer(str(model_name_or_path))
     task = fit_length_to_model(task, model_name_or_path)
-    splits = {name: read_split(task, name, data_root, fold, max_examples) for name in ("train", "dev", "test")}
+    limits = {"train": train_examples or max_examples, "dev": max_examples, "test": max_examples}
+    splits = {name: read_split(task, name, data_root, fold, limit) for name, limit in limits.items()}
     if not splits["train"] or not splits["test"]:
         raise BiodistilError(f"Task {task.name}: the train and test splits are needed (fold={fold})")
     encoded = {name: encode_split(task, examples, tokenizer) for name, examples in splits.items() if examples}
@@ -226,7 +231,8 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
         init = score_model(build_classifier(path, task), load_tokenizer(path), task, test).scores if test else {}
     outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
                                recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
-                               recipe.task.max_examples, resume=run.resume)
+                               recipe.task.max_examples, resume=run.resume,
+                               train_examples=recipe.task.train_examples)
     metrics = jsonable({"task": task.name, "metric": task.headline_key, "test": outcome.test_scores,
                         "dev": outcome.dev_scores, "init": init, "train": asdict(outcome.train),
                         "truncated_examples": outcome.truncated, "markers_cut": outcome.markers_cut,
@@ -235,7 +241,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
                         "wall_seconds": round(time.perf_counter() - started, 1)})
     if recipe.export.enabled:
         export_model(outcome.model, outcome.tokenizer, run.model_dir)
-        metrics["model_dir"] = str(run.model_dir)
+        metrics["model_dir"] = recorded(run.model_dir, run.path)
     words = sum(len(e.tokens) for e in outcome.test_examples) if task.kind == "token_classification" else None
     metrics["notes"] = notes = prediction_notes(task, outcome.test_predictions, outcome.truncated, words,
                                                         outcome.markers_cut)

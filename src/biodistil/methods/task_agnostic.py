@@ -33,9 +33,10 @@ from biodistil.methods.teacher_cache import (
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.families import head_only, num_layers
-from biodistil.models.loading import load_masked_lm, load_tokenizer
+from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
+from biodistil.paths import recorded
 from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult, make_accelerator
 from biodistil.training.run import RunFolder
 
@@ -74,6 +75,8 @@ def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) 
 
 def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
+    if recipe.model.init == "continual":
+        check_model(recipe.model.name_or_path, "model.name_or_path", recipe.model.trust_remote_code)
     accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     if recipe.model.init == "continual":
@@ -91,6 +94,7 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
 
 def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective."""
+    check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
     accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
@@ -131,6 +135,7 @@ def run_cache_teacher(recipe: DistillRecipe) -> Path:
     every process writing its own shards; returns the training corpus's cache folder."""
     if recipe.teacher_cache is None:
         raise BiodistilError("cache-teacher needs a recipe with a teacher_cache section (and masking.duplication)")
+    check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
     accelerator = make_accelerator("no")
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
     teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
@@ -140,7 +145,7 @@ def run_cache_teacher(recipe: DistillRecipe) -> Path:
     dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
     data = corpus_data(recipe, tokenizer, accelerator)
     caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
-    reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
+    reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator, verify=True) for cache in caches]
     if accelerator.is_main_process:
         print(_cache_note(caches, reports))
     return caches[0].cache.folder
@@ -190,13 +195,14 @@ def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer
 
 
 def _build(corpus: CorpusCache, teacher, dtype: torch.dtype, tokenizer, recipe: DistillRecipe,
-           accelerator) -> BuildReport:
-    """Build what the cache misses, the teacher on this process's device in `dtype` for the time of it."""
+           accelerator, verify: bool = False) -> BuildReport:
+    """Build what the cache misses (with `verify`, also the shards whose checksum fails), the teacher on this
+    process's device in `dtype` for the time of it."""
     teacher.to(accelerator.device, dtype=dtype).eval()
     return build_cache(
         corpus.cache, teacher, corpus.blocks, MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking,
         corpus.patterns, recipe.teacher_cache.batch_size, tokenizer.pad_token_id, accelerator.process_index,
-        accelerator.num_processes, accelerator.wait_for_everyone, recipe.train.progress_bar,
+        accelerator.num_processes, accelerator.wait_for_everyone, recipe.train.progress_bar, verify=verify,
     )
 
 
@@ -245,7 +251,7 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
     summary = {"result": asdict(result), "student_parameters": sizes, "finished": finished}
     if finished and run.recipe.export.enabled:
         export_model(module.student, tokenizer, run.model_dir)
-        summary["model_dir"] = str(run.model_dir)
+        summary["model_dir"] = recorded(run.model_dir, run.path)
     run.write_summary(summary)
     rows = {
         "steps": result.steps,

@@ -13,14 +13,17 @@ as their 16-bit patterns).
 
 Layout of `<teacher_cache.dir>/<key>/`: `key.json` (what the key was made of), and per pattern p
 `pattern-<p>/shard-<s>.arrow` (Arrow IPC files, memory-mapped when read: one row per block, blocks s·S .. (s+1)·S − 1
-of the corpus, S = `shard_blocks`) and `pattern-<p>/complete.json` (written once every shard of the pattern exists).
+of the corpus, S = `shard_blocks`), beside it `shard-<s>.json` (its size and sha256), and `pattern-<p>/complete.json`
+(written once every shard of the pattern exists).
 The key is a hash of the teacher's weights and dtype, the tokenizer, the corpus files, the block size, the masking
 settings and seed, what stands for the logits (head input, or k, m and the temperature) and the cached layers: a
 change of any of them gives another folder (a rebuild). Each shard is written to a temporary file and renamed into
 place, so a shard either exists whole or not at all; `build_cache` writes only the shards that are missing or
 unreadable (an interrupted build resumes), each process taking the shards s ≡ rank (mod processes). A reader refuses
 a pattern without `complete.json` or with a missing, truncated or foreign shard, naming it: a partial cache is never
-used.
+used. Every shard's sha256 is checked when a process first reads it; a shard whose bytes changed is deleted and its
+pattern marked incomplete, so the next `distill` or `cache-teacher` rebuilds it (`cache-teacher` checks every
+shard's checksum before anything else, and rebuilds what is damaged).
 """
 
 import hashlib
@@ -42,7 +45,7 @@ from biodistil.config import MaskingConfig, TeacherCacheConfig
 from biodistil.data.corpus import corpus_fingerprint, default_cache_dir, resolve_corpus_files, tokenizer_fingerprint
 from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, pattern_seed, static_mask
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json
+from biodistil.io import atomic_write_json, file_sha256
 from biodistil.models.families import hidden_size
 from biodistil.models.features import FeatureRequest, TopKLogits, extract_features
 
@@ -152,11 +155,19 @@ class Cache:
         fields += [pa.field(f"hidden_{layer}", pa.list_(pa.int16())) for layer in self.spec.hidden_layers]
         return pa.schema(fields, metadata={"key": self.spec.key(), "rank": str(rank)})
 
-    def check_shard(self, pattern: int, shard: int) -> str | None:
-        """Why the shard cannot be used (missing, unreadable, another cache's, wrong size), or None."""
+    def check_shard(self, pattern: int, shard: int, verify: bool = False) -> str | None:
+        """Why the shard cannot be used (missing, without its checksum record, unreadable, another cache's, wrong
+        size; with `verify`, bytes that no longer match its sha256), or None."""
         path = self.shard_path(pattern, shard)
         if not path.is_file():
             return f"{path} is missing"
+        record = _read_checksum(path)
+        if record is None:
+            return f"{path} has no checksum record ({path.with_suffix('.json').name})"
+        if path.stat().st_size != record.get("bytes"):
+            return f"{path} holds {path.stat().st_size:,} bytes, {record.get('bytes'):,} were written"
+        if verify and file_sha256(path) != record.get("sha256"):
+            return f"{path} does not match its checksum (its bytes changed since it was written)"
         try:
             with pa.memory_map(str(path)) as source:
                 reader = pa.ipc.open_file(source)
@@ -169,6 +180,12 @@ class Cache:
         if rows != len(self.shard_range(shard)):
             return f"{path} holds {rows} blocks, expected {len(self.shard_range(shard))}"
         return None
+
+    def discard(self, pattern: int, shard: int) -> None:
+        """Delete a damaged shard and mark its pattern incomplete, so that the next build writes it again."""
+        (self.folder / f"pattern-{pattern}" / "complete.json").unlink(missing_ok=True)
+        self.shard_path(pattern, shard).unlink(missing_ok=True)
+        self.shard_path(pattern, shard).with_suffix(".json").unlink(missing_ok=True)
 
     def size_bytes(self, patterns: Sequence[int]) -> int:
         return sum(self.shard_path(p, s).stat().st_size for p in patterns for s in range(self.shards)
@@ -185,18 +202,24 @@ class BuildReport:
 def build_cache(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int], Sequence[int]],
                 vocab: MaskingVocabulary, masking: MaskingConfig, patterns: Sequence[int], batch_size: int,
                 pad_id: int, rank: int = 0, processes: int = 1, barrier: Callable[[], None] = lambda: None,
-                progress: bool = True, stop_after_shards: int | None = None) -> BuildReport:
-    """Write the shards of `patterns` that are missing or unusable; this process takes shards s ≡ rank (mod
-    processes). `blocks(b)` gives block b's token ids. After every process is done (`barrier`), the main process
-    checks each pattern's shards and marks it complete. `stop_after_shards` stops after writing that many (tests of
-    an interrupted build)."""
+                progress: bool = True, stop_after_shards: int | None = None, verify: bool = False) -> BuildReport:
+    """Write the shards of `patterns` that are missing or unusable (with `verify`, also those whose bytes no longer
+    match their checksum); this process takes shards s ≡ rank (mod processes). `blocks(b)` gives block b's token ids.
+    After every process is done (`barrier`), the main process checks each pattern's shards and marks it complete.
+    `stop_after_shards` stops after writing that many (tests of an interrupted build)."""
     report = BuildReport()
     if rank == 0:
         cache.folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cache.folder / "key.json", {**cache.spec.__dict__, "version": CACHE_VERSION})
     barrier()
-    todo = [(p, s) for p in patterns for s in range(rank, cache.shards, processes)
-            if not cache.complete(p) and cache.check_shard(p, s) is not None]
+    todo = []
+    for pattern, shard in ((p, s) for p in patterns for s in range(rank, cache.shards, processes)):
+        why = cache.check_shard(pattern, shard, verify)
+        if why is not None:
+            if cache.shard_path(pattern, shard).exists():
+                print(f"Teacher cache: {why}; building it again", flush=True)
+            cache.discard(pattern, shard)
+            todo.append((pattern, shard))
     report.reused = sum(1 for p in patterns for s in range(rank, cache.shards, processes)) - len(todo)
     for pattern, shard in tqdm(todo, desc="teacher cache", unit="shard", disable=not (progress and rank == 0)):
         if stop_after_shards is not None and report.built >= stop_after_shards:
@@ -280,7 +303,16 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
+    atomic_write_json(path.with_suffix(".json"), {"bytes": temporary.stat().st_size, "sha256": file_sha256(temporary)})
     os.replace(temporary, path)
+
+
+def _read_checksum(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _as_stored(states: torch.Tensor) -> torch.Tensor:
@@ -327,6 +359,11 @@ class CacheReader:
     def _shard(self, pattern: int, shard: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         key = (pattern, shard)
         if key not in self._open:
+            if (why := self.cache.check_shard(pattern, shard, verify=True)) is not None:
+                self.cache.discard(pattern, shard)
+                raise BiodistilError(f"Teacher cache {self.cache.folder} is damaged: {why}. The shard was deleted and "
+                                     "its pattern marked incomplete: run the same command again (it rebuilds the "
+                                     "shard first; an interrupted run resumes from its checkpoint)")
             source = pa.memory_map(str(self.cache.shard_path(pattern, shard)))
             batch = pa.ipc.open_file(source).get_batch(0)
             self._open[key] = {

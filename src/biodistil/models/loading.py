@@ -27,6 +27,7 @@ from transformers.utils import logging as transformers_logging
 from biodistil.errors import BiodistilError
 from biodistil.models.embedded import resolve_model_name
 from biodistil.models.families import family_of
+from biodistil.paths import looks_like_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _UNTRAINED_HEAD = "_biodistil_untrained_head"
@@ -72,15 +73,16 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
     return tokenizer
 
 
-def check_model(name_or_path: str, what: str = "model") -> None:
+def check_model(name_or_path: str, what: str = "model", trust_remote_code: bool = False) -> None:
     """Fail at once, with a message that names `what` (e.g. "model.name_or_path"), when a model cannot be loaded:
     a folder that does not exist or lacks config.json, tokenizer or weights, weights that are corrupt or
     truncated, or a Hub id that can be neither downloaded nor found in the Hub's cache."""
     try:
-        _from_pretrained(AutoConfig, name_or_path)
-        _from_pretrained(AutoTokenizer, name_or_path)
+        config = _from_pretrained(AutoConfig, name_or_path, trust_remote_code=trust_remote_code)
+        tokenizer = _from_pretrained(AutoTokenizer, name_or_path, trust_remote_code=trust_remote_code)
     except BiodistilError as err:
         raise BiodistilError(f"{what}: {err}") from None
+    check_tokenizer_fits(tokenizer, config, f"{what} ({resolve_model_name(name_or_path)})")
     local = Path(resolve_model_name(name_or_path)).expanduser()
     if not local.is_dir():
         return
@@ -95,6 +97,22 @@ def check_model(name_or_path: str, what: str = "model") -> None:
         except (SafetensorError, OSError) as err:
             raise BiodistilError(f"{what}: the weights file {path} is corrupt or truncated ({_first_line(err)}); "
                                  "export or download the model again") from None
+
+
+def check_tokenizer_fits(tokenizer: Any, config: Any, where: str) -> None:
+    """The tokenizer must fit the model: no token id beyond the embedding's rows, and ordinary tokens besides the
+    special ones (MLM masking draws its random replacements from them)."""
+    rows = getattr(config, "vocab_size", None)
+    size = len(tokenizer)
+    if rows is not None and size > rows:
+        raise BiodistilError(f"{where}: the tokenizer has {size:,} tokens but the model's embedding only {rows:,} "
+                             "rows, so some token ids have no embedding; is the tokenizer the model's own? Save the "
+                             "model's tokenizer into its folder (or resize the embeddings before saving)")
+    special = len(set(tokenizer.all_special_ids))
+    if size <= special + 1:
+        raise BiodistilError(f"{where}: the tokenizer has {size} tokens, {special} of them special, beside a model of "
+                             f"{rows} embedding rows; is it the model's own tokenizer? Save the tokenizer the model "
+                             "was trained with into its folder")
 
 
 # files of which a saved tokenizer has at least one
@@ -136,13 +154,6 @@ def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
         ) from None
     finally:
         transformers_logging.set_verbosity(verbosity)
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether `name` can only be a local path: a Hub id is 'name' or 'org/name', never absolute or relative."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name:
-        return True
-    return "/" in name and Path(name.split("/")[0]).is_dir()  # runs/model where runs/ is a local folder
 
 
 def check_model_folder(folder: Path, tokenizer: bool = False) -> None:

@@ -26,7 +26,7 @@ from biodistil.tasks.registry import TaskSpec
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # the entity markers of relation-extraction texts: @GENE$, @DRUG$, @DISEASE$, @CHEMICAL$ (BLURB), BC6ENTC and
 # BC6ENTG (ChemProt's blinded entities; BC6OTHER marks entities the label is not about)
-ENTITY_MARKERS = re.compile(r"@[A-Z][A-Z_]*\$|\bBC6ENT[A-Z]\b")
+ENTITY_MARKERS = re.compile(r"@[A-Z][A-Z_-]*\$|\bBC6ENT[A-Z]\b")  # @GENE$, @DRUG-DRUG$ (DDI), BC6ENTC
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) 
     for index, example in enumerate(examples):
         pieces = _pieces_per_word(tokenizer, example.tokens)
         windows = chunk_words(pieces, room) if task.truncation == "split" else [(0, len(example.tokens))]
-        if sum(pieces) > room:
+        if sum(pieces) > room and task.truncation != "split":  # split keeps every word, in windows
             encoded.truncated_examples += 1
         for start, end in windows:
             words = example.tokens[start:end]

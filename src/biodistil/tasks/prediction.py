@@ -70,15 +70,22 @@ def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[n
 
 
 def degenerate(task: TaskSpec, predictions: Predictions) -> str:
-    """What is degenerate about a split's predictions ("" when nothing): one class for every example, or no
-    entity at all (every word O) on a token task. Such a score says nothing about the model."""
+    """What is degenerate about a split's predictions ("" when nothing): one class for every example, no entity
+    at all (every word O) on a token task, or, on a task scored without its negative class (ChemProt's "False"),
+    only that class and one positive type. Such a score says little about the model."""
     labels = predictions.labels
     if task.kind == "token_classification":
         return "" if any(tag != "O" for tags in labels for tag in tags) else "every word predicted O (no entity)"
     if len(labels) < 2:
         return ""
     distinct = {json.dumps(label) for label in labels}
-    return f"every example predicted {labels[0]!r}" if len(distinct) == 1 else ""
+    if len(distinct) == 1:
+        return f"every example predicted {labels[0]!r}"
+    negative = set(task.metric_options.get("negative_labels") or ())
+    positive = sorted({str(label) for label in labels} - negative)
+    if negative and len(set(task.labels) - negative) > 1 and len(positive) == 1 and len(distinct) == 2:
+        return f"only the negative class and one positive type ({positive[0]!r}) predicted"
+    return ""
 
 
 def prediction_notes(task: TaskSpec, predictions: Predictions, truncated: dict[str, int],

@@ -3,7 +3,7 @@ settings that override the registry's, with the two helpers every command uses t
 
 from pydantic import Field
 
-from biodistil.config import Section
+from biodistil.config import LocalPath, Section, TaskRef
 from biodistil.data.formats import Example
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
@@ -12,12 +12,19 @@ from biodistil.tasks.splits import read_split
 class TaskConfig(Section):
     """The task of the task registry (`tasks/builtin_tasks.yaml`, or a task YAML file) and its data."""
 
-    name: str = Field(min_length=1, description="built-in task name or path of a task YAML file")
-    data_dir: str | None = Field(None, description="data folder; default $BIODISTIL_DATA, else ../shared/data")
+    name: TaskRef = Field(min_length=1, description="built-in task name or path of a task YAML file")
+    data_dir: LocalPath | None = Field(None, description="data folder; default $BIODISTIL_DATA, else ../shared/data")
     fold: int | None = Field(None, ge=1, description="cross-validation tasks: the fold (1..cv_folds)")
     max_length: int | None = Field(None, ge=8, description="override the task's max_length (sub-words)")
     max_examples: int | None = Field(None, ge=1, description="use N examples of each split (a fixed random subset "
                                                                "in file order, the same as fine-tuning's)")
+    train_examples: int | None = Field(None, ge=1, description="a labelled budget: train on a seeded subset of N "
+                                       "training examples (the subset transfer.labelled keeps the labels of); dev "
+                                       "and test stay whole (or max_examples)")
+
+    def split_limit(self, split: str) -> int | None:
+        """The examples kept of `split`: the labelled budget for train when set, else max_examples."""
+        return self.train_examples if split == "train" and self.train_examples is not None else self.max_examples
 
 
 def task_spec(cfg: TaskConfig) -> TaskSpec:
@@ -29,4 +36,4 @@ def task_spec(cfg: TaskConfig) -> TaskSpec:
 def load_task_split(task: TaskSpec, cfg: TaskConfig, split: str) -> list[Example]:
     """A split of the task, capped at `max_examples` with the same seeded subset fine-tuning uses; [] when the
     task has no such split."""
-    return read_split(task, split, cfg.data_dir, cfg.fold, cfg.max_examples)
+    return read_split(task, split, cfg.data_dir, cfg.fold, cfg.split_limit(split))

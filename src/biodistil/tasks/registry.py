@@ -37,6 +37,7 @@ from biodistil.data.formats import (
 )
 from biodistil.data.paths import require_file, resolve_data_root
 from biodistil.errors import BiodistilError
+from biodistil.io import load_yaml
 from biodistil.tasks.metrics import METRICS, Metrics
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("builtin_tasks.yaml")
@@ -383,7 +384,7 @@ def _load_hub_rows(dataset: str, config: str | None, split: str) -> Sequence[dic
 
 def _yaml_mapping(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else "?"
         raise BiodistilError(

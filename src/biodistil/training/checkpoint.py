@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
@@ -41,13 +42,22 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step-{step:07d}"
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
+class DamagedCheckpoint(BiodistilError):
+    """A checkpoint whose files cannot be read (truncated, corrupted): an older one may still serve."""
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of a run folder, newest first."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        return None
+        return []
     complete = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "trainer_state.json").is_file()]
-    return max(complete, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), default=None)
+    return sorted(complete, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), reverse=True)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run folder, or None."""
+    return next(iter(complete_checkpoints(run_dir)), None)
 
 
 def save_checkpoint(
@@ -76,11 +86,20 @@ def load_checkpoint(
     folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
     extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> TrainerState:
-    """Restore module, optimizers, scheduler and this process's RNG states; return the trainer state."""
+    """Restore module, optimizers, scheduler and this process's RNG states; return the trainer state. A file that
+    cannot be read is a `DamagedCheckpoint` (every part is loaded again from an older checkpoint, if one serves)."""
     try:
-        missing, unexpected = load_model(module, str(folder / "trainable.safetensors"), strict=False)
-    except (OSError, ValueError) as err:
-        raise BiodistilError(f"Checkpoint {folder} cannot be read: {err}") from None
+        return _load_checkpoint(folder, module, optimizer, scheduler, rank, extra_optimizers)
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # json.JSONDecodeError is a ValueError
+        raise DamagedCheckpoint(f"Checkpoint {folder} cannot be read ({type(err).__name__}: "
+                                f"{str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+def _load_checkpoint(
+    folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
+    extra_optimizers: dict[str, torch.optim.Optimizer] | None,
+) -> TrainerState:
+    missing, unexpected = load_model(module, str(folder / "trainable.safetensors"), strict=False)
     if missing or unexpected:
         raise BiodistilError(
             f"Checkpoint {folder} does not match this run's modules (missing {sorted(missing)[:5]}, "

@@ -20,6 +20,9 @@ non-finite values at every log, evaluation and checkpoint, before anything is wr
 import json
 import math
 import os
+import signal
+import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -156,35 +159,39 @@ class Engine:
                    disable=not (acc.is_local_main_process and self.cfg.progress_bar))
         batches = self._batches(train_data, collate, prepare)
         model.train()
-        while self.state.step < self.cfg.max_steps:
-            logs = self._optimizer_step(model, optimizer, scheduler, batches)
-            for key, value in logs.items():
-                window[key].append(value)
-            bar.update(1)
-            stopping = stop_after is not None and self.state.step >= stop_after
-            evaluating = (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every)
-            saving = self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping
-            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps or evaluating \
-                    or saving:  # a host synchronisation: losses become floats, non-finite ones stop the run
-                rate = (self.state.tokens_seen - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
-                last_train = _window_means(window)
-                bar.set_postfix(loss=f"{last_train['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
-                if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps:
-                    self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
-                    window.clear()
-            if evaluating:
-                last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
-                self._log("eval", last_eval)
-                if selection is not None:
-                    stopping = self._select(module, last_eval, selection) or stopping
-            if saving or stopping:
-                self._save(module, optimizer, scheduler)
-            if stopping:
-                break
+        with StopRequests() as requests:  # Ctrl-C or SIGTERM: stop after this step, with a checkpoint
+            while self.state.step < self.cfg.max_steps:
+                logs = self._optimizer_step(model, optimizer, scheduler, batches)
+                for key, value in logs.items():
+                    window[key].append(value)
+                bar.update(1)
+                stopping = requests.signal is not None or (stop_after is not None and self.state.step >= stop_after)
+                evaluating = (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every)
+                saving = self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping
+                if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps or evaluating \
+                        or saving:  # a host synchronisation: losses become floats, non-finite ones stop the run
+                    rate = (self.state.tokens_seen - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                    last_train = _window_means(window)
+                    bar.set_postfix(loss=f"{last_train['loss']:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+                    if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps:
+                        self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
+                        window.clear()
+                if evaluating:
+                    last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
+                    self._log("eval", last_eval)
+                    if selection is not None:
+                        stopping = self._select(module, last_eval, selection) or stopping
+                if saving or stopping:
+                    self._save(module, optimizer, scheduler)
+                if stopping:
+                    break
         bar.close()
+        if requests.signal is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(requests.signal).name} at step {self.state.step}")
         if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:
             last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
-            self._log("eval", last_eval)
+            if not self._logged("eval"):  # a finished run resumed: its closing evaluation is on record already
+                self._log("eval", last_eval)
             if selection is not None:
                 self._select(module, last_eval, selection)
         if selection is not None:
@@ -371,11 +378,19 @@ class Engine:
         acc.wait_for_everyone()
 
     def _resume(self, module: nn.Module, optimizer, scheduler) -> None:
-        folder = ckpt.latest_checkpoint(self.run_dir)
-        if folder is None:
+        candidates = ckpt.complete_checkpoints(self.run_dir)
+        if not candidates:
             raise BiodistilError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
-        self.state = ckpt.load_checkpoint(folder, self.accelerator.unwrap_model(module), optimizer, scheduler,
-                                          self.accelerator.process_index, self._extra_optimizers())
+        for number, folder in enumerate(candidates):
+            try:
+                self.state = ckpt.load_checkpoint(folder, self.accelerator.unwrap_model(module), optimizer,
+                                                  scheduler, self.accelerator.process_index, self._extra_optimizers())
+                break
+            except ckpt.DamagedCheckpoint as err:
+                if number == len(candidates) - 1:
+                    raise BiodistilError(f"--resume: no checkpoint of {self.run_dir} can be read; the last one: "
+                                         f"{err}. Start the run again in another folder") from None
+                print(f"{err}; trying the previous one, {candidates[number + 1].name}", file=sys.stderr, flush=True)
         if self.accelerator.is_main_process:
             print(f"Resuming from {folder} (step {self.state.step})")
             truncate_jsonl(self.run_dir / "metrics.jsonl", self.state.step)  # records after it come again
@@ -383,6 +398,14 @@ class Engine:
 
     def _extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"pre_step": self.pre_step.optimizer} if self.pre_step is not None else {}
+
+    def _logged(self, split: str) -> bool:
+        """Whether metrics.jsonl holds a `split` record of the current step."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return False
+        records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        return any(r.get("step") == self.state.step and r.get("split") == split for r in records)
 
     def _log(self, split: str, values: dict[str, float]) -> None:
         acc = self.accelerator
@@ -422,6 +445,33 @@ class _Prepared:
 
 def _unchanged(batch: Batch, _generator: torch.Generator) -> Batch:
     return batch
+
+
+class StopRequests:
+    """SIGINT (Ctrl-C) and SIGTERM (schedulers, `docker stop`) while training: the first asks the loop to stop after
+    the current optimizer step, with a checkpoint, so that `--resume` continues exactly; a second one interrupts at
+    once. Handlers are installed only in the main thread and restored on exit."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number: int, frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt(signal.Signals(number).name)
+        self.signal = number
+        print(f"\n{signal.Signals(number).name}: stopping after this step with a checkpoint (send it again to stop "
+              "at once, without one)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
 
 
 def _window_means(window: dict[str, list[float | torch.Tensor]]) -> dict[str, float]:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from accelerate.utils import set_seed
 
 from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder
 from biodistil.training.checkpoint import latest_checkpoint
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
@@ -41,8 +42,16 @@ class RunFolder:
                  stages: bool = False):
         self.path = Path(path)
         self.recipe = recipe
+        if is_main:  # before anything is read: a second process writing here is refused, naming this one
+            make_folder(self.path, "run.output_dir")
+            lock_folder(self.path)
         checkpoint = latest_checkpoint(self.path)
         earlier = (self.path / "config.yaml").exists()
+        if is_main and checkpoint is not None and not earlier:
+            raise BiodistilError(
+                f"Run folder {self.path} holds checkpoints ({checkpoint.name}) but no config.yaml, the record of the "
+                "recipe they were trained with, so they can be neither continued nor trusted; move the folder away "
+                "(or choose another run.output_dir, --out) to start again")
         finished = earlier and _finished(self.path)
         self.resume = bool(checkpoint is not None or stages) and earlier and (resume or (stages and not finished))
         if earlier and is_main:
@@ -59,9 +68,8 @@ class RunFolder:
             else:  # stopped before its first checkpoint: nothing to keep
                 print(f"{self.path} holds a run that stopped before its first checkpoint; starting it again",
                       file=sys.stderr)
-                shutil.rmtree(self.path)
+                clear_folder(self.path)
         if is_main:
-            make_folder(self.path, "run.output_dir")
             dump_recipe(recipe, self.path / "config.yaml")
         set_seed(recipe.run.seed)  # type: ignore[attr-defined]
 
@@ -83,18 +91,32 @@ class RunFolder:
         atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
 
 
-def choose_threads() -> str:
+def choose_threads(sample_seconds: float = 0.3) -> str:
     """Set torch's CPU thread count deliberately and return a line saying what was used and why.
 
     OMP_NUM_THREADS, when set, is kept. Otherwise: the cores this process may use (CPU affinity and the cgroup
-    quota of a container) minus the cores other processes keep busy (the 1-minute load average), at least 1.
-    On a shared machine, threads beyond the idle cores wait on each other: a 2-core machine with one busy core
-    ran 4-5x slower with 2 threads than with 1.
+    quota of a container) minus the cores other processes keep busy *now*, measured over `sample_seconds` (not a
+    load average, which still counts a job that ended a minute ago), at least 1. On a shared machine, threads
+    beyond the idle cores wait on each other: a 2-core machine with one busy core ran 4-5x slower with 2 threads
+    than with 1.
     """
     import torch
 
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
+    usable = usable_cores()
+    busy = busy_cores(sample_seconds)
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1))
+    idle = usable if busy is None else usable - busy
+    threads = max(1, min(usable, round(idle)) // processes)
+    torch.set_num_threads(threads)
+    per = f" per process ({processes} processes)" if processes > 1 else ""
+    state = "busy unknown" if busy is None else f"{busy:.1f} busy now"
+    return f"CPU threads: {threads}{per} ({usable} usable cores, {state}; set OMP_NUM_THREADS to choose)"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a container's cgroup CPU quota."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
@@ -102,12 +124,49 @@ def choose_threads() -> str:
             usable = max(1, min(usable, int(int(quota) / int(period))))
     except (OSError, ValueError):
         pass
-    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1))
-    threads = max(1, min(usable, round(usable - busy)) // processes)
-    torch.set_num_threads(threads)
-    per = f" per process ({processes} processes)" if processes > 1 else ""
-    return f"CPU threads: {threads}{per} ({usable} usable cores, load {busy:.1f}; set OMP_NUM_THREADS to choose)"
+    return usable
+
+
+def busy_cores(sample_seconds: float = 0.3) -> float | None:
+    """How many cores other work keeps busy now: CPU time used over a short sample, from the container's cgroup
+    (`cpu.stat`) when there is one, else from /proc/stat for the CPUs this process may use; None where neither can
+    be read. This process sleeps while sampling, so it does not count itself."""
+    first = _cpu_counters()
+    if first is None:
+        return None
+    time.sleep(sample_seconds)
+    second = _cpu_counters()
+    if second is None:
+        return None
+    (kind, busy0, total0), (_, busy1, total1) = first, second
+    if kind == "cgroup":  # microseconds of CPU time over microseconds of wall time
+        return max(0.0, (busy1 - busy0) / max(total1 - total0, 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0.0, cores * (busy1 - busy0) / max(total1 - total0, 1))
+
+
+def _cpu_counters() -> tuple[str, int, int] | None:
+    """(source, busy, total): the cgroup's CPU microseconds and the wall clock's, or /proc/stat's busy and total
+    jiffies summed over the CPUs this process may use."""
+    try:
+        for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return "cgroup", int(line.split()[1]), time.monotonic_ns() // 1000
+    except (OSError, ValueError):
+        pass
+    try:
+        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        busy = total = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *values = line.split()
+            if not name.startswith("cpu") or name == "cpu" or (allowed and int(name[3:]) not in allowed):
+                continue
+            jiffies = [int(v) for v in values[:8]]
+            total += sum(jiffies)
+            busy += sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
+        return ("proc", busy, total) if total else None
+    except (OSError, ValueError):
+        return None
 
 
 def describe_machine() -> dict[str, Any]:
