@@ -75,10 +75,41 @@ def test_held_out_split(tmp_path, corpus_file, tokenizer):
 @pytest.mark.parametrize("damage", ["truncate", "zero"])
 def test_a_damaged_cache_is_detected_and_rebuilt(tmp_path, corpus_file, tokenizer, capsys, damage):
     first = len(build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path))
-    (arrow,) = tmp_path.glob("*/data-*.arrow")
+    (arrow,) = tmp_path.glob("*/blocks.arrow")
     size = arrow.stat().st_size
     arrow.write_bytes(arrow.read_bytes()[: size // 2] if damage == "truncate" else bytes(size))
     again = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path)
     assert len(again) == first and again[first - 1]["input_ids"]
     err = capsys.readouterr().err
     assert f"The corpus cache {arrow.parent} is damaged" in err and "building it again" in err
+
+
+def test_blocks_are_packed_from_token_arrays_as_worked_out_by_hand():
+    import numpy as np
+
+    from biodistil.data.corpus import pack_arrays
+
+    cls, sep = 101, 102
+    chunks = [np.array([1, 2, 3, sep], dtype=np.int32), np.array([sep, 4, 5], dtype=np.int32),
+              np.array([6, 7, sep, 8], dtype=np.int32), np.array([sep], dtype=np.int32)]
+    blocks = [row.tolist() for array in pack_arrays(chunks, cls, sep, block_size=5) for row in array]
+    # bodies of 3: [1 2 3] [sep 4 5] — the repeated [SEP] at the chunk seam is dropped — then [6 7 sep], [8]
+    assert blocks == [[cls, 1, 2, 3, sep], [cls, sep, 4, 5, sep], [cls, 6, 7, sep, sep], [cls, 8, sep]]
+
+
+def test_several_worker_processes_build_the_same_blocks_as_one(tmp_path, corpus_file, tokenizer, monkeypatch):
+    import itertools
+
+    from biodistil.data import corpus
+    from biodistil.data.corpus import pack_blocks
+
+    monkeypatch.setattr(corpus, "LINES_PER_CHUNK", 37)  # many chunks, so that their order and seams matter
+
+    one = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path / "one", workers=1)
+    two = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path / "two", workers=2)
+    assert len(one) > 10 and one["input_ids"] == two["input_ids"]
+    streamed = [block["input_ids"] for block in pack_blocks(iter_lines([corpus_file]), tokenizer, 32)]
+    assert streamed == one["input_ids"], "pack_blocks, in one process, gives the cache's blocks"
+    cut = build_block_dataset([corpus_file], tokenizer, 32, max_lines=40, cache_dir=tmp_path / "cut", workers=2)
+    lines = list(itertools.islice(iter_lines([corpus_file]), 40))
+    assert cut["input_ids"] == [b["input_ids"] for b in pack_blocks(iter(lines), tokenizer, 32)]

@@ -50,6 +50,8 @@ from biodistil.training.run import describe_machine
 TASK = "ncbi_disease"
 ARMS = {"fine-tuned": "fine-tuned on the labelled budget", "distilled": "distilled (KD on text + CE on budget)",
         "label-free": "distilled without labels"}
+SHORT = {"fine-tuned": "fine-tuned student", "distilled": "distilled student", "label-free": "student distilled "
+         "without labels"}
 
 
 @dataclass(frozen=True)
@@ -254,8 +256,8 @@ def render_report(report: dict[str, Any]) -> str:
     lines += ["", f"Training runs: {report['demo_minutes']} minutes in all (export, scoring and timing not "
               f"included). Speed: {report['bench']['device']}, sequence length 128, median of "
               f"{report['bench']['settings']['repeats']} runs after {report['bench']['settings']['warmup']} "
-              f"untimed; the three PyTorch students share one architecture, so one is timed. Machine: "
-              f"{machine.get('cpu')}, {machine.get('torch_threads')} threads. F1 mean ± sd over seeds "
+              f"untimed; the three PyTorch students share one architecture, so one is timed. CPU: "
+              f"{machine.get('cpu')}. F1 mean ± sd over seeds "
               f"{list(plan['seeds'])}; nothing was tuned on the test set.", ""]
     return "\n".join(lines)
 
@@ -329,8 +331,9 @@ def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str
         return (f"- {question}: {gain:+.3f} F1, within twice the seed spread (sd up to {spread:.3f}): not a finding "
                 "at this scale.")
     better, worse = (first, second) if gain > 0 else (second, first)
+    name = lambda row: SHORT.get(row.get("arm"), row["model"])  # noqa: E731
     return (f"- {question}: {gain:+.3f} F1, more than twice the seed spread (sd up to {spread:.3f}, "
-            f"{first['seeds']} seeds): the {better['model']} scores higher than the {worse['model']}.")
+            f"{first['seeds']} seeds): the {name(better)} scores higher than the {name(worse)}.")
 
 
 def _f1(row: dict[str, Any]) -> str:

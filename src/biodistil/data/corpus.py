@@ -5,27 +5,33 @@ documents). Blocks are `[CLS] tokens... [SEP]` of `block_size` tokens, documents
 is keyed by the corpus content, the tokenizer and the block size, so a change of any of them rebuilds it.
 """
 
+import contextlib
 import glob
 import hashlib
+import itertools
 import json
 import math
+import multiprocessing
 import os
-import shutil
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import datasets
+import numpy as np
+import pyarrow as pa
 import torch
-from datasets.exceptions import DatasetGenerationError
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
 
-CACHE_FORMAT_VERSION = 1
-_TOKENIZE_BATCH = 2000
+CACHE_FORMAT_VERSION = 2
+BLOCKS_FILE = "blocks.arrow"  # an Arrow stream of `input_ids` lists, memory-mapped by datasets.Dataset.from_file
+LINES_PER_CHUNK = 4096  # lines a worker tokenizes at a time (about 0.6 MB of PubMed text)
 
 
 def resolve_corpus_files(patterns: list[str]) -> list[Path]:
@@ -79,29 +85,78 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def pack_blocks(lines: Iterator[str], tokenizer: PreTrainedTokenizerBase, block_size: int) -> Iterator[dict]:
-    """Yield {"input_ids": [...]} blocks of exactly `block_size` tokens (the last one may be shorter)."""
+    """Yield {"input_ids": [...]} blocks of exactly `block_size` tokens (the last one may be shorter), in one
+    process (the corpus cache builds the same blocks with every core it may use: `build_block_dataset`)."""
+    encoder = _LineEncoder(tokenizer.backend_tokenizer.to_str(), _frame_ids(tokenizer)[1])
+    chunks = (encoder(batch) for batch in _batches(lines, LINES_PER_CHUNK))
+    for blocks in pack_arrays(chunks, *_frame_ids(tokenizer), block_size):
+        yield from ({"input_ids": row.tolist()} for row in blocks)
+
+
+def _frame_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
         cls_id, sep_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     if cls_id is None or sep_id is None:
         raise BiodistilError("The tokenizer has neither [CLS]/[SEP] nor <s>/</s> tokens to frame blocks with")
-    body = block_size - 2
-    buffer: list[int] = []
-    for batch in _batches(lines, _TOKENIZE_BATCH):
-        encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
-        for text, ids in zip(batch, encoded, strict=True):
-            if not text:
-                if buffer and buffer[-1] != sep_id:
-                    buffer.append(sep_id)
+    return cls_id, sep_id
+
+
+class _LineEncoder:
+    """Lines → one int32 array of their token ids, a [SEP] for each document boundary (a blank line; runs of blank
+    lines give one). Holds the tokenizer as its JSON, so that worker processes can build their own."""
+
+    def __init__(self, tokenizer_json: str, sep_id: int):
+        self.tokenizer_json, self.sep_id = tokenizer_json, sep_id
+        self._tokenizer: Tokenizer | None = None
+
+    def __getstate__(self) -> dict:
+        return {"tokenizer_json": self.tokenizer_json, "sep_id": self.sep_id, "_tokenizer": None}
+
+    def __call__(self, lines: list[str]) -> np.ndarray:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
+        texts = [line for line in lines if line]
+        encoded = iter(self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)) if texts else iter(())
+        pieces: list[list[int]] = []
+        boundary = False
+        for line in lines:
+            if not line:
+                boundary = True
                 continue
-            buffer.extend(ids)
-        while len(buffer) >= body:
-            yield {"input_ids": [cls_id, *buffer[:body], sep_id]}
-            buffer = buffer[body:]
-    while buffer and buffer[-1] == sep_id:
-        buffer.pop()
-    if buffer:
-        yield {"input_ids": [cls_id, *buffer, sep_id]}
+            if boundary:
+                pieces.append([self.sep_id])
+                boundary = False
+            pieces.append(next(encoded).ids)
+        if boundary:
+            pieces.append([self.sep_id])
+        total = sum(len(piece) for piece in pieces)
+        return np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=total)
+
+
+def pack_arrays(chunks: Iterable[np.ndarray], cls_id: int, sep_id: int, block_size: int) -> Iterator[np.ndarray]:
+    """[n, block_size] arrays of `[CLS] tokens... [SEP]` blocks from a stream of token arrays (documents joined by
+    one [SEP], never two in a row nor one at a block's start), and last the shorter final block as a [1, m] array."""
+    body = block_size - 2
+    buffer = np.empty(0, dtype=np.int32)
+    for chunk in chunks:
+        if len(chunk) and chunk[0] == sep_id and (not len(buffer) or buffer[-1] == sep_id):
+            chunk = chunk[1:]
+        buffer = np.concatenate([buffer, chunk]) if len(buffer) else chunk
+        full = len(buffer) // body
+        if full:
+            yield _framed(buffer[:full * body].reshape(full, body), cls_id, sep_id)
+            buffer = buffer[full * body:]
+    while len(buffer) and buffer[-1] == sep_id:
+        buffer = buffer[:-1]
+    if len(buffer):
+        yield _framed(buffer.reshape(1, -1), cls_id, sep_id)
+
+
+def _framed(rows: np.ndarray, cls_id: int, sep_id: int) -> np.ndarray:
+    framed = np.empty((rows.shape[0], rows.shape[1] + 2), dtype=np.int32)
+    framed[:, 0], framed[:, 1:-1], framed[:, -1] = cls_id, rows, sep_id
+    return framed
 
 
 def _batches(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -121,21 +176,23 @@ def default_cache_dir() -> Path:
 
 def build_block_dataset(
     files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
-    max_lines: int | None = None, cache_dir: str | Path | None = None,
+    max_lines: int | None = None, cache_dir: str | Path | None = None, workers: int | None = None,
 ) -> datasets.Dataset:
-    """Tokenized, packed blocks of the corpus, built once and memory-mapped from the cache afterwards."""
+    """Tokenized, packed blocks of the corpus, built once (tokenized by `workers` processes, default: the torch
+    thread count the run chose) and memory-mapped from the cache afterwards."""
     key = "-".join(
         [corpus_fingerprint(files, max_lines), tokenizer_fingerprint(tokenizer), f"b{block_size}",
          f"v{CACHE_FORMAT_VERSION}"]
     )
     target = Path(cache_dir or default_cache_dir()) / key
-    if (target / "dataset_info.json").is_file():
+    if (target / BLOCKS_FILE).is_file() or target.is_dir():
         cached, problem = _read_cache(target)
         if cached is not None:
             return cached
         print(f"The corpus cache {target} is damaged ({problem}); building it again", file=sys.stderr, flush=True)
+    workers = workers or max(1, torch.get_num_threads())
     try:
-        atomic_directory(target, lambda tmp: _write_blocks(tmp, files, tokenizer, block_size, max_lines))
+        atomic_directory(target, lambda tmp: _write_blocks(tmp, files, tokenizer, block_size, max_lines, workers))
     except OSError as err:
         raise BiodistilError(f"Cannot write the corpus cache in {target.parent} (data.cache_dir, default "
                              f"$BIODISTIL_CACHE/corpora): {err.strerror or err}; choose a writable folder with "
@@ -147,13 +204,16 @@ def build_block_dataset(
 
 
 def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
-    """The cached blocks, checked against the count written beside them: (dataset, "") or (None, the problem)."""
+    """The cached blocks (memory-mapped), checked against the count and size written beside them: (dataset, "") or
+    (None, the problem)."""
     try:
-        dataset = datasets.load_from_disk(str(folder))
-        expected = json.loads((folder / "blocks.json").read_text())["blocks"] if (folder / "blocks.json").is_file() \
-            else len(dataset)
-        if len(dataset) != expected or "input_ids" not in dataset.column_names:
-            return None, f"{len(dataset)} blocks instead of {expected}"
+        record = json.loads((folder / "blocks.json").read_text())
+        path = folder / BLOCKS_FILE
+        if path.stat().st_size != record["bytes"]:
+            return None, f"{path.name} holds {path.stat().st_size:,} bytes, {record['bytes']:,} were written"
+        dataset = datasets.Dataset.from_file(str(path))
+        if len(dataset) != record["blocks"] or "input_ids" not in dataset.column_names:
+            return None, f"{len(dataset)} blocks instead of {record['blocks']}"
         if len(dataset):
             dataset[len(dataset) - 1]  # reads the end of the memory-mapped file
         return dataset, ""
@@ -161,29 +221,54 @@ def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
         return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
 
 
-def _write_blocks(
-    folder: Path, files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int, max_lines: int | None
-) -> None:
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-    generate = lambda: pack_blocks(iter_lines(files, max_lines), tokenizer, block_size)  # noqa: E731
-    if next(generate(), None) is None:
+def _write_blocks(folder: Path, files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
+                  max_lines: int | None, workers: int) -> None:
+    """Stream the corpus through the tokenizer (`workers` processes, chunks in order) into one Arrow stream file of
+    blocks, never holding more than a few chunks in memory."""
+    cls_id, sep_id = _frame_ids(tokenizer)
+    encoder = _LineEncoder(tokenizer.backend_tokenizer.to_str(), sep_id)
+    batches = _batches(iter_lines(files, max_lines), LINES_PER_CHUNK)
+    schema = pa.schema([pa.field("input_ids", pa.list_(pa.int32()))])
+    blocks = 0
+    with _chunk_encoder(encoder, workers) as encode, pa.OSFile(str(folder / BLOCKS_FILE), "wb") as sink, \
+            pa.ipc.new_stream(sink, schema) as writer:
+        for array in pack_arrays(encode(batches), cls_id, sep_id, block_size):
+            offsets = pa.array(np.arange(0, array.size + 1, array.shape[1], dtype=np.int32))
+            writer.write_batch(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(array.ravel()))],
+                                               schema=schema))
+            blocks += array.shape[0]
+    if not blocks:
         raise BiodistilError(f"Corpus {[str(f) for f in files]} holds no text")
-    try:
-        dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(folder / "_build"))
-    except DatasetGenerationError as err:
-        cause = err.__cause__ or err.__context__
-        if isinstance(cause, BiodistilError):
-            raise cause from None
-        raise
-    dataset.save_to_disk(str(folder / "data"))
-    blocks = len(dataset)
-    del dataset
-    shutil.rmtree(folder / "_build", ignore_errors=True)
-    for item in (folder / "data").iterdir():
-        item.rename(folder / item.name)
-    (folder / "data").rmdir()
     (folder / "sources.json").write_text(json.dumps([str(f) for f in files], indent=1))
-    (folder / "blocks.json").write_text(json.dumps({"blocks": blocks}))
+    (folder / "blocks.json").write_text(json.dumps({"blocks": blocks,
+                                                    "bytes": (folder / BLOCKS_FILE).stat().st_size}))
+
+
+@contextlib.contextmanager
+def _chunk_encoder(encoder: _LineEncoder, workers: int) -> Iterator[Callable[[Iterable[list[str]]],
+                                                                             Iterator[np.ndarray]]]:
+    """`encode(batches)`: the token arrays of line batches, in order; with several workers, a process pool
+    tokenizes ahead of the packing (forked where the system allows, which costs no start-up)."""
+    if workers <= 1:  # one core: keep the tokenizer's own thread pool off too
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            yield lambda batches: map(encoder, batches)
+        finally:
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with context.Pool(workers, initializer=_quiet_worker) as pool:
+        yield lambda batches: pool.imap(encoder, batches, chunksize=1)
+
+
+def _quiet_worker() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
 def load_corpus_splits(

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,12 +309,8 @@ class Engine:
         while True:
             if hasattr(data, "set_epoch"):
                 data.set_epoch(self.state.epoch)
-            order = self._epoch_order(data, per_step)
-            shards = [
-                (micro_step + n, order[k * per_step + acc.process_index * self.cfg.batch_size:][: self.cfg.batch_size]
-                 .tolist())
-                for n, k in enumerate(range(self.state.batch_in_epoch, per_epoch))
-            ]
+            shards = EpochBatches(self._epoch_order(data, per_step), micro_step, self.state.batch_in_epoch, per_epoch,
+                                  per_step, acc.process_index * self.cfg.batch_size, self.cfg.batch_size)
             micro_step += len(shards)
             for batch in self._loader(data, shards, collate, prepare, seeds):
                 self.state.batch_in_epoch += 1
@@ -331,15 +327,14 @@ class Engine:
         lengths = [len(data[i]["input_ids"]) for i in range(len(data))]
         return length_grouped_order(lengths, per_step, generator)
 
-    def _loader(self, data: Dataset, batches: list[tuple[int, list[int]]], collate: Collate, prepare: PrepareBatch,
-                seeds: Callable[[int], int]) -> DataLoader:
+    def _loader(self, data: Dataset, batches: Sequence[tuple[int, Sequence[int]]], collate: Collate,
+                prepare: PrepareBatch, seeds: Callable[[int], int]) -> DataLoader:
         """A loader over (number, indices) batches that collates and prepares each batch on the CPU (in worker
         processes with `train.num_workers`), the hook's generator seeded by `seeds(number)`."""
-        tagged = [[(number, index) for index in indices] for number, indices in batches]
         # a private generator: creating a loader must not draw from the global RNG that dropout uses
-        return DataLoader(_Numbered(data), batch_sampler=tagged, collate_fn=_Prepared(collate, prepare, seeds),
-                          num_workers=self.cfg.num_workers, generator=torch.Generator(),
-                          pin_memory=self.accelerator.device.type == "cuda")
+        return DataLoader(_Numbered(data), batch_sampler=_Tagged(batches),
+                          collate_fn=_Prepared(collate, prepare, seeds), num_workers=self.cfg.num_workers,
+                          generator=torch.Generator(), pin_memory=self.accelerator.device.type == "cuda")
 
     # ----------------------------------------------------------------------------------------- setup
     def _check_data(self, data: Dataset) -> None:
@@ -416,6 +411,39 @@ class Engine:
             handle.write(json.dumps(record) + "\n")
         if self.cfg.tensorboard:
             acc.log({f"{split}/{k}": v for k, v in values.items()}, step=self.state.step)
+
+
+class EpochBatches(Sequence):
+    """This process's batches of one epoch, (number, indices), made when asked from the epoch's permutation: the
+    plan takes the permutation's 8 bytes per example, not a Python list per batch (which grew with the corpus)."""
+
+    def __init__(self, order: torch.Tensor, first_number: int, first_batch: int, per_epoch: int, per_step: int,
+                 offset: int, batch_size: int):
+        self.order, self.first_number, self.first_batch = order, first_number, first_batch
+        self.per_epoch, self.per_step, self.offset, self.batch_size = per_epoch, per_step, offset, batch_size
+
+    def __len__(self) -> int:
+        return max(0, self.per_epoch - self.first_batch)
+
+    def __getitem__(self, n: int) -> tuple[int, list[int]]:
+        if not 0 <= n < len(self):
+            raise IndexError(n)
+        start = (self.first_batch + n) * self.per_step + self.offset
+        return self.first_number + n, self.order[start:start + self.batch_size].tolist()
+
+
+class _Tagged:
+    """A batch sampler over (number, indices) batches: lists of (number, index) keys, one batch at a time."""
+
+    def __init__(self, batches: Sequence[tuple[int, Sequence[int]]]):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for number, indices in self.batches:
+            yield [(number, index) for index in indices]
 
 
 class _Numbered(Dataset):
