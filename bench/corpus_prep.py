@@ -17,7 +17,7 @@ from pathlib import Path
 
 from biodistil.data.corpus import build_block_dataset
 from biodistil.data.paths import resolve_data_root
-from biodistil.models.embedded import resolve_model_name
+from biodistil.embedded import resolve_model_name
 from biodistil.models.loading import load_tokenizer
 
 

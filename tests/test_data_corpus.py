@@ -103,7 +103,7 @@ def test_several_worker_processes_build_the_same_blocks_as_one(tmp_path, corpus_
     from biodistil.data import corpus
     from biodistil.data.corpus import pack_blocks
 
-    monkeypatch.setattr(corpus, "LINES_PER_CHUNK", 37)  # many chunks, so that their order and seams matter
+    monkeypatch.setattr(corpus, "RANGE_BYTES", 997)  # many ranges, so that their order and seams matter
 
     one = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path / "one", workers=1)
     two = build_block_dataset([corpus_file], tokenizer, 32, cache_dir=tmp_path / "two", workers=2)
@@ -113,3 +113,50 @@ def test_several_worker_processes_build_the_same_blocks_as_one(tmp_path, corpus_
     cut = build_block_dataset([corpus_file], tokenizer, 32, max_lines=40, cache_dir=tmp_path / "cut", workers=2)
     lines = list(itertools.islice(iter_lines([corpus_file]), 40))
     assert cut["input_ids"] == [b["input_ids"] for b in pack_blocks(iter(lines), tokenizer, 32)]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_the_bert_word_shortcut_gives_the_tokenizers_own_ids(tmp_path, tokenizer, corpus_file, lowercase):
+    import json
+
+    from tokenizers import Tokenizer
+
+    from biodistil.data.corpus import _BertWords, _LineEncoder
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    spec["normalizer"]["lowercase"] = lowercase  # cased WordPiece (BioBERT) as well as uncased
+    reference = Tokenizer.from_str(json.dumps(spec))
+    # saved as MiniLM's is: padding and truncation to 16 tokens, which corpus blocks must not take
+    spec["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                       "pad_type_id": 0, "pad_token": "[PAD]"}
+    spec["truncation"] = {"direction": "Right", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+    spec_json = json.dumps(spec)
+    words = _BertWords.for_tokenizer(reference, spec_json)
+    assert words is not None
+    lines = [*iter_lines([corpus_file]),
+             "IL-2 (interleukin-2) & TNF-α; p<0.05 [CLS] x", "Tab\there", "naïve T-cells", "a  b\u00a0c",
+             "BRCA1/2 mutations, e.g. c.68_69delAG!", "[SEP] is special", "#$%^*~`{}|\\", "x" * 150]
+    lines = [line for line in lines if line]
+    shortcut = [words.encode(line) for line in lines]
+    assert sum(ids is not None for ids in shortcut) > len(lines) // 2, "most lines take the shortcut"
+    assert [ids is None for ids in shortcut[-8:]] == [True, True, True, True, False, True, False, False], \
+        "non-ASCII, a tab, an added token ([CLS], [SEP]) in the text: the tokenizer itself"
+    expected = [e.ids for e in reference.encode_batch(lines, add_special_tokens=False)]
+    assert [ids for ids in shortcut if ids is not None] == [e for e, ids in zip(expected, shortcut, strict=True)
+                                                            if ids is not None]
+    encoder = _LineEncoder(spec_json, 102)
+    assert encoder(lines).tolist() == [i for ids in expected for i in ids], "shortcut and fallback, in order"
+
+
+def test_corpus_blocks_hold_the_tokens_the_tokenizer_gives_even_when_it_was_saved_to_pad(tmp_path):
+    from biodistil.data.corpus import _LineEncoder
+    from biodistil.embedded import resolve_model_name
+    from biodistil.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_name("minilm-l6"))  # its tokenizer.json pads and cuts to 128
+    assert tokenizer.backend_tokenizer.padding is not None
+    lines = ["Immunostaining and confocal analysis", "", "IL-2 (interleukin-2) & TNF-α; p<0.05", "word " * 200]
+    expected = tokenizer([line for line in lines if line], add_special_tokens=False)["input_ids"]
+    encoded = _LineEncoder(tokenizer.backend_tokenizer.to_str(), tokenizer.sep_token_id)(lines).tolist()
+    assert encoded == [*expected[0], tokenizer.sep_token_id, *expected[1], *expected[2]]
+    assert len(expected[2]) == 200 and 0 not in encoded, "no padding, no cut"

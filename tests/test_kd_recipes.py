@@ -12,9 +12,9 @@ from recipe_fixtures import QUIET, RECIPES, data_root, needs_data
 from biodistil.cli.main import main
 from biodistil.config import load_recipe
 from biodistil.data.vocab import train_wordpiece
+from biodistil.embedded import EMBEDDED, embedded_model_folder
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
-from biodistil.models.embedded import EMBEDDED, embedded_model_folder
 from biodistil.tasks.registry import get_task
 
 

@@ -8,14 +8,14 @@ from kd_fixtures import write_pair_task
 from safetensors.torch import load_file
 from transformers import AutoModel, BertConfig, BertModel
 
+from biodistil import embedded
 from biodistil.config import DistillRecipe, validate_recipe
+from biodistil.embedded import EMBEDDED, EmbeddedModel, embedded_model_folder, verify_weights
 from biodistil.errors import BiodistilError
 from biodistil.kd.command import run_kd
 from biodistil.kd.recipe import KDRecipe
 from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
 from biodistil.methods.task_agnostic import run_distill
-from biodistil.models import embedded
-from biodistil.models.embedded import EMBEDDED, EmbeddedModel, embedded_model_folder, verify_weights
 from biodistil.models.loading import load_masked_lm, untrained_head_weights
 
 TRAIN = {"batch_size": 4, "learning_rate": 1e-3, "save_every": 0, "eval_every": 0, "log_every": 1,

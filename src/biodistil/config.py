@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from biodistil.embedded import resolve_model_name
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_text, load_yaml
-from biodistil.models.embedded import resolve_model_name
 from biodistil.paths import absolute, model_reference, task_reference
 
 Precision = Literal["auto", "no", "bf16", "fp16"]

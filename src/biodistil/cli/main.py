@@ -1,4 +1,15 @@
-"""`biodistil <command> RECIPE.yaml [key.sub=value ...]`."""
+"""`biodistil <command> RECIPE.yaml [key.sub=value ...]`: argparse only; each command calls one function.
+
+    command                          runs                                              recipe
+    pretrain, distill, cache-teacher methods.task_agnostic                             config.PretrainRecipe, ...
+    pipeline                         pipeline                                          pipeline.PipelineRecipe
+    finetune                         methods.finetune                                  methods.finetune
+    transfer, kd, study              kd.transfer, kd.command, kd.study (task_commands) kd.recipe
+    evaluate                         evaluation.runner; --finetuned: .deployed          evaluation.recipe
+    report, bench                    evaluation.report, evaluation.bench               (arguments)
+    export                           evaluation.onnx_export (export_commands)          (arguments)
+    demo                             demo (demo_quick with --quick)                    demo.study_recipe
+"""
 
 import argparse
 import os

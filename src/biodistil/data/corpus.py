@@ -13,9 +13,11 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -31,7 +33,8 @@ from biodistil.io import atomic_directory
 
 CACHE_FORMAT_VERSION = 2
 BLOCKS_FILE = "blocks.arrow"  # an Arrow stream of `input_ids` lists, memory-mapped by datasets.Dataset.from_file
-LINES_PER_CHUNK = 4096  # lines a worker tokenizes at a time (about 0.6 MB of PubMed text)
+LINES_PER_CHUNK = 4096  # lines tokenized at a time when reading line by line (data.max_lines)
+RANGE_BYTES = 4 << 20  # bytes of a corpus file a worker reads and tokenizes at a time
 
 
 def resolve_corpus_files(patterns: list[str]) -> list[Path]:
@@ -109,16 +112,19 @@ class _LineEncoder:
     def __init__(self, tokenizer_json: str, sep_id: int):
         self.tokenizer_json, self.sep_id = tokenizer_json, sep_id
         self._tokenizer: Tokenizer | None = None
+        self._words: _BertWords | None = None
 
     def __getstate__(self) -> dict:
-        return {"tokenizer_json": self.tokenizer_json, "sep_id": self.sep_id, "_tokenizer": None}
+        return {"tokenizer_json": self.tokenizer_json, "sep_id": self.sep_id, "_tokenizer": None, "_words": None}
 
     def __call__(self, lines: list[str]) -> np.ndarray:
         if self._tokenizer is None:
             self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
-        texts = [line for line in lines if line]
-        encoded = iter(self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)) if texts else iter(())
+            self._tokenizer.no_padding()  # a saved tokenizer may pad or cut every encoding (MiniLM's: to 128)
+            self._tokenizer.no_truncation()
+            self._words = _BertWords.for_tokenizer(self._tokenizer, self.tokenizer_json)
         pieces: list[list[int]] = []
+        slow: list[tuple[int, str]] = []  # (place in pieces, line) for the tokenizer itself
         boundary = False
         for line in lines:
             if not line:
@@ -127,11 +133,58 @@ class _LineEncoder:
             if boundary:
                 pieces.append([self.sep_id])
                 boundary = False
-            pieces.append(next(encoded).ids)
+            ids = self._words.encode(line) if self._words is not None else None
+            if ids is None:
+                slow.append((len(pieces), line))
+            pieces.append(ids or [])
         if boundary:
             pieces.append([self.sep_id])
+        if slow:
+            encoded = self._tokenizer.encode_batch_fast([line for _, line in slow], add_special_tokens=False)
+            for (place, _), encoding in zip(slow, encoded, strict=True):
+                pieces[place] = encoding.ids
         total = sum(len(piece) for piece in pieces)
         return np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=total)
+
+
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
+_BERT_WORDS = re.compile(r"[A-Za-z0-9]+|[^ A-Za-z0-9]")
+
+
+class _BertWords:
+    """The ids a BERT WordPiece tokenizer (BertNormalizer, BertPreTokenizer, WordPiece: BERT, BioBERT, PubMedBERT,
+    MiniLM) gives a line of printable ASCII, computed word by word with a cache of each word's pieces: on such a
+    line the normalizer only lowercases (when it does) and the pre-tokenizer splits at spaces and isolates every
+    other non-alphanumeric character, so the result equals the tokenizer's own (tested), about twice as fast. Any
+    other line — non-ASCII, tabs, an added token such as "[SEP]" in the text — is left to the tokenizer."""
+
+    MAX_WORDS = 200_000  # the cache is emptied when it holds this many words: memory stays bounded
+
+    def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: list[str]):
+        self.model, self.lowercase, self.added = tokenizer.model, lowercase, added
+        self.words: dict[str, list[int]] = {}
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer, spec_json: str) -> "_BertWords | None":
+        spec = json.loads(spec_json)
+        kinds = [(spec.get(part) or {}).get("type") for part in ("normalizer", "pre_tokenizer", "model")]
+        if kinds != ["BertNormalizer", "BertPreTokenizer", "WordPiece"]:
+            return None
+        added = [token["content"] for token in spec.get("added_tokens", [])]
+        return cls(tokenizer, bool(spec["normalizer"].get("lowercase", True)), added)
+
+    def encode(self, line: str) -> list[int] | None:
+        if not _PRINTABLE_ASCII.fullmatch(line) or any(token in line for token in self.added):
+            return None
+        ids: list[int] = []
+        for word in _BERT_WORDS.findall(line.lower() if self.lowercase else line):
+            pieces = self.words.get(word)
+            if pieces is None:
+                if len(self.words) >= self.MAX_WORDS:
+                    self.words.clear()
+                pieces = self.words[word] = [token.id for token in self.model.tokenize(word)]
+            ids += pieces
+        return ids
 
 
 def pack_arrays(chunks: Iterable[np.ndarray], cls_id: int, sep_id: int, block_size: int) -> Iterator[np.ndarray]:
@@ -223,16 +276,16 @@ def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
 
 def _write_blocks(folder: Path, files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
                   max_lines: int | None, workers: int) -> None:
-    """Stream the corpus through the tokenizer (`workers` processes, chunks in order) into one Arrow stream file of
-    blocks, never holding more than a few chunks in memory."""
+    """Stream the corpus through the tokenizer into one Arrow stream file of blocks, never holding more than a few
+    chunks in memory: `workers` processes each read and tokenize byte ranges of the files (in order), the main
+    process packs their token arrays into blocks and writes them."""
     cls_id, sep_id = _frame_ids(tokenizer)
     encoder = _LineEncoder(tokenizer.backend_tokenizer.to_str(), sep_id)
-    batches = _batches(iter_lines(files, max_lines), LINES_PER_CHUNK)
     schema = pa.schema([pa.field("input_ids", pa.list_(pa.int32()))])
     blocks = 0
-    with _chunk_encoder(encoder, workers) as encode, pa.OSFile(str(folder / BLOCKS_FILE), "wb") as sink, \
-            pa.ipc.new_stream(sink, schema) as writer:
-        for array in pack_arrays(encode(batches), cls_id, sep_id, block_size):
+    with _token_arrays(files, max_lines, encoder, workers) as arrays, \
+            pa.OSFile(str(folder / BLOCKS_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for array in pack_arrays(arrays, cls_id, sep_id, block_size):
             offsets = pa.array(np.arange(0, array.size + 1, array.shape[1], dtype=np.int32))
             writer.write_batch(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(array.ravel()))],
                                                schema=schema))
@@ -244,31 +297,95 @@ def _write_blocks(folder: Path, files: list[Path], tokenizer: PreTrainedTokenize
                                                     "bytes": (folder / BLOCKS_FILE).stat().st_size}))
 
 
-@contextlib.contextmanager
-def _chunk_encoder(encoder: _LineEncoder, workers: int) -> Iterator[Callable[[Iterable[list[str]]],
-                                                                             Iterator[np.ndarray]]]:
-    """`encode(batches)`: the token arrays of line batches, in order; with several workers, a process pool
-    tokenizes ahead of the packing (forked where the system allows, which costs no start-up)."""
-    if workers <= 1:  # one core: keep the tokenizer's own thread pool off too
-        previous = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            yield lambda batches: map(encoder, batches)
-        finally:
-            if previous is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = previous
-        return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    with context.Pool(workers, initializer=_quiet_worker) as pool:
-        yield lambda batches: pool.imap(encoder, batches, chunksize=1)
+@dataclass(frozen=True)
+class _Range:
+    """Bytes [start, end) of a corpus file, cut at line ends; `last` marks the file's end (a document boundary)."""
+
+    path: str
+    start: int
+    end: int
+    last: bool
 
 
-def _quiet_worker() -> None:
+def _ranges(files: list[Path], size: int = RANGE_BYTES) -> Iterator[_Range]:
+    for path in files:
+        total = path.stat().st_size
+        with path.open("rb") as handle:
+            start = 0
+            while start < total:
+                handle.seek(min(start + size, total))
+                handle.readline()  # to the end of the line the cut falls in
+                end = min(handle.tell(), total)
+                yield _Range(str(path), start, end, end >= total)
+                start = end
+        if not total:
+            yield _Range(str(path), 0, 0, True)
+
+
+def _range_lines(item: _Range) -> list[str]:
+    """The stripped lines of a byte range ("" after its file's last line); bad bytes are an error naming the file
+    and line."""
+    with open(item.path, "rb") as handle:
+        handle.seek(item.start)
+        data = handle.read(item.end - item.start)
+    where = data.find(b"\x00")
+    if where >= 0:
+        raise BiodistilError(f"{item.path}:{_line_number(item, where)}: contains NUL bytes; is this a binary file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BiodistilError(f"{item.path}:{_line_number(item, err.start)}: not valid UTF-8 ({err.reason})") from None
+    lines = [line.strip() for line in text.split("\n")]
+    if lines and not lines[-1] and text.endswith("\n"):
+        lines.pop()  # the split after the last newline
+    return [*lines, ""] if item.last else lines
+
+
+def _line_number(item: _Range, offset: int) -> int:
+    """The 1-based line of byte `offset` of a range (counted from the file's start: only for error messages)."""
+    with open(item.path, "rb") as handle:
+        return handle.read(item.start + offset).count(b"\n") + 1
+
+
+_WORKER_ENCODER: _LineEncoder | None = None
+
+
+def _encode_range(item: _Range) -> np.ndarray:
+    return _WORKER_ENCODER(_range_lines(item))  # type: ignore[misc]
+
+
+def _start_worker(encoder: _LineEncoder) -> None:
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = encoder
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+@contextlib.contextmanager
+def _token_arrays(files: list[Path], max_lines: int | None, encoder: _LineEncoder,
+                  workers: int) -> Iterator[Iterator[np.ndarray]]:
+    """The token arrays of the corpus, in order: byte ranges read and tokenized by a pool of `workers` processes
+    (forked where the system allows, which costs no start-up), or in this process (one worker, a corpus of one
+    range, or `max_lines`, which reads line by line), with the tokenizer's own thread pool off."""
+    ranges = list(_ranges(files)) if max_lines is None else []
+    if workers > 1 and len(ranges) > 1:
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        with context.Pool(workers, initializer=_start_worker, initargs=(encoder,)) as pool:
+            yield pool.imap(_encode_range, ranges, chunksize=1)
+        return
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        if max_lines is None:
+            yield (encoder(_range_lines(item)) for item in ranges)
+        else:
+            yield map(encoder, _batches(iter_lines(files, max_lines), LINES_PER_CHUNK))
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
 def load_corpus_splits(

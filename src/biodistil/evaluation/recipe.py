@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from biodistil.config import LocalPath, ModelRef, RunConfig, Section, TaskRef, TrainConfig
-from biodistil.models.embedded import EMBEDDED
+from biodistil.embedded import EMBEDDED
 
 Family = Literal["ner", "relation_extraction", "document_classification", "question_answering", "pico"]
 FAMILIES: tuple[str, ...] = ("ner", "pico", "relation_extraction", "document_classification", "question_answering")

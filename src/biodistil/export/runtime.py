@@ -100,6 +100,10 @@ class OnnxModel:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         options.enable_cpu_mem_arena = memory_arena
+        # ONNX Runtime's idle threads spin on the CPU after every run: beside PyTorch in one process (a benchmark
+        # side by side, scoring inside a training job) they took the cores PyTorch's next run needed (a 2-thread
+        # PyTorch teacher timed 2x slower after an ONNX model had run). A serving process may turn it back on.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.threads = threads
         self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]

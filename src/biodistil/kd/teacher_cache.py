@@ -50,12 +50,13 @@ def teacher_cache_dir(explicit: str | Path | None = None) -> Path:
 
 
 def model_fingerprint(name_or_path: str | Path) -> str:
-    """sha256 of a model folder's weights, config and tokenizer files (a Hub id hashes its name only)."""
-    folder = Path(name_or_path).expanduser()
+    """sha256 of a model's weights, config and tokenizer files: of its folder, or for a Hub id of the cache's
+    snapshot of its current revision (`models.loading.model_folder`), so that an updated Hub model gets new entries
+    and one model spelled two ways shares them."""
+    from biodistil.models.loading import model_folder
+
+    folder = model_folder(str(name_or_path))
     digest = hashlib.sha256(f"model-v{CACHE_VERSION}".encode())
-    if not folder.is_dir():
-        digest.update(str(name_or_path).encode())
-        return digest.hexdigest()
     files = sorted({*folder.glob("*.safetensors"), *folder.glob("*.bin"), *(folder / n for n in _MODEL_FILES)})
     for path in files:
         if path.is_file():

@@ -60,8 +60,10 @@ def teacher_cache_root(explicit: str | Path | None = None) -> Path:
 
 
 def weights_fingerprint(model: PreTrainedModel) -> str:
-    """sha256 of a model's configuration and every tensor of its state (names, shapes, dtypes and bytes)."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    """sha256 of a model's configuration (not where it was loaded from: one teacher spelled `models/t`, `../models/t`
+    or absolute is one teacher) and every tensor of its state (names, shapes, dtypes and bytes)."""
+    config = {key: value for key, value in model.config.to_dict().items() if key != "_name_or_path"}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         data = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())

@@ -24,8 +24,8 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
+from biodistil.embedded import resolve_model_name
 from biodistil.errors import BiodistilError
-from biodistil.models.embedded import resolve_model_name
 from biodistil.models.families import family_of
 from biodistil.paths import looks_like_path
 
@@ -166,6 +166,28 @@ def check_model_folder(folder: Path, tokenizer: bool = False) -> None:
         return
     if not (folder / "config.json").is_file():
         raise BiodistilError(f"Model folder {folder} has no config.json; is it a Hugging Face model folder?")
+
+
+MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model")  # config, weights, tokenizer (no pickles)
+
+
+def model_folder(name_or_path: str) -> Path:
+    """The folder a model is loaded from: a local folder as it is, or for a Hub id the Hugging Face cache's snapshot
+    of its current revision (fetched or updated first when the Hub can be reached), so that a fingerprint of the
+    folder's files fingerprints what the model *is*, never its name."""
+    local = Path(resolve_model_name(name_or_path)).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    offline = not hub_reachable()
+    try:
+        return Path(snapshot_download(str(name_or_path), allow_patterns=list(MODEL_FILE_PATTERNS),
+                                      local_files_only=offline))
+    except Exception as err:  # huggingface_hub raises several types for "not there"
+        where = "the Hub cannot be reached and its cache does not hold it" if offline else _first_line(err)
+        raise BiodistilError(f"Could not find the files of '{name_or_path}' ({where}); download the model "
+                             f"(`hf download {name_or_path} --local-dir DIR`) and pass DIR instead") from None
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

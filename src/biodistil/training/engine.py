@@ -117,6 +117,7 @@ class Engine:
         self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard)
         self.state = ckpt.TrainerState()
         self.pre_step: PreStep | None = None
+        self._resumed_at: int | None = None  # the step a resumed run continued from
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- public
@@ -177,10 +178,9 @@ class Engine:
                         self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
                         window.clear()
                 if evaluating:
-                    last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
-                    self._log("eval", last_eval)
-                    if selection is not None:
-                        stopping = self._select(module, last_eval, selection) or stopping
+                    last_eval, patience_out = self._evaluate(module, model, eval_data, collate, prepare, evaluate_fn,
+                                                             selection)
+                    stopping = stopping or patience_out
                 if saving or stopping:
                     self._save(module, optimizer, scheduler)
                 if stopping:
@@ -189,11 +189,7 @@ class Engine:
         if requests.signal is not None:
             raise KeyboardInterrupt(f"{signal.Signals(requests.signal).name} at step {self.state.step}")
         if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:
-            last_eval = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
-            if not self._logged("eval"):  # a finished run resumed: its closing evaluation is on record already
-                self._log("eval", last_eval)
-            if selection is not None:
-                self._select(module, last_eval, selection)
+            last_eval, _ = self._evaluate(module, model, eval_data, collate, prepare, evaluate_fn, selection)
         if selection is not None:
             self._restore_best(module)
         acc.wait_for_everyone()
@@ -204,6 +200,15 @@ class Engine:
         return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),
                            last_train, last_eval, self.state.extra.get("best_step"),
                            self.state.extra.get("best_score"))
+
+    def _evaluate(self, module, model, eval_data, collate, prepare, evaluate_fn,
+                  selection: Selection | None) -> tuple[dict[str, float], bool]:
+        """Score the held-out data, log it (once per step: a finished run resumed has it on record already) and,
+        with `selection`, keep the best weights; returns the scores and whether patience has run out."""
+        scores = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
+        if not self._logged("eval"):
+            self._log("eval", scores)
+        return scores, selection is not None and self._select(module, scores, selection)
 
     def _held_out(self, model, eval_data, collate, prepare, evaluate_fn) -> dict[str, float]:
         if evaluate_fn is None:
@@ -386,6 +391,7 @@ class Engine:
                     raise BiodistilError(f"--resume: no checkpoint of {self.run_dir} can be read; the last one: "
                                          f"{err}. Start the run again in another folder") from None
                 print(f"{err}; trying the previous one, {candidates[number + 1].name}", file=sys.stderr, flush=True)
+        self._resumed_at = self.state.step
         if self.accelerator.is_main_process:
             print(f"Resuming from {folder} (step {self.state.step})")
             truncate_jsonl(self.run_dir / "metrics.jsonl", self.state.step)  # records after it come again
@@ -395,9 +401,9 @@ class Engine:
         return {"pre_step": self.pre_step.optimizer} if self.pre_step is not None else {}
 
     def _logged(self, split: str) -> bool:
-        """Whether metrics.jsonl holds a `split` record of the current step."""
+        """Whether metrics.jsonl holds a `split` record of the current step (only a resumed run's first step can)."""
         path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
+        if self.state.step != self._resumed_at or not path.is_file():
             return False
         records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
         return any(r.get("step") == self.state.step and r.get("split") == split for r in records)
