@@ -4,6 +4,10 @@ Both train a `MaskedLMModule` (student + objective) on masked corpus blocks with
 differ only in whether a teacher exists and which terms the objective holds.
 """
 
+import functools
+import time
+from pathlib import Path
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -63,16 +67,65 @@ class MaskedLMModule(nn.Module):
         return self.objective(inputs)
 
 
+BF16_FAST = 1.3  # a bf16 matmul at least this much faster than float32: the CPU computes bf16 natively
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of native bf16 matrix instructions (Linux /proc/cpuinfo)
+
+
 def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast (a GPU with
-    bf16, a CPU with AMX tiles), else float32."""
+    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast — a GPU with
+    bf16, a CPU with native bf16 instructions (AMX or AVX-512 BF16 among its flags; where the flags cannot be read,
+    a bf16 matmul measuring at least `BF16_FAST`× its float32 one) — else float32. `dtype_note` says which and why.
+    Deciding from the flags gives every process of a run the same answer."""
     if setting == "auto":
-        if device.type == "cuda":
-            fast = torch.cuda.is_bf16_supported()
-        else:
-            fast = device.type == "cpu" and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else (
+            device.type == "cpu" and cpu_bf16_fast()[0])
         setting = "bfloat16" if fast else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
+
+
+def dtype_note(setting: str, dtype: torch.dtype, device: torch.device) -> str:
+    """A line for the run's report: the teacher's dtype and, for `auto`, what decided it."""
+    name = str(dtype).removeprefix("torch.")
+    if setting != "auto":
+        return f"Teacher dtype: {name} (teacher.dtype)."
+    if device.type != "cpu":
+        return f"Teacher dtype: {name} (auto: {device.type} {'with' if name == 'bfloat16' else 'without'} fast bf16)."
+    return f"Teacher dtype: {name} (auto: {cpu_bf16_fast()[1]})."
+
+
+@functools.cache
+def cpu_bf16_fast() -> tuple[bool, str]:
+    """Whether this CPU computes bf16 natively, and why: its flags, or (flags unreadable) a short measurement."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    if flags is not None:
+        found = [flag for flag in BF16_FLAGS if flag in flags]
+        return bool(found), f"CPU flags {' '.join(found)}" if found else f"CPU flags without {' or '.join(BF16_FLAGS)}"
+    speedup = cpu_bf16_speedup()
+    return speedup >= BF16_FAST, f"a bf16 matmul ran {speedup:.2f}× as fast as float32 (bf16 from {BF16_FAST}×)"
+
+
+@functools.cache
+def cpu_bf16_speedup(size: int = 1024, repeats: int = 3) -> float:
+    """How many times faster a [size × size] bf16 matmul runs than a float32 one on this CPU, with this process's
+    threads (measured once per process, about 0.1 s): above 1 where the CPU has bf16 instructions, below where
+    bf16 is emulated."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
+
+    def fastest(x: torch.Tensor, y: torch.Tensor) -> float:
+        x @ y  # warm-up: kernels chosen, memory touched
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    return fastest(a, b) / fastest(a.bfloat16(), b.bfloat16())
 
 
 class MaskBatch:

@@ -19,7 +19,7 @@ from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
-from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, teacher_dtype
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.methods.teacher_cache import (
     BuildReport,
@@ -110,6 +110,7 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
     objective = Objective(recipe.objective, student, teacher)
     dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
+    notes.append(dtype_note(recipe.teacher.dtype, dtype, accelerator.device))
     data = corpus_data(recipe, tokenizer, accelerator)
     signal: TeacherSignal = OnlineTeacher(teacher)
     if recipe.teacher_cache is not None:  # the teacher runs once per (block, pattern), before training, if at all
