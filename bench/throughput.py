@@ -19,7 +19,10 @@ median over the rounds, and a mode's ratio to plain MLM the median over the roun
 MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
 Peak memory: the largest resident set size sampled (every millisecond) during each mode's steps; with --only MODE
 the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to compare with another
-program's. Weights are random: speed does not depend on them. The last line is JSON.
+program's. Weights are random: speed does not depend on them. It also prints the CPU's model and the flags that decide
+the dtypes (the teacher's: `teacher.dtype: auto`, said with its reason), the student's precision and compile setting,
+each mode's estimated GFLOP/s (`flops_per_token`) and the machine's own ceiling: a 2048² float32 and bfloat16 matmul
+measured in the same process. The last line is JSON.
 """
 
 import argparse
@@ -37,7 +40,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
-from biodistil.methods.masked_lm import MaskedLMModule, teacher_dtype
+from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.methods.teacher_cache import Cache, CacheReader, CacheSpec, build_cache
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
@@ -121,6 +124,49 @@ def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args, log
     cache = Cache(folder, spec)
     build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, masking, [0], args.batch, 0, progress=False)
     return CacheReader(cache, [0])
+
+
+HEAD_ROWS = {"mlm": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15, "cache-top-k": 0.15}
+
+
+def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: int) -> dict[str, float]:
+    """Estimated FLOPs per token of one training step (Kaplan et al.'s count): a layer's forward is 2·12·d² (Q, K,
+    V, O and the 4d feed-forward) + 2·2·s·d (attention scores and values); the MLM head's 2·(d² + d·V) at the rows a
+    term forms (15% masked; every row for the KL at every position); training is 3× the forward. The teacher: its
+    forward (live), its head at the masked rows (head cache), nothing (top-k cache)."""
+    def layers(cfg: BertConfig) -> float:
+        return cfg.num_hidden_layers * (24 * cfg.hidden_size ** 2 + 4 * seq * cfg.hidden_size)
+
+    def head(cfg: BertConfig) -> float:
+        return 2 * (cfg.hidden_size ** 2 + cfg.hidden_size * cfg.vocab_size)
+
+    rows = HEAD_ROWS[mode]
+    teacher_flops = {"mlm": 0.0, "cache-top-k": 0.0, "cache-head": rows * head(teacher)}.get(
+        mode, layers(teacher) + rows * head(teacher))
+    return {"student": 3 * (layers(student) + rows * head(student)), "teacher": teacher_flops}
+
+
+def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """The machine's own ceiling: GFLOP/s of a [size × size] matmul in `dtype`, best of `repeats`."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - began)
+    return 2 * size ** 3 / min(times) / 1e9
+
+
+def cpu_line() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if flag in flags]
+    return f"{model}; flags: {' '.join(shown) or 'none of avx2/avx512/amx'}"
 
 
 def main() -> None:
@@ -207,12 +253,24 @@ def main() -> None:
         }
     if args.only:
         result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    flops = {mode: flops_per_token(mode, student.config, teacher.config, args.seq) for mode in modes}
+    result["gflops"] = {mode: round(tokens_per_s[mode] * sum(flops[mode].values()) / 1e9, 1) for mode in modes}
+    result["ceiling_gflops"] = {"float32": round(matmul_gflops(torch.float32, device), 1),
+                                "bfloat16": round(matmul_gflops(torch.bfloat16, device), 1)}
+    result["cpu"] = cpu_line() if device.type == "cpu" else str(device)
+    result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
+    result["student_precision"] = "float32"
+    result["compile"] = "off (train.compile is not implemented yet)"
     print(f"{result['device']} ({result['threads']} threads, load {result['load_1min']:.2f}); teacher "
           f"{result['teacher']}, student {result['student_layers']} layers, vocab {args.vocab}, batch "
           f"{result['batch']}; median of {args.repeats} alternated rounds")
+    print(f"CPU: {result['cpu']}. {result['teacher_dtype_choice']} Student: float32; compile: off. Matmul ceiling "
+          f"(2048²): {result['ceiling_gflops']['float32']:,.0f} GFLOP/s float32, "
+          f"{result['ceiling_gflops']['bfloat16']:,.0f} GFLOP/s bfloat16")
     for mode in modes:
         ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm" if "ratio_to_mlm" in result else ""
-        print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}")
+        print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}"
+              f"  ~{result['gflops'][mode]:,.0f} GFLOP/s")
     print(json.dumps(result))
     workdir.cleanup()
 
