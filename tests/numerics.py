@@ -24,3 +24,13 @@ def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn
         for param in model.parameters():
             param.add_(scale * torch.randn(param.shape, generator=generator, dtype=param.dtype))
     return model
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: each multi-process test gets its own rendezvous port, so that one run's
+    port lingering in TIME_WAIT cannot fail the next (torchrun's default is always 29500)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

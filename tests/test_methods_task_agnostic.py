@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from numerics import free_port
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
@@ -153,8 +154,8 @@ def test_two_process_accelerate_launch(tmp_path, teacher_dir, corpus_file):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # on a CPU-only machine Accelerate's torchrun launcher is `--multi_gpu`; biodistil then uses gloo on CPU
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "biodistil", "distill", str(path)]
+               "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+               "--dynamo_backend", "no", "-m", "biodistil", "distill", str(path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "ddp" / "model").config.hidden_size == 16

@@ -10,7 +10,7 @@ import sys
 import pyarrow as pa
 import pytest
 import torch
-from numerics import CLOSE, perturbed
+from numerics import CLOSE, free_port, perturbed
 from safetensors.torch import load_file
 
 from biodistil.config import DistillRecipe, validate_recipe
@@ -243,7 +243,8 @@ def test_two_processes_write_and_read_disjoint_shards(tmp_path, teacher_dir, cor
     path.write_text(json.dumps(recipe.model_dump(mode="json")))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "biodistil"]
+              "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+              "--dynamo_backend", "no", "-m", "biodistil"]
     done = subprocess.run([*launch, "cache-teacher", str(path)], env=env, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

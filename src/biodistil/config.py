@@ -21,7 +21,7 @@ from biodistil.paths import absolute, model_reference, task_reference
 Precision = Literal["auto", "no", "bf16", "fp16"]
 
 
-def _model_ref(name: str) -> str:
+def resolve_model_ref(name: str) -> str:
     return model_reference(resolve_model_name(name))
 
 
@@ -31,10 +31,10 @@ def _model_ref(name: str) -> str:
 LocalPath = Annotated[str, AfterValidator(absolute)]
 # A model folder (absolute), a Hub id (as given), or the short name of an embedded model (e.g. minilm-l6, resolved
 # to its installed folder):
-ModelRef = Annotated[str, AfterValidator(_model_ref)]
+ModelRef = Annotated[str, AfterValidator(resolve_model_ref)]
 # A built-in task name (as given) or a task YAML file (absolute):
 TaskRef = Annotated[str, AfterValidator(task_reference)]
-PATH_TYPES = {absolute: absolute, _model_ref: _model_ref, task_reference: task_reference}
+PATH_TYPES = (absolute, resolve_model_ref, task_reference)
 
 
 class Section(BaseModel):
@@ -406,7 +406,7 @@ def resolve_paths(section: type[BaseModel], raw: dict[str, Any]) -> dict[str, An
         field = section.model_fields.get(key) if isinstance(key, str) else None
         if field is None or value is None:
             continue
-        resolve = _path_function(field.annotation) or _path_function_in(field.metadata)
+        resolve = path_kind(field)
         nested = _model_in(field.annotation)
         if resolve is not None and isinstance(value, str):
             resolved[key] = resolve(value)
@@ -416,6 +416,17 @@ def resolve_paths(section: type[BaseModel], raw: dict[str, Any]) -> dict[str, An
             resolved[key] = resolve_paths(nested, value)
     hook = getattr(section, "resolve_raw_paths", None)
     return hook(resolved) if hook is not None else resolved
+
+
+def path_kind(field: Any) -> Any:
+    """The resolver of a recipe field that holds paths (`absolute`, `resolve_model_ref` or `task_reference`: what
+    the path names), or None."""
+    return _path_function(field.annotation) or _path_function_in(field.metadata)
+
+
+def nested_section(field: Any) -> type[BaseModel] | None:
+    """The section class a recipe field holds (`X`, `X | None`, `list[X]`), or None."""
+    return _model_in(field.annotation)
 
 
 def _path_function(annotation: Any) -> Any:

@@ -45,7 +45,7 @@ from biodistil.kd.study import run_study
 from biodistil.methods.finetune import init_model_path
 from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
-from biodistil.training.run import describe_machine
+from biodistil.training.provenance import describe_machine
 
 TASK = "ncbi_disease"
 ARMS = {"fine-tuned": "fine-tuned on the labelled budget", "distilled": "distilled (KD on text + CE on budget)",

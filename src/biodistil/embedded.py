@@ -117,3 +117,15 @@ def _remember(path: str, size: int, mtime_ns: int, sha256: str) -> None:
         marker.write_text(sha256)
     except OSError:
         pass  # a read-only cache only means hashing again next time
+
+
+def embedded_entry_of_folder(folder: str | os.PathLike) -> EmbeddedModel | None:
+    """The embedded model installed in `folder`, if it is one (without checking its weights again)."""
+    for entry in EMBEDDED.values():
+        try:
+            distribution = importlib.metadata.distribution(entry.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if Path(str(distribution.locate_file(entry.folder))).resolve() == Path(folder).resolve():
+            return entry
+    return None

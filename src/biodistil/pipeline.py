@@ -34,7 +34,8 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import EvaluateRecipe
 from biodistil.io import atomic_write_json, jsonable, read_json
 from biodistil.paths import absolute
-from biodistil.training.run import describe_machine, run_stage
+from biodistil.training.provenance import describe_machine
+from biodistil.training.run import run_stage
 
 COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe}
 TRAINING = ("pretrain", "distill")  # the stages `shared` applies to (evaluate's train and data differ)

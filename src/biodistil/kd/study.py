@@ -22,7 +22,8 @@ from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
-from biodistil.training.run import RunFolder, describe_machine, run_stage
+from biodistil.training.provenance import describe_machine
+from biodistil.training.run import RunFolder, run_stage
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:

@@ -18,6 +18,7 @@ from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder
 from biodistil.training.checkpoint import latest_checkpoint
+from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
 SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
@@ -71,6 +72,7 @@ class RunFolder:
                 clear_folder(self.path)
         if is_main:
             dump_recipe(recipe, self.path / "config.yaml")
+            atomic_write_json(self.path / "provenance.json", provenance(recipe))
         set_seed(recipe.run.seed)  # type: ignore[attr-defined]
 
     @property
@@ -167,24 +169,6 @@ def _cpu_counters() -> tuple[str, int, int] | None:
         return ("proc", busy, total) if total else None
     except (OSError, ValueError):
         return None
-
-
-def describe_machine() -> dict[str, Any]:
-    """What a timing or a result was measured on: CPU model, usable cores, torch threads and versions."""
-    import platform
-
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "usable_cores": usable, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def single_process(command: str) -> None:
