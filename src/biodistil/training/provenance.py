@@ -140,17 +140,24 @@ def _source_files(value: str) -> list[Path]:
 
 
 def _task_files(name: str, data_dir: str | None) -> list[dict[str, Any]]:
+    """The files of a task (every split and fold) that exist: absolute ones as they are, relative ones under the
+    data folder (when there is one)."""
     from biodistil.data.paths import resolve_data_root
     from biodistil.errors import BiodistilError
     from biodistil.tasks.registry import get_task
 
     try:
         task = get_task(name)
-        root = resolve_data_root(data_dir)
     except BiodistilError:
         return []
-    paths = sorted({root / relative.replace("{fold}", str(fold)) for relative in task.files.values()
-                    for fold in (task.folds or [None])})
+    try:
+        root: Path | None = resolve_data_root(data_dir)
+    except BiodistilError:
+        root = None
+    relatives = {relative.replace("{fold}", str(fold)) for relative in task.files.values()
+                 for fold in (task.folds or [None])}
+    paths = sorted(Path(relative) if Path(relative).is_absolute() else root / relative
+                   for relative in relatives if Path(relative).is_absolute() or root is not None)
     return [file_fingerprint(path) for path in paths if path.is_file()]
 
 
