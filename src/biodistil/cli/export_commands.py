@@ -13,6 +13,12 @@ def _export(args: argparse.Namespace) -> object:
     return format_export(Path(args.out), run_export(args.model, args.out, options))
 
 
+def _card(args: argparse.Namespace) -> object:
+    from biodistil.export.card import write_model_card
+
+    return write_model_card(args.folder)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `export` subcommand to the `biodistil` parser."""
     text = "Export a fine-tuned model (or a masked LM) to ONNX, optionally int8, checked against PyTorch"
@@ -41,3 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="fail, writing nothing, when int8 scores more than DROP below PyTorch fp32 on the task "
                         "(headline metric, 0-1 scale: 0.01 = 1 point)")
     parser.set_defaults(run=_export)
+    card = sub.add_parser("card", help="Write a run's model card (model/README.md) again from its records",
+                          description="Write the model card of a run folder (DIR/model/README.md: the Hub's YAML "
+                          "header with base_model, pipeline_tag, tags, datasets, license and model-index, then how the "
+                          "model was made, its evaluation, provenance and limitations) from the run's config.yaml, "
+                          "metrics and provenance.json. Runs that export a model write it themselves.")
+    card.add_argument("folder", metavar="DIR", help="run folder (or its model/ folder)")
+    card.set_defaults(run=_card)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: training stops with a checkpoint, others at once
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
-        if args.command not in ("report", "export"):
+        if args.command not in ("report", "export", "card"):
             from biodistil.training.run import choose_threads
 
             threads = choose_threads()

@@ -23,6 +23,7 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 from biodistil.config import TrainConfig
 from biodistil.data.formats import Example, TextExample
 from biodistil.errors import BiodistilError
+from biodistil.export.card import write_model_card
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.kd.meta import MetaTeacherUpdate
@@ -95,6 +96,8 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     atomic_write_json(run.path / "metrics.json", report)
     run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
                      [f"**Warning:** {note}" for note in report.get("notes", [])])
+    if (run.model_dir / "config.json").is_file():
+        write_model_card(run.path)
     run.write_summary(report)  # last: a summary marks the run finished
     return run.model_dir
 

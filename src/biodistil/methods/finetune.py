@@ -28,6 +28,7 @@ from transformers.utils import logging as transformers_logging
 from biodistil.config import ExportConfig, ModelConfig, RunConfig, Section, TrainConfig
 from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
+from biodistil.export.card import write_model_card
 from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.paths import recorded
 from biodistil.tasks.encoding import collator_for, encode_split, fit_length_to_model, model_inputs
@@ -251,6 +252,8 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     atomic_write_json(run.path / "metrics.json", metrics)
     run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir),
                      [f"**Warning:** {note}" for note in notes])
+    if (run.model_dir / "config.json").is_file():
+        write_model_card(run.path)
     run.write_summary(metrics)  # last: a summary marks the run finished
     return run.model_dir
 

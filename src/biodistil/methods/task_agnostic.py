@@ -17,6 +17,7 @@ from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
+from biodistil.export.card import write_model_card
 from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, dtype_note, teacher_dtype
@@ -253,6 +254,7 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
     if finished and run.recipe.export.enabled:
         export_model(module.student, tokenizer, run.model_dir)
         summary["model_dir"] = recorded(run.model_dir, run.path)
+        write_model_card(run.path)
     run.write_summary(summary)
     rows = {
         "steps": result.steps,
