@@ -225,3 +225,16 @@ def test_bench_measures_onnx_beside_pytorch(token_dir, token_export):
     assert rows["tiny"]["runtime"].startswith("PyTorch")
     assert all(row["latency"]["16"]["median_ms"] > 0 and row["throughput"]["16"]["batch"] == 4 for row in rows.values())
     assert rows["onnx-int8"]["disk_bytes"] < rows["onnx"]["disk_bytes"]
+
+
+def test_an_export_folder_ships_with_a_card_the_hub_parses(token_export):
+    from huggingface_hub import ModelCard
+
+    out, description = token_export
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "onnx" and {"onnx", "int8"} <= set(data["tags"])
+    assert "model.onnx" in card.text and "model.int8.onnx" in card.text
+    assert f"{description['checks']['fp32']['max_abs_diff']}" in card.text, "the parity check is stated"
+    if description["accuracy"]:
+        assert "| onnx int8 |" in card.text

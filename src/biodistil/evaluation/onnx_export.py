@@ -17,6 +17,7 @@ from typing import Any
 
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.deployed import check_task_fits, parameter_counts
+from biodistil.export.card import export_card
 from biodistil.export.onnx import (
     OPSET,
     LoadedModel,
@@ -36,7 +37,7 @@ from biodistil.export.runtime import (
     is_export_folder,
     require_onnx,
 )
-from biodistil.io import atomic_directory, atomic_write_json
+from biodistil.io import atomic_directory, atomic_write_json, atomic_write_text
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import score_model
@@ -77,6 +78,7 @@ def run_export(model_dir: str | Path, out: str | Path, options: ExportOptions) -
     def fill(folder: Path) -> None:
         description.update(_build(loaded, folder, options, task_data))
         atomic_write_json(folder / DESCRIPTION_FILE, description)
+        atomic_write_text(folder / "README.md", export_card(loaded.folder, description))
 
     atomic_directory(out, fill)
     return description

@@ -5,7 +5,8 @@ teacher a student was distilled from, or the model that was fine-tuned — `libr
 `datasets`, `license` when the base model's is known, `model-index` with the test scores), then what the model is,
 the recipe that made it, its evaluation, its provenance (from `provenance.json`) and its limitations. `biodistil
 card DIR` writes it again from DIR's records. It reads only files: config.yaml, metrics.json or summary.json,
-provenance.json.
+provenance.json. `export_card(source, description)` is the card of an ONNX export folder: the source model's header
+(tags `onnx`, `int8`) and what the export checked.
 """
 
 from __future__ import annotations
@@ -174,3 +175,34 @@ def _limitations(kind: str, task: str | None) -> str:
     where = f"on {task} only" if task else "on no downstream task by this run"
     return (f"Checked {where}. A compact student keeps part of its teacher's accuracy, not all of it; it inherits "
             "the teacher's biases and errors. Not a medical device: validate on your own data before any use.")
+
+
+def export_card(source: Path, description: dict[str, Any]) -> str:
+    """The README.md of an ONNX export folder: the source model's card header (when it has one) with tags `onnx`
+    (and `int8`), then the graphs, their parity with PyTorch and their accuracy side by side."""
+    header: dict[str, Any] = {"library_name": "onnx", "tags": ["biodistil", "onnx"]}
+    text = (source / "README.md").read_text(encoding="utf-8") if (source / "README.md").is_file() else ""
+    if text.startswith("---\n"):
+        header = {**(yaml.safe_load(text.split("---\n", 2)[1]) or {}), "library_name": "onnx"}
+        header["tags"] = [*header.get("tags", []), "onnx"]
+    if "int8" in description.get("files", {}):
+        header["tags"].append("int8")
+    checks = description.get("checks", {})
+    lines = [f"# ONNX export of `{source.name}`", "",
+             f"Graphs ({description.get('exporter')}, opset {description.get('opset')}): "
+             + ", ".join(f"`{name}` ({variant})" for variant, name in description.get("files", {}).items())
+             + f"; {description.get('architecture')}, head `{description.get('head')}`, made with `biodistil export`.",
+             "", "## Checks", "",
+             f"- fp32 logits against PyTorch at lengths {checks.get('lengths')}: largest difference "
+             f"{(checks.get('fp32') or {}).get('max_abs_diff')} (bound {checks.get('atol')})"]
+    if checks.get("int8"):
+        lines.append(f"- int8 logits against PyTorch: largest difference {checks['int8'].get('max_abs_diff')}")
+    accuracy = description.get("accuracy")
+    if accuracy:
+        key = accuracy["headline"]
+        lines += ["", f"## Accuracy ({accuracy['task']}, {accuracy['split']} split, {accuracy['examples']} examples)",
+                  "", "| runtime | " + key + " |", "|---|---|"]
+        lines += [f"| {name.replace('_', ' ')} | {accuracy[name][key]:.4f} |"
+                  for name in ("pytorch_fp32", "onnx_fp32", "onnx_int8") if name in accuracy]
+    lines += ["", "The source model's card, with its provenance: the `README.md` of the model folder exported.", ""]
+    return "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(lines)
