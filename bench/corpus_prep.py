@@ -19,14 +19,7 @@ from biodistil.data.corpus import build_block_dataset
 from biodistil.data.paths import resolve_data_root
 from biodistil.embedded import resolve_model_name
 from biodistil.models.loading import load_tokenizer
-
-
-def cpu_line() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if flag in flags]
-    return f"{model}; flags: {' '.join(shown) or 'none of avx2/avx512/amx'}"
+from biodistil.training.provenance import cpu_line
 
 
 def main() -> None:

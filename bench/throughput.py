@@ -46,6 +46,7 @@ from biodistil.methods.teacher_cache import Cache, CacheReader, CacheSpec, build
 from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
 from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
+from biodistil.training.provenance import cpu_line
 
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
 
@@ -159,14 +160,6 @@ def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, re
             torch.cuda.synchronize()
         times.append(time.perf_counter() - began)
     return 2 * size ** 3 / min(times) / 1e9
-
-
-def cpu_line() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if flag in flags]
-    return f"{model}; flags: {' '.join(shown) or 'none of avx2/avx512/amx'}"
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ differ only in whether a teacher exists and which terms the objective holds.
 
 import functools
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,6 +16,7 @@ from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
 from biodistil.methods.teacher_signal import OnlineTeacher, TeacherSignal, freeze
 from biodistil.models.features import extract_features
+from biodistil.training.provenance import cpu_info
 
 
 class MaskedLMModule(nn.Module):
@@ -96,11 +96,7 @@ def dtype_note(setting: str, dtype: torch.dtype, device: torch.device) -> str:
 @functools.cache
 def cpu_bf16_fast() -> tuple[bool, str]:
     """Whether this CPU computes bf16 natively, and why: its flags, or (flags unreadable) a short measurement."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    flags = cpu_info()[1]
     if flags is not None:
         found = [flag for flag in BF16_FLAGS if flag in flags]
         return bool(found), f"CPU flags {' '.join(found)}" if found else f"CPU flags without {' or '.join(BF16_FLAGS)}"

@@ -37,19 +37,34 @@ def provenance(recipe: BaseModel) -> dict[str, Any]:
             "seed": getattr(getattr(recipe, "run", None), "seed", None), "models": models, "data": data}
 
 
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that decide speed choices
+
+
+def cpu_info() -> tuple[str | None, list[str] | None]:
+    """The CPU's model name and flags from /proc/cpuinfo (Linux); None for what cannot be read."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None, None
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
+    return model, flags
+
+
+def cpu_line() -> str:
+    """The CPU's model and the flags of SPEED_FLAGS it has, for a speed figure's heading."""
+    model, flags = cpu_info()
+    shown = [flag for flag in SPEED_FLAGS if flag in (flags or [])]
+    return f"{model or '?'}; flags: {' '.join(shown) or 'none of avx2/avx512/amx'}"
+
+
 def describe_machine() -> dict[str, Any]:
     """What a timing or a result was measured on: CPU model, usable cores, torch threads and versions."""
     import platform
 
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
+    cpu = cpu_info()[0] or platform.processor() or platform.machine()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu, "usable_cores": usable, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version()}
