@@ -42,10 +42,10 @@ from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
-from biodistil.methods.teacher_cache import Cache, CacheReader, CacheSpec, build_cache
-from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
 from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
+from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
+from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 from biodistil.training.provenance import cpu_line
 
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
@@ -184,7 +184,7 @@ def main() -> None:
     for mode, logits in (("cache-head", "head"), ("cache-top-k", "top_k")):
         if mode in modes:
             reader = build_teacher_cache(Path(workdir.name), teacher, blocks, vocab, masking, args, logits)
-            cached = CachedTeacher(reader, head=teacher if logits == "head" else None)
+            cached = CachedTeacher(MaskedLMOutputs(reader, teacher if logits == "head" else None))
             signals[mode], data[mode] = cached, cached.data(masked, collate)
     if args.only == "cache-head":
         head_only(teacher)  # the rest of the teacher leaves memory

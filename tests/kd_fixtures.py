@@ -9,9 +9,9 @@ from transformers import AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig, validate_recipe
 from biodistil.kd.recipe import KDRecipe
-from biodistil.methods.finetune import build_classifier
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.student import model_from_architecture
+from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.registry import TaskSpec, get_task
 
 POSITIVE = ("protein", "kinase", "gene", "receptor", "binding")

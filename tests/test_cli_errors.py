@@ -102,7 +102,7 @@ def test_a_full_disk_during_the_run_is_one_line_and_debug_shows_the_traceback(tm
     def full(*_args, **_kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("biodistil.export.hf.export_model", full)
+    monkeypatch.setattr("biodistil.models.saving.export_model", full)
     task_file = write_pair_task(tmp_path / "task")
     err = run_cli(capsys, finetune_command(teacher_dir, task_file, tmp_path / "ft"))
     assert "the disk is full; free space or choose a folder on another disk" in err

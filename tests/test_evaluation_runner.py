@@ -13,7 +13,7 @@ from biodistil.cli.main import main
 from biodistil.config import load_recipe, validate_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.recipe import EvaluateRecipe, label_from_path, unique_labels
+from biodistil.evaluation.recipe import EvaluateRecipe
 from biodistil.evaluation.runner import (
     PlannedTask,
     check_models,
@@ -24,6 +24,7 @@ from biodistil.evaluation.runner import (
     summarize_task,
 )
 from biodistil.models.student import student_from_teacher_layers
+from biodistil.paths import label_from_path, unique_labels
 
 REPO = Path(__file__).resolve().parents[1]
 

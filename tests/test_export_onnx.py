@@ -21,9 +21,9 @@ from transformers import (
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.bench import run_bench
-from biodistil.evaluation.deployed import expand_models
-from biodistil.evaluation.onnx_export import ExportOptions, check_int8_drop, run_export
 from biodistil.evaluation.recipe import BenchConfig
+from biodistil.export.command import ExportOptions, check_int8_drop, run_export
+from biodistil.export.deployed import expand_models
 from biodistil.export.onnx import TRACE_LENGTH, head_of, load_model_folder
 from biodistil.export.runtime import OnnxModel, require_onnx
 
@@ -163,7 +163,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, tokenizer, token_dir, capsys):
 @needs_onnx
 @needs_data
 def test_task_and_label_mismatches(token_export, sequence_dir, teacher_dir):
-    from biodistil.evaluation.deployed import ScoringPlan, run_scoring
+    from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
 
     out = token_export[0].parent / "mismatch"
     with pytest.raises(BiodistilError, match="token_classification model cannot be scored on gad"):

@@ -55,7 +55,7 @@ def test_the_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 
 def test_an_evaluation_folder_is_locked_too(tmp_path):
-    from biodistil.evaluation.deployed import ScoringPlan, run_scoring
+    from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
 
     folder = tmp_path / "scored"
     holder = subprocess.Popen([sys.executable, "-c", "import time; from biodistil.io import lock_folder; "

@@ -8,9 +8,9 @@ from kd_fixtures import kd_recipe
 
 from biodistil.config import validate_recipe
 from biodistil.errors import BiodistilError
-from biodistil.kd import teacher_cache
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe
+from biodistil.teachers import task_cache
 
 
 def test_gap_closed_by_hand():
@@ -36,13 +36,13 @@ def test_teacher_cache_serves_every_epoch_and_is_rebuilt_when_the_transfer_set_c
         kd_models, pair_task, tmp_path, monkeypatch):
     teacher_path, student_path = kd_models
     calls = []
-    real = teacher_cache.forward_teacher
+    real = task_cache.forward_teacher
 
     def counting(model, batch, hidden):
         calls.append(len(batch["input_ids"]))
         return real(model, batch, hidden)
 
-    monkeypatch.setattr(teacher_cache, "forward_teacher", counting)
+    monkeypatch.setattr(task_cache, "forward_teacher", counting)
     task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
     run_kd(kd_recipe(task_file, teacher_path, student_path, tmp_path / "first"))
     assert sum(calls) == 48, "the teacher saw each of the 48 transfer examples once, for both epochs"

@@ -13,12 +13,12 @@ from biodistil.kd.command import run_kd
 from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDCollator, KDModule, kd_features
 from biodistil.kd.recipe import KDOptions, MetaConfig
-from biodistil.kd.signal import OnlineTeacher
-from biodistil.kd.teacher_cache import load_teacher_classifier
-from biodistil.methods.finetune import build_classifier
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import FeatureCollator
 from biodistil.tasks.registry import get_task
+from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.signal import OnlineTeacher, classifier_forward
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +37,8 @@ def meta_module(setting, adaptive=False):
     torch.manual_seed(0)
     cfg = KDOptions(alpha=0.5, beta=0.5, temperature=2.0)
     teacher = load_teacher_classifier(teacher_path, task)
-    module = KDModule(build_classifier(student_path, task), task, cfg, OnlineTeacher(teacher), trainable_teacher=True,
-                      adaptive=adaptive)
+    module = KDModule(build_classifier(student_path, task), task, cfg, OnlineTeacher(teacher, classifier_forward),
+                      trainable_teacher=True, adaptive=adaptive)
     tokenizer = load_tokenizer(str(student_path))
     collate = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))
     examples = task.load_split("train")

@@ -6,21 +6,17 @@ import torch
 from kd_fixtures import save_teacher, write_token_task
 
 from biodistil.data.formats import TokenExample
-from biodistil.kd.module import KDCollator, KDModule, kd_features
+from biodistil.kd.module import KDCollator, KDModule, kd_data, kd_features
 from biodistil.kd.recipe import KDOptions
-from biodistil.kd.signal import CachedTeacher, OnlineTeacher
-from biodistil.kd.teacher_cache import (
-    TeacherRequest,
-    attach_teacher_outputs,
-    cached_teacher_outputs,
-    load_teacher_classifier,
-    with_placeholder_labels,
-)
 from biodistil.kd.transfer import unlabelled
-from biodistil.methods.finetune import build_classifier
+from biodistil.models.features import FeatureRequest
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import get_task
+from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, classifier_forward
+from biodistil.teachers.task_cache import NO_ROW, TeacherRequest, cached_teacher_outputs, with_placeholder_labels
 
 
 def test_plain_kd_sends_no_gradient_to_the_teacher(kd_models, pair_task, tmp_path):
@@ -28,7 +24,7 @@ def test_plain_kd_sends_no_gradient_to_the_teacher(kd_models, pair_task, tmp_pat
     teacher = load_teacher_classifier(teacher_path, pair_task)
     before = {name: p.detach().clone() for name, p in teacher.named_parameters()}
     student = build_classifier(student_path, pair_task)
-    module = KDModule(student, pair_task, KDOptions(), OnlineTeacher(teacher))
+    module = KDModule(student, pair_task, KDOptions(), OnlineTeacher(teacher, classifier_forward))
     tokenizer = load_tokenizer(str(student_path))
     examples = pair_task.load_split("train")[:8]
     batch = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
@@ -46,18 +42,20 @@ def test_cached_outputs_equal_online_outputs(kd_models, pair_task, tmp_path):
     teacher_path, student_path = kd_models
     tokenizer = load_tokenizer(str(student_path))
     examples = [unlabelled(e) for e in pair_task.load_split("train")[:10]]
-    table = cached_teacher_outputs(teacher_path, examples, TeacherRequest(pair_task, (2, 4)), tmp_path)
-    cached = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))(
-        kd_features(pair_task, examples, tokenizer, CachedTeacher(table, (2, 4), 4)))
+    outputs = cached_teacher_outputs(teacher_path, examples, TeacherRequest(pair_task, (2, 4), teacher_layers=4),
+                                     tmp_path)
+    features, collate = kd_data(pair_task, examples, tokenizer, CachedTeacher(outputs))
+    cached = collate(features)
     teacher = load_teacher_classifier(teacher_path, pair_task)
     with torch.no_grad():
         out = teacher(**model_inputs(teacher, cached), output_hidden_states=True)
     assert torch.allclose(cached["teacher_logits"], out.logits, atol=1e-5)
     assert torch.allclose(cached["teacher_cls"][:, 1], out.hidden_states[4][:, 0], atol=1e-5)
     assert "labels" not in cached, "an unlabelled transfer set gives label-free batches"
-    signals = CachedTeacher(table, (2, 4), 4), OnlineTeacher(teacher, (2, 4))
-    from_cache, online = (signal.outputs(cached) for signal in signals)
-    assert torch.allclose(from_cache.logits, online.logits, atol=1e-5), "one interface, the same teacher outputs"
+    signals = CachedTeacher(outputs), OnlineTeacher(teacher, classifier_forward)
+    from_cache, online = (signal.get_signal(cached, FeatureRequest(hidden={2, 4})) for signal in signals)
+    assert torch.allclose(from_cache.logits.logits(), online.logits.logits(), atol=1e-5), \
+        "one interface, the same teacher outputs"
     for layer in (2, 4):
         assert torch.allclose(from_cache.hidden_at(layer)[:, 0], online.hidden_at(layer)[:, 0], atol=1e-5)
 
@@ -66,20 +64,21 @@ def test_token_task_outputs_are_cached_per_word(teacher_dir, tokenizer, tmp_path
     task = get_task(str(write_token_task(tmp_path / "ner")))
     teacher_path = save_teacher(teacher_dir, task, tmp_path / "teacher")
     examples = [TokenExample(e.id, e.tokens, []) for e in task.load_split("train")]
-    table = cached_teacher_outputs(teacher_path, examples, TeacherRequest(task), tmp_path / "cache")
-    features = kd_features(task, examples, tokenizer, CachedTeacher(table))
+    outputs = cached_teacher_outputs(teacher_path, examples, TeacherRequest(task), tmp_path / "cache")
+    features, collate = kd_data(task, examples, tokenizer, CachedTeacher(outputs))
     assert len(features) > len(examples), "long sentences are split into windows"
     teacher = load_teacher_classifier(teacher_path, task)
     encoded = encode_split(task, with_placeholder_labels(examples, task), tokenizer)
     for feature, plain, word_ids in zip(features, encoded.features, encoded.word_ids, strict=True):
         with torch.no_grad():
             logits = teacher(input_ids=torch.tensor([plain["input_ids"]])).logits[0]
+        batch = collate([feature])
         firsts = [p for p, w in enumerate(word_ids) if w is not None and (p == 0 or word_ids[p - 1] != w)]
-        assert [p for p, m in enumerate(feature["kd_mask"]) if m] == firsts
+        assert [p for p, m in enumerate(batch["kd_mask"][0].tolist()) if m] == firsts
         for position in firsts:
-            assert torch.allclose(torch.tensor(feature["teacher_logits"][position]), logits[position], atol=1e-5)
-    positions = [[int(label != -100) for label in f["labels"]] for f in encoded.features]
-    assert attach_teacher_outputs(encoded, table, task, positions)[0]["kd_mask"] == features[0]["kd_mask"]
+            assert torch.allclose(batch["teacher_logits"][0, position], logits[position], atol=1e-5)
+    rows = outputs.attach(kd_features(task, examples, tokenizer)[0])["teacher_rows"]
+    assert [int(row != NO_ROW) for row in rows] == features[0]["kd_mask"]
 
 
 def test_a_labelled_budget_in_unlabelled_text_gives_ce_on_the_labelled_examples_only(kd_models, pair_task):
@@ -93,7 +92,8 @@ def test_a_labelled_budget_in_unlabelled_text_gives_ce_on_the_labelled_examples_
     batch = collate(kd_features(pair_task, mixed, tokenizer))
     assert batch["labels"].tolist() == [-100 if i not in (1, 4, 6) else pair_task.label_to_id[examples[i].label]
                                         for i in range(8)]
-    module = KDModule(student.eval(), pair_task, KDOptions(alpha=1.0, beta=1.0), OnlineTeacher(teacher))
+    module = KDModule(student.eval(), pair_task, KDOptions(alpha=1.0, beta=1.0),
+                      OnlineTeacher(teacher, classifier_forward))
     _, terms = module(batch)
     with torch.no_grad():
         logits = student(**model_inputs(student, batch)).logits

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from biodistil.errors import BiodistilError
-from biodistil.kd.objective import KDObjective, check_loss_fits_task, classifier_features, kd_terms
+from biodistil.kd.objective import KDObjective, check_loss_fits_task, kd_terms
 from biodistil.kd.recipe import KDOptions
+from biodistil.models.features import classifier_features
 from biodistil.tasks.registry import get_task
 
 LN3 = math.log(3.0)

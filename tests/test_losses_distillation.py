@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from biodistil.losses.distillation import (
-    LinearRows,
     cosine_embedding_loss,
     linear_soft_kl_loss,
     masked_lm_loss,
@@ -84,6 +83,24 @@ def test_chunked_soft_kl_equals_the_formula_and_its_gradient(monkeypatch):
     assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
 
 
+def test_soft_kl_with_the_teacher_as_its_head_equals_the_kl_of_its_logits(monkeypatch):
+    import biodistil.losses.distillation as distillation
+
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 14)  # 2 rows per chunk: the teacher formed per chunk
+    generator = torch.Generator().manual_seed(3)
+    head = tuple(torch.randn(shape, generator=generator) for shape in ((5, 3), (7, 3), (7,)))
+    student = torch.randn(5, 7, generator=generator, requires_grad=True)
+    reference = student.detach().clone().requires_grad_()
+    expected = soft_kl_loss(reference, torch.nn.functional.linear(*head), temperature=2.0)
+    expected.backward()
+    loss = soft_kl_loss(student, head, temperature=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="student logits"):
+        soft_kl_loss(student[:4], head)
+
+
 @pytest.mark.parametrize("teacher_as_head", [False, True])
 def test_linear_soft_kl_equals_the_kl_of_the_formed_logits_and_its_gradients(monkeypatch, teacher_as_head):
     import biodistil.losses.distillation as distillation
@@ -91,15 +108,16 @@ def test_linear_soft_kl_equals_the_kl_of_the_formed_logits_and_its_gradients(mon
     monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 14)  # rows of 7 logits: 2 rows per chunk, 3 chunks
     generator = torch.Generator().manual_seed(1)
     inputs, weight, bias = (torch.randn(shape, generator=generator) for shape in ((5, 4), (7, 4), (7,)))
-    teacher_rows = LinearRows(*(torch.randn(shape, generator=generator) for shape in ((5, 3), (7, 3), (7,))))
-    teacher = teacher_rows if teacher_as_head else teacher_rows.logits()
+    teacher_rows = tuple(torch.randn(shape, generator=generator) for shape in ((5, 3), (7, 3), (7,)))
+    teacher_logits = torch.nn.functional.linear(*teacher_rows)
+    teacher = teacher_rows if teacher_as_head else teacher_logits
     reference = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
     log_s = torch.log_softmax((reference[0] @ reference[1].T + reference[2]) / 2, -1)
-    log_t = torch.log_softmax(teacher_rows.logits() / 2, -1)
+    log_t = torch.log_softmax(teacher_logits / 2, -1)
     expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
     expected.backward()
     fused = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
-    loss = linear_soft_kl_loss(LinearRows(*fused), teacher, temperature=2.0)
+    loss = linear_soft_kl_loss(*fused, teacher, temperature=2.0)
     loss.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     for got, want in zip(fused, reference, strict=True):
@@ -111,11 +129,11 @@ def test_linear_soft_kl_leaves_frozen_parts_without_gradient():
     inputs = torch.randn(3, 4, generator=generator, requires_grad=True)
     weight = torch.randn(6, 4, generator=generator)  # frozen decoder
     teacher = torch.randn(3, 6, generator=generator)
-    linear_soft_kl_loss(LinearRows(inputs, weight), teacher).backward()
+    linear_soft_kl_loss(inputs, weight, None, teacher).backward()
     assert inputs.grad is not None and inputs.grad.abs().sum() > 0
     assert weight.grad is None
     with pytest.raises(ValueError, match="student logits"):
-        linear_soft_kl_loss(LinearRows(inputs, weight), teacher[:, :5])
+        linear_soft_kl_loss(inputs, weight, None, teacher[:, :5])
 
 
 def test_soft_kl_gives_a_teacher_that_takes_gradients_its_gradient():

@@ -15,6 +15,7 @@ from biodistil.methods.objective import Objective
 from biodistil.models.attention import attention_probabilities, attention_scores
 from biodistil.models.families import head_only, layer_list, mlm_logits, qkv_modules
 from biodistil.models.features import FeatureRequest, extract_features
+from biodistil.models.logits import LinearRows
 from biodistil.models.qkv import split_heads
 from biodistil.models.student import student_from_teacher_layers
 
@@ -45,15 +46,16 @@ def test_head_rows_give_the_models_own_logits(model_type):
     batch = padded_batch()
     real = batch["attention_mask"].bool()
     features = extract_features(model, batch, FeatureRequest(logits=True), real)
-    assert features.formed_at(real) is None
+    rows = features.logits
+    assert isinstance(rows.source, LinearRows) and rows.positions is real and rows.at(real) is rows
     with torch.no_grad():
         reference = model(**batch).logits[real]
-    logits = features.logits_at(real)
+    logits = rows.logits()
     assert torch.allclose(logits, reference, rtol=1e-4, atol=1e-5)
-    assert torch.allclose(features.head_at(real).logits(), reference, rtol=1e-4, atol=1e-5)
-    rows, formed = features.formed_at(real)
-    assert rows is real and formed is logits, "once formed, the logits are read, not formed again"
-    assert features.logits_at(real) is logits
+    assert torch.allclose(rows.source.logits(), reference, rtol=1e-4, atol=1e-5)
+    assert rows.at(real).logits() is logits, "once formed, the logits are read, not formed again"
+    first = real & (torch.arange(9) < 3)
+    assert torch.allclose(rows.at(first).logits(), reference[first[real]], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY))

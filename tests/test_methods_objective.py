@@ -17,6 +17,7 @@ from biodistil.losses.task import logit_mse_loss
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective, TermInputs, position_masks
 from biodistil.models.features import Features
+from biodistil.models.logits import LogitRows
 from biodistil.models.student import model_from_architecture, student_from_teacher_layers
 
 TINYBERT = ObjectiveConfig(temperature=1.0, terms=[
@@ -182,7 +183,7 @@ def _two_tiny_models():
 
 
 def _features(logits, positions, hidden=None):
-    return Features(hidden=hidden or {}, logits=logits, num_layers=1, positions=positions)
+    return Features(hidden=hidden or {}, logits=LogitRows(positions, logits), num_layers=1)
 
 
 def test_hinge_and_shared_vocabulary_in_the_objective():
@@ -270,3 +271,55 @@ def test_kl_at_every_position_formed_in_chunks_equals_the_formula(teacher, token
     for name, param in student.named_parameters():
         assert torch.allclose(fused[name], param.grad, rtol=1e-4, atol=1e-6), name
     assert all(param.grad is None for param in teacher.parameters())
+
+
+def _counted(monkeypatch) -> list[tuple[str, int]]:
+    """(what, rows) of every logit formation from a head and every KL loss call, in call order."""
+    import biodistil.models.logits as logits
+
+    calls = []
+
+    def counting(name, loss):
+        def counted(*args, **kwargs):
+            calls.append((name, args[0].size(0)))
+            return loss(*args, **kwargs)
+
+        return counted
+
+    for name in ("soft_kl_loss", "linear_soft_kl_loss", "topk_kl_loss"):
+        monkeypatch.setattr(logits, name, counting(name, getattr(logits, name)))
+    form = logits.LinearRows.logits
+    monkeypatch.setattr(logits.LinearRows, "logits",
+                        lambda rows: calls.append(("head matmul", rows.inputs.size(0))) or form(rows))
+    return calls
+
+
+@pytest.mark.parametrize("positions", ["masked", "all"])
+def test_mlm_and_kl_compute_the_same_whichever_runs_first(teacher, tokenizer, monkeypatch, positions):
+    """DistilBERT's terms [mlm, logit_kl] and [logit_kl, mlm] give equal losses and gradients by identical calls:
+    the MLM's rows are formed once and the KL reads them; the KL forms any other rows inside the fused loss."""
+    calls = _counted(monkeypatch)
+    batch = text_batch(tokenizer)
+    terms = [TermConfig(loss="mlm", weight=2.0), TermConfig(loss="logit_kl", weight=5.0, positions=positions)]
+    results = []
+    for order in (terms, terms[::-1]):
+        student = perturbed(student_from_teacher_layers(teacher, [0, 2]).eval(), seed=4)
+        objective = Objective(ObjectiveConfig(temperature=2.0, terms=order), student, teacher)
+        calls.clear()
+        loss, logs = MaskedLMModule(student, objective, teacher)(batch)
+        loss.backward()
+        grads = {name: param.grad for name, param in student.named_parameters() if param.grad is not None}
+        results.append((loss.item(), logs, grads, list(calls)))
+    (loss, logs, grads, made), (loss_2, logs_2, grads_2, made_2) = results
+    assert loss == pytest.approx(loss_2, rel=0, abs=1e-6)
+    for name in ("loss_mlm", "loss_logit_kl"):
+        assert logs[name].item() == pytest.approx(logs_2[name].item(), rel=0, abs=1e-6), name
+    assert grads.keys() == grads_2.keys() and grads
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grads_2[name], rtol=0, atol=1e-6), name
+    assert made == made_2, "the same formations and losses, whichever term comes first"
+    masked = int((batch["labels"] != -100).sum())
+    rest = int(batch["attention_mask"].sum()) - masked
+    fused = [("linear_soft_kl_loss", rest)] if positions == "all" else []
+    assert made == [("head matmul", masked), ("soft_kl_loss", masked), *fused], \
+        "the student's logits formed at the MLM targets only; the KL reads them and fuses the other rows"

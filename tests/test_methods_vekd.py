@@ -18,10 +18,10 @@ from biodistil.config import (
 from biodistil.data.corpus import collate_blocks, pack_blocks
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.vocab import train_wordpiece
-from biodistil.losses.distillation import LinearRows
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
+from biodistil.models.logits import LinearRows, LogitRows
 from biodistil.models.student import model_from_architecture
 from biodistil.models.vocab_expansion import (
     expand_tokenizer,
@@ -172,12 +172,12 @@ def test_kd_terms_ignore_student_outputs_at_new_token_positions(vekd, corpus_fil
 
     def perturb_new_positions(inputs):
         captured["before"] = original(inputs)[1]
-        rows = new[inputs.student.positions]
-        head = inputs.student.logits  # the head's decoder input: logits are formed from it
+        rows = new[inputs.student.logits.positions]
+        head = inputs.student.logits.source  # the head's decoder input: logits are formed from it
         moved = head.inputs.clone()
         moved[rows] += 5.0 * torch.randn(moved[rows].shape, generator=generator)
-        features = inputs.student = replace(inputs.student, logits=LinearRows(moved, head.weight, head.bias),
-                                                   _formed=[])
+        logits = LogitRows(inputs.student.logits.positions, LinearRows(moved, head.weight, head.bias))
+        features = inputs.student = replace(inputs.student, logits=logits)
         last = features.hidden_at(-1).clone()
         last[new] = torch.randn(last[new].shape, generator=generator)
         features.hidden[features.num_layers] = last

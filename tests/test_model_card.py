@@ -27,7 +27,7 @@ def test_a_kd_student_ships_with_a_card_the_hub_parses(tmp_path, kd_models, caps
 
 
 def test_a_distilled_masked_lm_of_the_embedded_teacher_names_its_base_model(tmp_path):
-    from biodistil.export.card import model_card
+    from biodistil.training.card import model_card
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"model_type": "bert", "num_hidden_layers": 3, '

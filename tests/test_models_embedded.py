@@ -12,9 +12,10 @@ from biodistil import embedded
 from biodistil.config import DistillRecipe, validate_recipe
 from biodistil.embedded import EMBEDDED, EmbeddedModel, embedded_model_folder, verify_weights
 from biodistil.errors import BiodistilError
+from biodistil.finetune.command import FinetuneRecipe, run_finetune
+from biodistil.finetune.init_model import init_model_path
 from biodistil.kd.command import run_kd
 from biodistil.kd.recipe import KDRecipe
-from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
 from biodistil.methods.task_agnostic import run_distill
 from biodistil.models.loading import load_masked_lm, untrained_head_weights
 

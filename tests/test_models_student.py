@@ -86,7 +86,7 @@ def test_every_family_builds_students_and_gives_features(model_type, tokenizer):
     batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     positions = batch["attention_mask"].bool()
     features = extract_features(student, batch, FeatureRequest(hidden={0, -1}, logits=True), positions)
-    logits = features.logits_at(positions)
+    logits = features.logits.at(positions).logits()
     assert logits.shape == (int(positions.sum()), len(tokenizer))
     assert set(features.hidden) == {0, 2}
     with torch.no_grad():

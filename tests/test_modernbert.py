@@ -12,13 +12,13 @@ from transformers import AutoConfig, AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig, ObjectiveConfig, StudentConfig, TermConfig
 from biodistil.errors import BiodistilError
-from biodistil.export.hf import export_model
 from biodistil.losses.layers import attention_kl_loss, attention_mse_loss
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.models.attention import restrict_to_window
 from biodistil.models.families import attention_window, global_period, layer_list, qkv_modules
 from biodistil.models.features import FeatureRequest, extract_features
+from biodistil.models.saving import export_model
 from biodistil.models.student import build_student, model_from_architecture, student_from_teacher_layers
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"

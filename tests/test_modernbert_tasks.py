@@ -12,8 +12,8 @@ from transformers import AutoModelForTokenClassification, RobertaTokenizer
 from biodistil.config import ArchitectureConfig
 from biodistil.data.alignment import align_labels, tokenize_words, word_predictions, words_for_tokenizer
 from biodistil.data.formats import TokenExample
+from biodistil.finetune.on_task import ClassifierModule
 from biodistil.kd.command import run_kd
-from biodistil.methods.finetune import ClassifierModule
 from biodistil.models.student import architecture_config
 from biodistil.tasks.encoding import collator_for, encode_split, model_inputs
 from biodistil.tasks.registry import get_task

@@ -11,7 +11,7 @@ from recipe_fixtures import RECIPES, data_root, needs_data
 from transformers import AutoModel
 
 from biodistil.config import load_recipe
-from biodistil.methods.finetune import init_model_path
+from biodistil.finetune.init_model import init_model_path
 from biodistil.pipeline import PipelineRecipe, run_pipeline
 
 STUDIES = RECIPES / "studies"

@@ -3,8 +3,8 @@
 import numpy as np
 from kd_fixtures import save_teacher, write_token_task
 
-from biodistil.methods.finetune import build_classifier
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import collator_for, encode_split
 from biodistil.tasks.prediction import predict
 from biodistil.tasks.registry import get_task

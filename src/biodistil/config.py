@@ -349,7 +349,7 @@ class TeacherCacheConfig(Section):
     tail_samples: int = Field(64, ge=0, description="logits: top_k: tokens drawn per masked position from the rest "
                               "of the teacher's distribution, for an unbiased KL; 0 = the rest as one bucket (the KL "
                               "inside it is lost)")
-    dir: LocalPath | None = Field(None, description="cache folder; default ~/.cache/biodistil/teacher-mlm")
+    dir: LocalPath | None = Field(None, description="teacher store folder; default ~/.cache/biodistil/teacher")
     shard_blocks: int = Field(512, ge=1, description="blocks per shard (one file, written atomically)")
     batch_size: int = Field(32, ge=1, description="blocks per teacher batch while building")
 

@@ -36,13 +36,13 @@ from biodistil.data.paths import resolve_data_root
 from biodistil.demo_quick import run_quick_demo
 from biodistil.embedded import resolve_model_name
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.deployed import ScoringPlan, run_scoring
-from biodistil.evaluation.onnx_export import ExportOptions, run_export
+from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
 from biodistil.evaluation.recipe import BenchConfig
+from biodistil.export.command import ExportOptions, run_export
+from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
-from biodistil.methods.finetune import init_model_path
 from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
 from biodistil.training.provenance import describe_machine

@@ -20,8 +20,8 @@ from typing import Any
 from biodistil.config import DistillRecipe, PretrainRecipe, TrainConfig, validate_recipe
 from biodistil.data.paths import require_file, resolve_data_root
 from biodistil.errors import BiodistilError
+from biodistil.finetune.on_task import finetune_on_task
 from biodistil.io import atomic_write_json, atomic_write_text
-from biodistil.methods.finetune import finetune_on_task
 from biodistil.methods.task_agnostic import run_distill, run_pretrain
 from biodistil.models.size import count_parameters
 from biodistil.paths import absolute, recorded

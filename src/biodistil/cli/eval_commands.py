@@ -25,7 +25,7 @@ def _evaluate(args: argparse.Namespace) -> object:
 def _score_finetuned(args: argparse.Namespace) -> object:
     """`evaluate --finetuned`: score fine-tuned models and their ONNX exports without training."""
     from biodistil.config import validate_recipe
-    from biodistil.evaluation.deployed import ScoringPlan, run_scoring
+    from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
     from biodistil.evaluation.recipe import BenchConfig
 
     if args.recipe or args.overrides or args.resume:
@@ -62,8 +62,8 @@ def parse_model_spec(spec: str) -> tuple[str | None, str]:
 def _bench(args: argparse.Namespace) -> object:
     from biodistil.config import validate_recipe
     from biodistil.evaluation.bench import format_bench, run_bench, write_bench
-    from biodistil.evaluation.deployed import expand_models
     from biodistil.evaluation.recipe import BenchConfig
+    from biodistil.export.deployed import expand_models
 
     models = [(item.label, str(item.path)) for item in expand_models([parse_model_spec(s) for s in args.models])]
     raw = {"lengths": args.lengths, "latency_batch": args.latency_batch, "throughput_batch": args.throughput_batch,

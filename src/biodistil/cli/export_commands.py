@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 def _export(args: argparse.Namespace) -> object:
-    from biodistil.evaluation.onnx_export import ExportOptions, format_export, run_export
+    from biodistil.export.command import ExportOptions, format_export, run_export
 
     options = ExportOptions(int8=args.int8, per_channel=args.per_channel, atol=args.atol, task=args.task,
                             split=args.split, fold=args.fold, max_examples=args.max_examples, data_root=args.data,
@@ -14,7 +14,7 @@ def _export(args: argparse.Namespace) -> object:
 
 
 def _card(args: argparse.Namespace) -> object:
-    from biodistil.export.card import write_model_card
+    from biodistil.training.card import write_model_card
 
     return write_model_card(args.folder)
 

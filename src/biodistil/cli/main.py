@@ -3,11 +3,12 @@
     command                          runs                                              recipe
     pretrain, distill, cache-teacher methods.task_agnostic                             config.PretrainRecipe, ...
     pipeline                         pipeline                                          pipeline.PipelineRecipe
-    finetune                         methods.finetune                                  methods.finetune
+    finetune                         finetune.command (task_commands)                  finetune.command
     transfer, kd, study              kd.transfer, kd.command, kd.study (task_commands) kd.recipe
-    evaluate                         evaluation.runner; --finetuned: .deployed          evaluation.recipe
+    evaluate                         evaluation.runner; --finetuned: .finetuned        evaluation.recipe
     report, bench                    evaluation.report, evaluation.bench               (arguments)
-    export                           evaluation.onnx_export (export_commands)          (arguments)
+    export                           export.command (export_commands)                  (arguments)
+    card                             training.card (export_commands)                   (arguments)
     demo                             demo (demo_quick with --quick)                    demo.study_recipe
 """
 

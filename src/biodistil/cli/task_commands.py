@@ -9,7 +9,7 @@ _NOT_TRANSFER = ("teacher", "student", "kd", "meta", "train", "export")
 
 
 def _finetune(args: argparse.Namespace) -> object:
-    from biodistil.methods.finetune import FinetuneRecipe, run_finetune
+    from biodistil.finetune.command import FinetuneRecipe, run_finetune
 
     return run_recipe(FinetuneRecipe, run_finetune, args)
 

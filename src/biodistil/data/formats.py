@@ -11,10 +11,11 @@ Every reader works on any file of its format, and every malformed line raises `B
 format names in `READERS`.
 """
 
+import hashlib
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,18 @@ def read_examples(
             f"Format '{format_name}' has no option(s) {unknown}; it accepts {reader_options(format_name)}"
         )
     return reader(Path(path), **options)
+
+
+EXAMPLES_FINGERPRINT_VERSION = 1
+
+
+def fingerprint_examples(examples: Sequence[Example], labels: bool = True) -> str:
+    """sha256 of the examples' content (inputs and labels, in order): a transfer set's identity. Without
+    `labels`, of the inputs alone (what a teacher's outputs depend on)."""
+    digest = hashlib.sha256(f"transfer-v{EXAMPLES_FINGERPRINT_VERSION}{'' if labels else '-inputs'}".encode())
+    for example in examples:
+        fields = (example.tokens, example.tags if labels else None) if isinstance(example, TokenExample) else (
+            example.text, example.text_pair, example.label if labels else None)
+        digest.update(json.dumps(fields, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()

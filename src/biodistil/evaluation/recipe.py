@@ -11,14 +11,13 @@ Command-line overrides are YAML values, so a list of models is one override:
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from biodistil.config import LocalPath, ModelRef, RunConfig, Section, TaskRef, TrainConfig
 from biodistil.embedded import EMBEDDED
+from biodistil.paths import LABEL_CHARS, unique_labels
 
 Family = Literal["ner", "relation_extraction", "document_classification", "question_answering", "pico"]
 FAMILIES: tuple[str, ...] = ("ner", "pico", "relation_extraction", "document_classification", "question_answering")
@@ -39,7 +38,6 @@ METRIC_FAMILY = {
     "accuracy_macro_f1": "question_answering",
     "accuracy_auroc": "question_answering",
 }
-_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class ModelEntry(Section):
@@ -62,7 +60,7 @@ class ModelEntry(Section):
     @field_validator("name")
     @classmethod
     def _name_is_a_folder_name(cls, name: str | None) -> str | None:
-        if name is not None and (not name or _LABEL_CHARS.search(name) or name.startswith(".")):
+        if name is not None and (not name or LABEL_CHARS.search(name) or name.startswith(".")):
             raise ValueError(f"model name '{name}' must use only letters, digits, '.', '_' and '-'")
         return name
 
@@ -188,32 +186,3 @@ class EvaluateRecipe(Section):
 
     def reference_label(self) -> str:
         return self.report.reference or self.model_labels()[0]
-
-
-def label_from_path(path: str, depth: int = 1) -> str:
-    """A short name for a model path: its last `depth` components, skipping a final `model` folder.
-
-    `runs/demo/teacher/model` → `teacher`; `dmis-lab/biobert-base-cased-v1.2` → `biobert-base-cased-v1.2`.
-    """
-    parts = [p for p in Path(path).parts if p not in ("/", ".", "..")]
-    if len(parts) > 1 and parts[-1] == "model":
-        parts = parts[:-1]
-    label = "-".join(parts[-depth:]) if parts else "model"
-    return _LABEL_CHARS.sub("_", label).strip("._") or "model"
-
-
-def unique_labels(entries: list[tuple[str | None, str]]) -> list[str]:
-    """Names for (name, path) pairs: the given name, else the shortest path suffix that makes it unique."""
-    labels = [name or label_from_path(path) for name, path in entries]
-    for depth in range(2, 8):
-        clashes = {label for label in labels if labels.count(label) > 1}
-        if not clashes:
-            break
-        labels = [
-            label_from_path(path, depth) if label in clashes and name is None else label
-            for label, (name, path) in zip(labels, entries, strict=True)
-        ]
-    clashes = sorted({label for label in labels if labels.count(label) > 1})
-    if clashes:
-        raise ValueError(f"models share the name(s) {clashes}; give each a name: {{name: ..., path: ...}}")
-    return labels

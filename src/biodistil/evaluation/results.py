@@ -1,6 +1,6 @@
 """The results format of `biodistil evaluate` (and `evaluate --finetuned`): `results.json` in a run folder.
 
-Writers (`biodistil.evaluation.runner`, `biodistil.evaluation.deployed`) and readers (`biodistil.evaluation.
+Writers (`biodistil.evaluation.runner`, `biodistil.evaluation.finetuned`) and readers (`biodistil.evaluation.
 aggregate`, the report) share this module, so that neither side imports the other. A results file holds:
 
     format        RESULTS_FORMAT

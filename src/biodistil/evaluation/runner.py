@@ -37,8 +37,8 @@ from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
+from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_json, read_record
-from biodistil.methods.finetune import init_model_path
 from biodistil.models.loading import check_model
 from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
@@ -220,7 +220,7 @@ def _parameters(model: Any) -> dict[str, int]:
 
 def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, Any]) -> dict[str, Any]:
     """Fine-tune and score one cell in its (empty) folder; write predictions.jsonl and, last, metrics.json."""
-    from biodistil.methods.finetune import finetune_on_task
+    from biodistil.finetune.on_task import finetune_on_task
 
     started = time.perf_counter()
     folder = cell.folder(out)
@@ -232,7 +232,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
     rows = prediction_rows(task.spec, outcome.test_examples, outcome.test_predictions)
     atomic_write_text(folder / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     if recipe.save_models:
-        from biodistil.export.hf import export_model
+        from biodistil.models.saving import export_model
 
         export_model(outcome.model, outcome.tokenizer, folder / "model")
     for leftover in ("checkpoints", "best"):

@@ -1,7 +1,7 @@
 """`biodistil kd`: train a student on a fine-tuned teacher's outputs over a transfer set, with the one engine.
 
-Reading order: the transfer set (`biodistil.kd.transfer`), the teacher signal (`biodistil.kd.signal`: outputs
-cached once by `biodistil.kd.teacher_cache`, or the teacher run online), the module and its loss as terms of the
+Reading order: the transfer set (`biodistil.kd.transfer`), the teacher signal (`biodistil.teachers.signal`: outputs
+stored once by `biodistil.teachers.task_cache`, or the teacher run online), the module and its loss as terms of the
 objective registry (`biodistil.kd.module`, `biodistil.kd.objective`): L = α·soft + β·CE + γ·PatientKD. With
 `meta`, MetaDistil or MetaAdaptiveKD (`biodistil.kd.meta`) updates the teacher (and α, β) before every student
 step. After training, the student is scored on the task's test set beside its initialisation and the teacher,
@@ -10,7 +10,6 @@ and the share of the gap it closes, (S − S_init)/(T − S_init), is reported.
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,20 +22,14 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 from biodistil.config import TrainConfig
 from biodistil.data.formats import Example, TextExample
 from biodistil.errors import BiodistilError
-from biodistil.export.card import write_model_card
-from biodistil.export.hf import export_model
+from biodistil.finetune.init_model import init_model_path
+from biodistil.finetune.on_task import steps_for_epochs
+from biodistil.finetune.selection import DevSelection, ScoringSplit, select_on_dev, write_test_results
 from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.kd.meta import MetaTeacherUpdate
-from biodistil.kd.module import KDCollator, KDModule, kd_features
+from biodistil.kd.module import KDModule, kd_data
 from biodistil.kd.objective import check_loss_fits_task, pkd_pairs
 from biodistil.kd.recipe import KDRecipe
-from biodistil.kd.signal import CachedTeacher, OnlineTeacher, TeacherSignal
-from biodistil.kd.teacher_cache import (
-    TeacherRequest,
-    cached_teacher_outputs,
-    load_teacher_classifier,
-    teacher_test_scores,
-)
 from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
@@ -47,15 +40,19 @@ from biodistil.kd.transfer import (
     save_transfer_set,
     shape_for_task,
 )
-from biodistil.methods.finetune import build_classifier, init_model_path, steps_for_epochs
 from biodistil.models.loading import check_model, load_tokenizer
+from biodistil.models.saving import export_model
 from biodistil.paths import recorded
-from biodistil.tasks.encoding import collator_for, fit_length_to_model
-from biodistil.tasks.prediction import degenerate, prediction_notes, write_predictions
+from biodistil.tasks.classifier import build_classifier
+from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.training.engine import Engine, Selection, TrainResult, make_accelerator
+from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
+from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
+from biodistil.training.card import write_model_card
+from biodistil.training.engine import Collate, Engine, TrainResult, make_accelerator
 from biodistil.training.run import RunFolder
 
 
@@ -71,6 +68,7 @@ class KDSetup:
     init_scores: dict[str, float]
     module: KDModule
     features: list[dict[str, Any]]
+    collate: Collate
     pre_step: MetaTeacherUpdate | None
 
 
@@ -85,7 +83,7 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)
     evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features))
     engine = Engine(cfg, run.path, recipe.run.seed, accelerator)
-    result = engine.fit(setup.module, setup.features, KDCollator(collator_for(setup.task, setup.tokenizer)),
+    result = engine.fit(setup.module, setup.features, setup.collate,
                         resume=run.resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
                         pre_step=setup.pre_step)
     if not accelerator.is_main_process:
@@ -123,9 +121,9 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     init_scores = (_init_scores(run_dir, student, task, test, tokenizer, recipe.train.batch_size * 2)
                    if accelerator.is_main_process else {})
     with accelerator.main_process_first():
-        module, features, pre_step = build_training(recipe, task, student, tokenizer, train_examples, quiz_examples,
-                                                    accelerator.device, run_dir)
-    return KDSetup(task, tokenizer, student, transfer, test, init_scores, module, features, pre_step)
+        module, (features, collate), pre_step = build_training(
+            recipe, task, student, tokenizer, train_examples, quiz_examples, accelerator.device, run_dir)
+    return KDSetup(task, tokenizer, student, transfer, test, init_scores, module, features, collate, pre_step)
 
 
 def _train_config(recipe: KDRecipe, num_features: int, processes: int) -> TrainConfig:
@@ -189,9 +187,9 @@ def split_quiz(recipe: KDRecipe, task: TaskSpec, examples: list[Example]) -> tup
 
 def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                    train_examples: list[Example], quiz_examples: list[Example], device: torch.device,
-                   run_dir: Path) -> tuple[KDModule, list[dict[str, Any]], MetaTeacherUpdate | None]:
-    """The module with its teacher signal, its training features and (meta-learning) the pre-step that updates
-    the teacher."""
+                   run_dir: Path) -> tuple[KDModule, tuple[list[dict[str, Any]], Collate], MetaTeacherUpdate | None]:
+    """The module with its teacher signal, its training features and their collate, and (meta-learning) the
+    pre-step that updates the teacher."""
     pairs: list[tuple[int, int]] = []
     signal = None
     if recipe.kd.soft_loss != "none":
@@ -202,13 +200,13 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     meta = recipe.meta
     module = KDModule(student, task, recipe.kd, signal, pairs, trainable_teacher=meta is not None,
                       adaptive=meta is not None and meta.mode == "adaptive")
-    features = kd_features(task, train_examples, tokenizer, signal)
+    data = kd_data(task, train_examples, tokenizer, signal)
     if meta is None:
-        return module, features, None
-    quiz = kd_features(task, quiz_examples, tokenizer, signal)
-    pre_step = MetaTeacherUpdate(module, quiz, KDCollator(collator_for(task, tokenizer)), meta, recipe.train,
-                                 recipe.run.seed, run_dir / "meta.jsonl")
-    return module, features, pre_step
+        return module, data, None
+    quiz, quiz_collate = kd_data(task, quiz_examples, tokenizer, signal)
+    pre_step = MetaTeacherUpdate(module, quiz, quiz_collate, meta, recipe.train, recipe.run.seed,
+                                 run_dir / "meta.jsonl")
+    return module, data, pre_step
 
 
 def teacher_signal(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase, examples: list[Example],
@@ -216,11 +214,11 @@ def teacher_signal(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokeni
     """The recipe's source of teacher outputs: cached once over the transfer examples, or the teacher online."""
     teacher_path = recipe.teacher.name_or_path
     if recipe.outputs_mode() == "cached":
-        request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar)
-        table = cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device)
-        return CachedTeacher(table, cls_layers, teacher_layers)
+        request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar,
+                                 teacher_layers)
+        return CachedTeacher(cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device))
     _check_same_tokenizer(teacher_path, tokenizer)
-    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), cls_layers)
+    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), classifier_forward)
 
 
 def _check_same_tokenizer(teacher_path: str, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -240,38 +238,33 @@ def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: 
     return scores
 
 
-def _dev_selection(recipe: KDRecipe, task: TaskSpec, tokenizer, cfg, num_features: int):
+def _dev_selection(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig,
+                   num_features: int) -> DevSelection:
     """With kd.select_on_dev: score the dev split with the task metric and keep the best weights."""
     if not recipe.kd.select_on_dev:
-        return None, None, cfg
+        return DevSelection(None, None, cfg)
     dev = load_task_split(task, recipe.task, "dev")
     if not dev:
         raise BiodistilError(f"kd.select_on_dev: task {task.name} has no dev split")
-    if cfg.eval_every == 0:
-        cfg = cfg.model_copy(update={"eval_every": max(1, num_features // cfg.batch_size)})
-
-    def evaluate_fn(module: KDModule) -> dict[str, float]:
-        return score_model(module.student, tokenizer, task, dev, cfg.batch_size * 2).scores
-
-    return evaluate_fn, Selection(metric=task.headline_key, mode="max"), cfg
+    return select_on_dev(ScoringSplit.encode(task, dev, tokenizer), cfg, num_features, _student)
 
 
-def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer, test: list[Example],
-                  init_scores: dict[str, float], run_dir: Path) -> dict[str, Any]:
+def _student(module: KDModule) -> PreTrainedModel:
+    return module.student
+
+
+def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                  test: list[Example], init_scores: dict[str, float], run_dir: Path) -> dict[str, Any]:
+    """The student's test scores (predictions written, notes printed) beside its initialisation and the teacher."""
     if not test:
         return {}
-    scored = score_model(student, tokenizer, task, test, recipe.train.batch_size * 2)
+    scored = ScoringSplit.encode(task, test, tokenizer).scored(student, recipe.train.batch_size * 2)
+    written = write_test_results(run_dir, task, test, scored.predictions, {"test": scored.truncated_examples})
     scores = scored.scores
-    write_predictions(run_dir / "test_predictions.jsonl", test, scored.predictions)
     teacher = teacher_test_scores(recipe.teacher.name_or_path, task, test, recipe.kd.cache_dir,
                                   recipe.train.batch_size * 2)
-    words = sum(len(e.tokens) for e in test) if task.kind == "token_classification" else None
-    notes = prediction_notes(task, scored.predictions, {"test": scored.truncated_examples}, words)
-    for note in notes:
-        print(f"Warning: {note}", file=sys.stderr, flush=True)
     return {"test": scores, "init": init_scores, "teacher": teacher,
-            "gap_closed": gap_closed(scores, init_scores, teacher),
-            "degenerate": degenerate(task, scored.predictions), "notes": notes}
+            "gap_closed": gap_closed(scores, init_scores, teacher), **written}
 
 
 def _report_rows(report: dict[str, Any]) -> dict[str, object]:

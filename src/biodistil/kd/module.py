@@ -1,8 +1,8 @@
 """What the engine trains in `biodistil kd`: the student and, for MetaAdaptiveKD, the raw α and β; with the
 collator and the features of the transfer examples.
 
-The module reads the teacher through its signal (`biodistil.kd.signal`): cached outputs from the batch, or one
-teacher pass per batch. A frozen teacher is held by reference only (never trained, checkpointed or wrapped for
+The module reads the teacher through its signal (`biodistil.teachers.signal`): cached outputs from the batch, or
+one teacher pass per batch. A frozen teacher is held by reference only (never trained, checkpointed or wrapped for
 data-parallel training); under meta-learning it is registered, so that the pre-step's optimizer trains it and
 the checkpoint holds it, and it stays in eval mode (no dropout).
 """
@@ -18,19 +18,19 @@ from torch.func import functional_call
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.data.formats import Example
-from biodistil.kd.objective import KDObjective, classifier_features
+from biodistil.kd.objective import KDObjective
 from biodistil.kd.recipe import KDOptions
-from biodistil.kd.signal import TeacherSignal, marked_features
-from biodistil.kd.teacher_cache import with_placeholder_labels
 from biodistil.kd.transfer import is_labelled
 from biodistil.methods.objective import Weight
-from biodistil.methods.teacher_signal import freeze
-from biodistil.models.features import Features
-from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
+from biodistil.models.features import FeatureRequest, Features, classifier_features
+from biodistil.tasks.encoding import FeatureCollator, collator_for, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
-from biodistil.training.engine import Batch
+from biodistil.teachers.identity import freeze
+from biodistil.teachers.signal import TeacherSignal
+from biodistil.teachers.task_cache import with_placeholder_labels
+from biodistil.training.engine import Batch, Collate
 
-TEACHER_KEYS = ("teacher_logits", "kd_mask", "teacher_cls", "pkd_mask")
+ORIGIN_KEYS = ("origin", "word_ids")  # where a feature comes from, read when a teacher signal prepares the data
 
 
 def inverse_softplus(value: float) -> float:
@@ -48,6 +48,7 @@ class KDModule(nn.Module):
         self.cfg = cfg
         self.objective = KDObjective(cfg, task, pairs)
         self.student_layers = sorted({s for s, _ in pairs})
+        self.teacher_request = FeatureRequest(hidden={t for _, t in pairs})
         self.signal = signal
         teacher = self.teacher
         if trainable_teacher:
@@ -91,7 +92,9 @@ class KDModule(nn.Module):
 
     def teacher_outputs(self, batch: Batch, grad: bool = False) -> Features | None:
         """The teacher's features of the batch from the signal (with gradients only when `grad`); None without one."""
-        return self.signal.outputs(batch, grad) if self.signal is not None else None
+        if self.signal is None:
+            return None
+        return self.signal.get_signal(batch, self.teacher_request, grad=grad)
 
     def distill_loss(self, student: Features, teacher: Features | None, batch: Batch, alpha: Weight,
                      beta: Weight) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -107,45 +110,44 @@ class KDModule(nn.Module):
 
 @dataclass(frozen=True)
 class KDCollator:
-    """Pads model inputs and labels like fine-tuning, plus the columns a teacher signal attached (cached logits
-    per example or per position, `kd_mask`, [CLS] states and `pkd_mask`)."""
+    """Pads model inputs and labels like fine-tuning, and `kd_mask` (token tasks); a cached teacher signal's collate
+    adds its outputs around it."""
 
     base: FeatureCollator
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
-        batch = self.base([{k: v for k, v in f.items() if k not in TEACHER_KEYS} for f in features])
-        length = batch["input_ids"].shape[1]
-        first = features[0]
-        if "teacher_logits" in first:
-            batch["teacher_logits"] = torch.tensor(
-                [_pad_rows(f["teacher_logits"], length) for f in features] if self.base.token_labels
-                else [f["teacher_logits"] for f in features], dtype=torch.float32)
-        if "kd_mask" in first:
+        batch = self.base([{k: v for k, v in f.items() if k not in (*ORIGIN_KEYS, "kd_mask")} for f in features])
+        if "kd_mask" in features[0]:
+            length = batch["input_ids"].shape[1]
             batch["kd_mask"] = torch.tensor([f["kd_mask"] + [0] * (length - len(f["kd_mask"])) for f in features])
-        if "teacher_cls" in first:
-            batch["teacher_cls"] = torch.tensor([f["teacher_cls"] for f in features], dtype=torch.float32)
-            batch["pkd_mask"] = torch.tensor([f["pkd_mask"] for f in features])
         return batch
 
 
-def _pad_rows(rows: list[list[float]], length: int) -> list[list[float]]:
-    return rows + [[0.0] * len(rows[0])] * (length - len(rows))
-
-
-def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
-                signal: TeacherSignal | None = None) -> list[dict[str, Any]]:
-    """The student's features of the transfer examples, prepared by the teacher signal: labels when some example
-    has one (-100, no target, for the others: a labelled budget within unlabelled text); token tasks get `kd_mask`
-    (the sub-word positions a word's label would sit at)."""
+def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """The student's features of the transfer examples: labels when some example has one (-100, no target, for the
+    others: a labelled budget within unlabelled text); token tasks get `kd_mask` (the sub-word positions a word's
+    label would sit at, 1 at each word's first sub-word); every feature its `origin` (example, first word) and
+    `word_ids` (-1 off words), which a cached teacher matches its outputs by."""
     encoded = encode_split(task, with_placeholder_labels(examples, task), tokenizer)
     token_task = task.kind == "token_classification"
-    positions = [[int(label != -100) for label in f["labels"]] for f in encoded.features] if token_task else None
-    features = signal.features(encoded, task, positions) if signal is not None else marked_features(encoded,
-                                                                                                     positions)
     labelled = [is_labelled(example) for example in examples]
-    for feature, (index, _) in zip(features, encoded.origins, strict=True):
+    features = []
+    for i, (feature, origin) in enumerate(zip(encoded.features, encoded.origins, strict=True)):
+        feature = {**feature, "origin": list(origin)}
+        if token_task:
+            feature["kd_mask"] = [int(label != -100) for label in feature["labels"]]
+            feature["word_ids"] = [-1 if word is None else word for word in encoded.word_ids[i]]
         if not any(labelled):
             feature.pop("labels")
-        elif not labelled[index]:
+        elif not labelled[origin[0]]:
             feature["labels"] = [-100] * len(feature["labels"]) if token_task else -100
+        features.append(feature)
     return features
+
+
+def kd_data(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
+            signal: TeacherSignal | None = None) -> tuple[list[dict[str, Any]], Collate]:
+    """The transfer examples' features and their collate, prepared by the teacher signal (a cached teacher attaches
+    the rows of its outputs and gathers them into each batch)."""
+    features, collate = kd_features(task, examples, tokenizer), KDCollator(collator_for(task, tokenizer))
+    return signal.data(features, collate) if signal is not None else (features, collate)

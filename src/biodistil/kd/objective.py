@@ -39,16 +39,6 @@ def kd_terms(cfg: KDOptions, pairs: Sequence[tuple[int, int]] = ()) -> list[Term
     return terms
 
 
-def classifier_features(logits: torch.Tensor, hidden: dict[int, torch.Tensor], num_layers: int) -> Features:
-    """A classifier's outputs as the objective's features: one logit row per token position of [B, L, C] logits,
-    or per example of [B, C] logits (its position 0), and the hidden states (or [CLS] states, [B, 1, D]) of the
-    layers the terms read."""
-    shape = logits.shape[:-1] if logits.dim() == 3 else (logits.shape[0], 1)
-    positions = torch.ones(shape, dtype=torch.bool, device=logits.device)
-    return Features(hidden=hidden, logits=logits.reshape(-1, logits.size(-1)), num_layers=num_layers,
-                    positions=positions)
-
-
 class KDObjective:
     """The weighted terms of a `kd` recipe, computed on student and teacher features of one batch."""
 
@@ -72,11 +62,11 @@ class KDObjective:
         """The term inputs of one batch: labels shaped like the logit positions and the named position sets
         `all` (where the teacher term counts: `kd_mask`, else everywhere), `masked` (gold labels) and `cls`
         (examples whose teacher [CLS] states are known: `pkd_mask`, else all)."""
-        shape = student.positions.shape
+        shape = student.logits.positions.shape
         labels = batch.get("labels")
         if labels is not None and not self.multi_label:
             labels = labels.reshape(shape)
-        everywhere = torch.ones(shape, dtype=torch.bool, device=student.positions.device)
+        everywhere = torch.ones(shape, dtype=torch.bool, device=student.logits.positions.device)
         masks = {"all": batch["kd_mask"].bool() if "kd_mask" in batch else everywhere,
                  "masked": labels != -100 if labels is not None and not self.multi_label else everywhere,
                  "cls": batch["pkd_mask"].bool().reshape(-1, 1) if "pkd_mask" in batch else everywhere[:, :1]}

@@ -1,5 +1,5 @@
 """Typed recipes of task-specific distillation: `transfer`, `kd` and `study` (`finetune`'s is in
-`biodistil.methods.finetune`).
+`biodistil.finetune.command`).
 
 Every class subclasses `biodistil.config.Section` (unknown keys are errors naming the valid ones) and reuses
 `RunConfig`, `TrainConfig`, `ExportConfig`, `ModelConfig` and the `task:` section (`biodistil.tasks.recipe`);
@@ -135,7 +135,7 @@ class KDOptions(Section):
         "auto", description="cached: computed once and stored on disk; online: teacher run every step; "
         "auto: online for meta-learning, else cached",
     )
-    cache_dir: LocalPath | None = Field(None, description="teacher-output cache; default ~/.cache/biodistil/teacher")
+    cache_dir: LocalPath | None = Field(None, description="teacher store folder; default ~/.cache/biodistil/teacher")
     epochs: float | None = Field(None, gt=0, description="set train.max_steps from the transfer-set size")
     patient: PatientConfig | None = None
     select_on_dev: bool = Field(False, description="score the task's dev split every train.eval_every steps "
@@ -267,7 +267,7 @@ class StudyRecipe(Section):
         them, so that the study's config.yaml records them absolute (a resumed study compares them)."""
         if not isinstance(raw, dict):
             return raw
-        from biodistil.methods.finetune import FinetuneRecipe
+        from biodistil.finetune.command import FinetuneRecipe
 
         commands = {"finetune": FinetuneRecipe, "kd": KDRecipe}
         raw = dict(raw)

@@ -13,15 +13,16 @@ from typing import Any
 
 from biodistil.config import deep_merge, validate_recipe
 from biodistil.errors import BiodistilError
+from biodistil.finetune.command import FinetuneRecipe, run_finetune
+from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json, read_record
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
-from biodistil.kd.teacher_cache import teacher_test_scores
-from biodistil.methods.finetune import FinetuneRecipe, init_model_path, run_finetune
 from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
+from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.provenance import describe_machine
 from biodistil.training.run import RunFolder, run_stage
 

@@ -10,7 +10,6 @@ labels into the task's label space (BoolQ true/false is read as yes/no; PubMedQA
 A saved set is a datasets Arrow folder `data/` plus `transfer.json` (what it is, its size and fingerprint).
 """
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import datasets
 
-from biodistil.data.formats import Example, TextExample, TokenExample, read_examples
+from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, atomic_write_json
@@ -275,18 +274,6 @@ def dataset_to_examples(table: datasets.Dataset) -> list[Example]:
     return [TextExample(row["id"], row["text"], row["text_pair"],
                         row["label"] if row["label_vector"] is None else list(row["label_vector"]))
             for row in table]
-
-
-def fingerprint_examples(examples: Sequence[Example], labels: bool = True) -> str:
-    """sha256 of the examples' content (inputs and labels, in order): the transfer set's identity. Without
-    `labels`, of the inputs alone (what a teacher's outputs depend on)."""
-    digest = hashlib.sha256(f"transfer-v{FORMAT_VERSION}{'' if labels else '-inputs'}".encode())
-    for example in examples:
-        fields = (example.tokens, example.tags if labels else None) if isinstance(example, TokenExample) else (
-            example.text, example.text_pair, example.label if labels else None)
-        digest.update(json.dumps(fields, ensure_ascii=False).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
 
 
 def save_transfer_set(examples: Sequence[Example], folder: Path, info: dict[str, Any]) -> Path:

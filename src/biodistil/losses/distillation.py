@@ -1,7 +1,5 @@
 """Token-level distillation losses for masked language models (DistilBERT, bio-lm distill + align)."""
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -23,30 +21,19 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
 KL_CHUNK_ELEMENTS = 1 << 22
 
 
-@dataclass(frozen=True)
-class LinearRows:
-    """Logit rows given as the input of the linear layer that makes them, z = x·Wᵀ + b: rows x [N, d], weight W
-    [V, d], bias b [V] (an MLM head's decoder). The losses that take them form the logits a chunk of rows at a time,
-    so an [N, V] tensor never exists whole."""
-
-    inputs: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None = None
-
-    def logits(self, rows: slice = slice(None)) -> torch.Tensor:
-        return F.linear(self.inputs[rows], self.weight, self.bias)
-
-    def select(self, rows: torch.Tensor) -> "LinearRows":
-        return LinearRows(self.inputs[rows], self.weight, self.bias)
+# a linear layer's input and parameters (x [N, d], W [V, d], b [V] or None) standing for the logit rows
+# z = x·Wᵀ + b (an MLM head's decoder): the losses that take them form the logits a chunk of rows at a time
+Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 def soft_kl_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor | Linear, temperature: float = 1.0
 ) -> torch.Tensor:
     """Temperature-scaled distillation loss T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) (Hinton et al., 2015).
 
     Logits are [N, V] rows already restricted to the positions that count; the KL is summed over the
-    vocabulary and averaged over rows. The T² factor keeps gradient size independent of T.
+    vocabulary and averaged over rows. The T² factor keeps gradient size independent of T. The teacher may come
+    as a head's decoder input (`Linear`, z_T = x·Wᵀ + b), its logits then formed a chunk of rows at a time.
 
     Computed in chunks of rows (`KL_CHUNK_ELEMENTS` values each), so the float32 temporaries stay bounded at
     large vocabularies and batch sizes: the forward pass also forms the gradient with respect to the student,
@@ -55,35 +42,44 @@ def soft_kl_loss(
     """
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
-    if teacher_logits.requires_grad:
+    if _takes_grad(teacher_logits):
+        teacher_logits = teacher_logits if isinstance(teacher_logits, torch.Tensor) else F.linear(*teacher_logits)
         log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
         kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
         return kl.mean() * temperature * temperature
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}")
+    if tuple(student_logits.shape) != _shape(teacher_logits):
+        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {_shape(teacher_logits)}")
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
 
 
 def linear_soft_kl_loss(
-    student: LinearRows, teacher: torch.Tensor | LinearRows, temperature: float = 1.0
+    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: torch.Tensor | Linear,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b, formed inside the loss a chunk of rows at a time
-    (teacher logits likewise when they come as `LinearRows`): T²·(1/N)·Σ_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)).
+    """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b (`inputs` x [N, d], `weight` W [V, d], `bias` b [V] or
+    None), formed inside the loss a chunk of rows at a time (teacher logits likewise when they come as `Linear`):
+    T²·(1/N)·Σ_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)).
 
     Neither the [N, V] logits nor their gradient exist whole: per chunk, the forward pass forms G = ∂L/∂z_S =
     T·(softmax(z_S/T) − softmax(z_T/T))/N and accumulates the gradients of x (G·W), W (Gᵀ·x) and b (Σ_rows G),
     which are all it keeps for the backward pass ([N, d] + [V, d] + [V] values instead of [N, V]). The teacher takes
     no gradient.
     """
-    rows = student.inputs.size(0)
-    vocab = student.weight.size(0)
-    teacher_vocab = teacher.weight.size(0) if isinstance(teacher, LinearRows) else teacher.size(-1)
-    teacher_rows = teacher.inputs.size(0) if isinstance(teacher, LinearRows) else teacher.size(0)
-    if (rows, vocab) != (teacher_rows, teacher_vocab):
-        raise ValueError(f"student logits {(rows, vocab)} != teacher {(teacher_rows, teacher_vocab)}")
-    if rows == 0:
-        return student.inputs.sum() * 0.0
-    return _LinearSoftKL.apply(student.inputs, student.weight, student.bias, teacher, float(temperature))
+    if (inputs.size(0), weight.size(0)) != _shape(teacher):
+        raise ValueError(f"student logits {(inputs.size(0), weight.size(0))} != teacher {_shape(teacher)}")
+    if inputs.size(0) == 0:
+        return inputs.sum() * 0.0
+    return _LinearSoftKL.apply(inputs, weight, bias, teacher, float(temperature))
+
+
+def _shape(logits: torch.Tensor | Linear) -> tuple[int, ...]:
+    """(rows, vocabulary) of logit rows given whole or as `Linear`."""
+    return (logits[0].size(0), logits[1].size(0)) if isinstance(logits, tuple) else tuple(logits.shape)
+
+
+def _takes_grad(logits: torch.Tensor | Linear) -> bool:
+    tensors = logits if isinstance(logits, tuple) else (logits,)
+    return any(tensor is not None and tensor.requires_grad for tensor in tensors)
 
 
 def _spend(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -95,14 +91,14 @@ def _spend(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     return tuple(None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.grads)
 
 
-def _scaled(logits: torch.Tensor | LinearRows, rows: slice, temperature: float) -> torch.Tensor:
+def _scaled(logits: torch.Tensor | Linear, rows: slice, temperature: float) -> torch.Tensor:
     """z/T for a chunk of logit rows, in a new tensor (float32, or the head's dtype: the 1/T is folded into the
-    matmul that forms logits from `LinearRows`)."""
-    if isinstance(logits, LinearRows):
-        inputs, weight = logits.inputs[rows], logits.weight.t()
-        if logits.bias is None:
+    matmul that forms logits from `Linear`)."""
+    if isinstance(logits, tuple):
+        inputs, weight, bias = logits[0][rows], logits[1].t(), logits[2]
+        if bias is None:
             return torch.mm(inputs, weight).div_(temperature)
-        return torch.addmm(logits.bias, inputs, weight, beta=1 / temperature, alpha=1 / temperature)
+        return torch.addmm(bias, inputs, weight, beta=1 / temperature, alpha=1 / temperature)
     chunk = logits[rows]
     return chunk / temperature if chunk.dtype == torch.float32 else chunk.float().div_(temperature)
 
@@ -146,7 +142,7 @@ class _ChunkedSoftKL(_FusedKL):
     """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
 
     @staticmethod
-    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor | Linear, temperature: float) -> torch.Tensor:
         rows = student.size(0)
         step = _chunk_rows(student.size(-1))
         grad = torch.empty(student.shape, dtype=torch.float32, device=student.device) if student.requires_grad \
@@ -164,7 +160,7 @@ class _LinearSoftKL(_FusedKL):
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                teacher: torch.Tensor | LinearRows, temperature: float) -> torch.Tensor:
+                teacher: torch.Tensor | Linear, temperature: float) -> torch.Tensor:
         rows, vocab = inputs.size(0), weight.size(0)
         step = _chunk_rows(vocab)
         grads = [torch.zeros_like(tensor, dtype=torch.float32) if tensor is not None and tensor.requires_grad
@@ -177,7 +173,7 @@ class _LinearSoftKL(_FusedKL):
             chunk = slice(start, start + step)
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
-            student = _scaled(LinearRows(x, weight, bias), slice(None), temperature)
+            student = _scaled((x, weight, bias), slice(None), temperature)
             total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad)  # ∂L/∂z_S = scale·grad
             if grad_inputs is not None:
                 torch.mm(grad, weight.float(), out=grad_inputs[chunk]).mul_(scale)

@@ -14,15 +14,16 @@ from transformers import PreTrainedModel
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
-from biodistil.methods.teacher_signal import OnlineTeacher, TeacherSignal, freeze
 from biodistil.models.features import extract_features
+from biodistil.teachers.identity import freeze
+from biodistil.teachers.signal import OnlineTeacher, TeacherSignal
 from biodistil.training.provenance import cpu_info
 
 
 class MaskedLMModule(nn.Module):
     """What the engine trains: the student and the objective's own parameters (projections).
 
-    The teacher's outputs come from a teacher signal (`biodistil.methods.teacher_signal`): a teacher model (held by
+    The teacher's outputs come from a teacher signal (`biodistil.teachers.signal`): a teacher model (held by
     reference only, so it is never trained, checkpointed, or wrapped for data-parallel training; it runs under
     `torch.inference_mode` in eval mode) or a teacher cache. The module never asks which.
     """
@@ -54,7 +55,7 @@ class MaskedLMModule(nn.Module):
         masks = position_masks(attention, labels, batch.get("new_tokens"))
         teacher_features = None
         if self.objective.needs_teacher:
-            teacher_features = self.signal.outputs(
+            teacher_features = self.signal.get_signal(
                 batch, self.objective.teacher_request(), self.objective.logit_positions(masks, teacher=True)
             )
         student_features = extract_features(

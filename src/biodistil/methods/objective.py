@@ -10,6 +10,9 @@ transformer layer l = 1..M with teacher layer g(l) (uniform or explicit, `biodis
 Attention terms compare the two maps on the keys both layers can see: when one of them is a local
 (sliding-window) layer, the other's attention is restricted to the same window and renormalised.
 A term with `epsilon` passes through the VE-KD tolerance hinge max(W·L − ε, 0) before its weight.
+Logit terms read each model's `LogitRows` (`biodistil.models.logits`), which forms, restricts and compares the
+logits; before any term runs, `weighted_sum` declares at which rows terms read the student's formed logits, so the
+order of the terms never changes what is computed.
 
 The registry `TERM_KINDS` is shared by both halves of the toolkit. Task-specific distillation
 (`biodistil.kd.objective`) reads a classifier's outputs as features (logit rows at token positions, or one row
@@ -19,7 +22,7 @@ with `weighted_sum`: one dispatch.
 """
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -30,14 +33,7 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.masking import IGNORE_INDEX
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import (
-    LinearRows,
-    cosine_embedding_loss,
-    linear_soft_kl_loss,
-    masked_lm_loss,
-    soft_kl_loss,
-    topk_kl_loss,
-)
+from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss
 from biodistil.losses.layers import (
     attention_kl_loss,
     attention_mse_loss,
@@ -50,7 +46,7 @@ from biodistil.losses.task import logit_mse_loss, patient_kd_loss, sigmoid_kd_lo
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.models.attention import restrict_to_window
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, Features, TopKLogits, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 
 Pairs = tuple[tuple[int, int], ...]
@@ -98,76 +94,51 @@ class Term:
 @dataclass(frozen=True)
 class TermKind:
     """A kind of loss term: which features it reads and how it is computed; `cached`: whether it can read a teacher
-    cache instead of a running teacher (top-k logits at the masked positions, hidden states of mapped layers)."""
+    cache instead of a running teacher (top-k logits at the masked positions, hidden states of mapped layers);
+    `formed`: whether it reads the student's logits formed (materialised) at its positions (a function of the
+    batch's inputs where that depends on them), declared before the terms run (`planned_inputs`)."""
 
     needs_teacher: bool
     features: FeatureKind
     compute: Callable[["Objective", Term, TermInputs], torch.Tensor]
     cached: bool = False
+    formed: bool | Callable[[TermInputs], bool] = False
 
     def positions(self, cfg: TermConfig) -> str:
-        return "masked" if cfg.loss == "mlm" else cfg.positions
+        return "masked" if cfg.loss in ("mlm", "ce") else cfg.positions
+
+    def forms(self, inputs: TermInputs) -> bool:
+        return self.formed(inputs) if callable(self.formed) else self.formed
 
 
 # ------------------------------------------------------------------------------------------ logit terms
 def _mlm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """CE(labels, student) over the MLM targets (over the student's whole vocabulary)."""
     rows = x.masks["masked"]
-    return masked_lm_loss(x.student.logits_at(rows), x.labels[rows])
+    return masked_lm_loss(x.student.logits.at(rows).logits(), x.labels[rows])
 
 
 def _logit_rows(term: Term, x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Student and teacher logits at the term's positions, over the vocabulary both models share."""
     rows = x.masks[term.cfg.positions]
-    student, teacher = x.student.logits_at(rows), x.teacher.logits_at(rows)
-    if x.shared_vocab is not None and not isinstance(teacher, TopKLogits):
+    student, teacher = x.student.logits.at(rows).logits(), x.teacher.logits.at(rows).logits()
+    if x.shared_vocab is not None:
         student, teacher = student[:, : x.shared_vocab], teacher[:, : x.shared_vocab]
     return student, teacher
 
 
 def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions; from a teacher cache, the KL over the teacher's
-    top-k tokens and the tail: one bucket, or draws from it (`topk_kl_loss`). Rows whose student logits no other
-    term has formed get them formed inside the loss, a chunk at a time (`linear_soft_kl_loss`)."""
-    if _fusable(x):
-        return _fused_logit_kl(x.masks[term.cfg.positions], x)
-    student, teacher = _logit_rows(term, x)
-    if isinstance(teacher, TopKLogits):
-        if teacher.temperature != x.temperature:
-            raise BiodistilError(f"The teacher cache was built for temperature {teacher.temperature}, the objective "
-                                 f"uses {x.temperature}")
-        return topk_kl_loss(student, teacher.values, teacher.ids, teacher.log_norm, x.temperature,
-                            teacher.tail_values, teacher.tail_ids)
-    return soft_kl_loss(student, teacher, x.temperature)
+    """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions over the shared vocabulary; from a teacher
+    cache, the KL over the teacher's top-k tokens and the tail (`topk_kl_loss`). `LogitRows.soft_kl` chooses the
+    loss: on a student head it forms the logits inside the loss (`linear_soft_kl_loss`) except at the rows other
+    terms read formed (the MLM targets), whose formed logits it reads."""
+    rows = x.masks[term.cfg.positions]
+    return x.student.logits.at(rows).soft_kl(x.teacher.logits.at(rows), x.temperature, x.shared_vocab)
 
 
-def _fusable(x: TermInputs) -> bool:
-    """Whether the KL can form the student's logits itself: a student head, whole vocabularies (not VE-KD's shared
-    prefix) and a teacher's logits or head (not a cache's top-k)."""
-    return (x.shared_vocab is None and isinstance(x.student.logits, LinearRows)
-            and not isinstance(x.teacher.logits, TopKLogits))
-
-
-def _fused_logit_kl(rows: torch.Tensor, x: TermInputs) -> torch.Tensor:
-    """The mean KL over `rows`: at rows whose logits another term formed (the MLM targets) on those logits, at the
-    others by `linear_soft_kl_loss`; each row's logits are formed once."""
-    formed = x.student.formed_at(rows)
-    if formed is None:
-        return linear_soft_kl_loss(x.student.head_at(rows), _teacher_rows(x, rows), x.temperature)
-    part, logits = formed
-    plain = soft_kl_loss(logits, x.teacher.logits_at(part), x.temperature)
-    if part is rows:  # every row formed already
-        return plain
-    rest = rows & ~part
-    fused = linear_soft_kl_loss(x.student.head_at(rest), _teacher_rows(x, rest), x.temperature)
-    counts = part.sum(), rest.sum()
-    return (counts[0] * plain + counts[1] * fused) / (counts[0] + counts[1]).clamp(min=1)
-
-
-def _teacher_rows(x: TermInputs, mask: torch.Tensor) -> torch.Tensor | LinearRows:
-    """The teacher at `mask`'s rows as its head (logits formed inside the loss) or, lacking one, its logits."""
-    head = x.teacher.head_at(mask)
-    return x.teacher.logits_at(mask) if head is None else head
+def _kl_forms(x: TermInputs) -> bool:
+    """Whether the KL reads the student's formed logits (it cannot form them inside the loss)."""
+    return not x.student.logits.fuses_kl(x.teacher.logits, x.shared_vocab)
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
@@ -186,9 +157,9 @@ def _ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """CE(y, z_S) with the gold labels: softmax CE at the labelled positions (per example, or per labelled
     sub-word of a token task), or per-label BCE for multi-label tasks; 0 when the batch has no labels."""
     if x.labels is None:
-        return x.student.logits.float().sum() * 0.0
+        return x.student.logits.logits().float().sum() * 0.0
     if x.multi_label:
-        logits = x.student.logits_at(x.masks["masked"])
+        logits = x.student.logits.at(x.masks["masked"]).logits()
         return F.binary_cross_entropy_with_logits(logits.float(), x.labels.float())
     return _mlm(objective, term, x)
 
@@ -207,7 +178,7 @@ def _patient_kd(objective: "Objective", term: Term, x: TermInputs) -> torch.Tens
     pairs, over the examples whose teacher [CLS] is known (mask "cls")."""
     rows = x.masks["cls"]
     if not bool(rows.any()):
-        return x.student.logits.float().sum() * 0.0
+        return x.student.logits.logits().float().sum() * 0.0
     student = [x.student.hidden_at(s)[:, :1][rows] for s, _ in term.pairs]
     teacher = [x.teacher.hidden_at(t)[:, :1][rows].to(student[0].dtype) for _, t in term.pairs]
     return patient_kd_loss(student, teacher)
@@ -270,17 +241,17 @@ def _minilm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
 
 
 TERM_KINDS: dict[str, TermKind] = {
-    "mlm": TermKind(False, "logits", _mlm),
-    "logit_kl": TermKind(True, "logits", _logit_kl, cached=True),
-    "soft_ce": TermKind(True, "logits", _soft_ce),
-    "logit_mse": TermKind(True, "logits", _logit_mse),
+    "mlm": TermKind(False, "logits", _mlm, formed=True),
+    "logit_kl": TermKind(True, "logits", _logit_kl, cached=True, formed=_kl_forms),
+    "soft_ce": TermKind(True, "logits", _soft_ce, formed=True),
+    "logit_mse": TermKind(True, "logits", _logit_mse, formed=True),
     "hidden_cosine": TermKind(True, "hidden", _hidden(cosine_embedding_loss), cached=True),
     "hidden_mse": TermKind(True, "hidden", _hidden(hidden_mse_loss), cached=True),
     "attention_mse": TermKind(True, "attention", _attention_mse),
     "attention_kl": TermKind(True, "attention", _attention_kl),
     "minilm_relations": TermKind(True, "qkv", _minilm),
-    "ce": TermKind(False, "logits", _ce),
-    "sigmoid_kd": TermKind(True, "logits", _sigmoid_kd),
+    "ce": TermKind(False, "logits", _ce, formed=True),
+    "sigmoid_kd": TermKind(True, "logits", _sigmoid_kd, formed=True),
     "patient_kd": TermKind(True, "cls", _patient_kd),
 }
 _REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
@@ -354,7 +325,7 @@ class Objective(nn.Module):
     def logit_positions(self, masks: dict[str, torch.Tensor], teacher: bool = False) -> torch.Tensor | None:
         """Union of the positions of the terms that read this model's logits (None when none does). Every named
         set lies within "all", so a union that holds it is that very tensor (its terms then read the logits
-        without a copy, `Features.logits_at`)."""
+        without a copy, `LogitRows.at`)."""
         kinds = [(TERM_KINDS[term.cfg.loss], term.cfg) for term in self.terms]
         names = {kind.positions(cfg) for kind, cfg in kinds
                  if kind.features == "logits" and (kind.needs_teacher or not teacher)}
@@ -375,7 +346,10 @@ def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
                  weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """L = Σ_k w_k·L_k over the terms, each computed by its kind in `TERM_KINDS` (the one dispatch of every
     method), and each term's unweighted value for the logs. `weights` replaces the recipe weight of the terms it
-    names (MetaAdaptiveKD's learned α and β, tensors that receive gradients)."""
+    names (MetaAdaptiveKD's learned α and β, tensors that receive gradients). What is computed does not depend on
+    the order of the terms: the rows read as formed logits are declared first (`planned_inputs`)."""
+    terms = list(terms)
+    inputs = planned_inputs(terms, inputs)
     total = torch.zeros((), device=inputs.attention_mask.device)
     logs = {}
     for term in terms:
@@ -387,6 +361,17 @@ def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
         weight = term.cfg.weight if weights is None else weights.get(term.name, term.cfg.weight)
         total = total + weight * value
     return total, logs
+
+
+def planned_inputs(terms: list[Term], inputs: TermInputs) -> TermInputs:
+    """`inputs` with the student's logit rows told, before any term runs, at which positions the terms read formed
+    logits (`LogitRows.planned`; by position name, in sorted order, so the plan does not depend on the order of
+    the terms either)."""
+    if inputs.student.logits is None:
+        return inputs
+    names = sorted({TERM_KINDS[t.cfg.loss].positions(t.cfg) for t in terms if TERM_KINDS[t.cfg.loss].forms(inputs)})
+    rows = inputs.student.logits.planned([inputs.masks[name] for name in names])
+    return replace(inputs, student=replace(inputs.student, logits=rows))
 
 
 def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:

@@ -17,27 +17,28 @@ from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
-from biodistil.export.card import write_model_card
-from biodistil.export.hf import export_model
 from biodistil.io import atomic_directory
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
-from biodistil.methods.teacher_cache import (
+from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
+from biodistil.models.families import head_only
+from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
+from biodistil.models.saving import export_model
+from biodistil.models.size import count_parameters
+from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
+from biodistil.paths import recorded
+from biodistil.teachers.masked_lm_cache import (
     BuildReport,
     Cache,
     CacheReader,
     CacheSpec,
+    MaskedLMOutputs,
     build_cache,
     cache_spec,
-    teacher_cache_root,
 )
-from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher, TeacherSignal
-from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
-from biodistil.models.families import head_only, num_layers
-from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
-from biodistil.models.size import count_parameters
-from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
-from biodistil.paths import recorded
+from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal
+from biodistil.teachers.store import store_root
+from biodistil.training.card import write_model_card
 from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult, make_accelerator
 from biodistil.training.run import RunFolder
 
@@ -119,7 +120,8 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
         notes.append(_cache_note(caches, reports))
         head = head_only(teacher) if caches[0].cache.spec.logits == "head" else None
-        signal = CachedTeacher(caches[0].reader(), caches[-1].reader() if data.held_out is not None else None, head)
+        signal = CachedTeacher(MaskedLMOutputs(caches[0].reader(), head),
+                               MaskedLMOutputs(caches[-1].reader(), head) if data.held_out is not None else None)
         data = replace(data, train=signal.data(data.train, data.collate)[0],
                        held_out=None if data.held_out is None else signal.data(data.held_out, data.collate, True)[0],
                        collate=signal.data(data.train, data.collate)[1])
@@ -171,12 +173,12 @@ def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer
     """The caches a run reads: the training corpus's (patterns 0 .. min(D, epochs of the run) − 1; pattern 0 of the
     held-out blocks at its end too) and, when the held-out blocks come from other files, theirs (pattern 0)."""
     cfg, request = recipe.teacher_cache, objective.cache_request()
-    root = teacher_cache_root(cfg.dir)
+    root = store_root(cfg.dir)
     train, held_out = data.train.blocks, data.held_out.blocks if data.held_out is not None else None
 
     def spec(files: list[str], max_lines: int | None, blocks: int) -> CacheSpec:
-        return cache_spec(teacher, dtype, tokenizer, files, max_lines, recipe.data.block_size, recipe.masking,
-                          request, cfg, recipe.objective.temperature, num_layers(teacher.config), blocks)
+        return cache_spec(recipe.teacher.name_or_path, teacher.config, dtype, tokenizer, files, max_lines,
+                          recipe.data.block_size, recipe.masking, request, cfg, recipe.objective.temperature, blocks)
 
     per_epoch = max(1, len(train) // (recipe.train.batch_size * processes))
     epochs = -(-recipe.train.max_steps * recipe.train.grad_accumulation // per_epoch)

@@ -14,7 +14,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import gelu
 
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import LinearRows
+from biodistil.models.logits import LinearRows
 from biodistil.models.qkv import FusedRotaryProjection, QKVReader, SeparateProjections
 
 BERT_QKV = SeparateProjections()  # attention.self.query|key|value

@@ -11,24 +11,21 @@ exact tempered probabilities of the k tokens and its tail mass, and m draws from
 terms read them, it also holds the teacher's hidden states of the mapped layers at every position (bfloat16, stored
 as their 16-bit patterns).
 
-Layout of `<teacher_cache.dir>/<key>/`: `key.json` (what the key was made of), and per pattern p
-`pattern-<p>/shard-<s>.arrow` (Arrow IPC files, memory-mapped when read: one row per block, blocks s·S .. (s+1)·S − 1
-of the corpus, S = `shard_blocks`), beside it `shard-<s>.json` (its size and sha256), and `pattern-<p>/complete.json`
-(written once every shard of the pattern exists).
-The key is a hash of the teacher's weights and dtype, the tokenizer, the corpus files, the block size, the masking
-settings and seed, what stands for the logits (head input, or k, m and the temperature) and the cached layers: a
-change of any of them gives another folder (a rebuild). Each shard is written to a temporary file and renamed into
-place, so a shard either exists whole or not at all; `build_cache` writes only the shards that are missing or
-unreadable (an interrupted build resumes), each process taking the shards s ≡ rank (mod processes). A reader refuses
+An entry of the teacher store (`biodistil.teachers.store`: root, key rule, table format), `<root>/mlm-<key>/`:
+`key.json` (what the key was made of), and per pattern p the tables `pattern-<p>/shard-<s>.arrow` (one row per block,
+blocks s·S .. (s+1)·S − 1 of the corpus, S = `shard_blocks`) with their checksum records, and
+`pattern-<p>/complete.json` (written once every shard of the pattern exists).
+The key is a hash of the teacher (`teacher_fingerprint`) and its dtype, the tokenizer, the corpus files, the block
+size, the masking settings and seed, what stands for the logits (head input, or k, m and the temperature) and the
+cached layers: a change of any of them gives another folder (a rebuild). A shard exists whole or not at all;
+`build_cache` writes only the shards that are missing or unreadable (an interrupted build resumes), each process
+taking the shards s ≡ rank (mod processes). A reader refuses
 a pattern without `complete.json` or with a missing, truncated or foreign shard, naming it: a partial cache is never
 used. Every shard's sha256 is checked when a process first reads it; a shard whose bytes changed is deleted and its
 pattern marked incomplete, so the next `distill` or `cache-teacher` rebuilds it (`cache-teacher` checks every
 shard's checksum before anything else, and rebuilds what is damaged).
 """
 
-import hashlib
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,43 +36,36 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import MaskingConfig, TeacherCacheConfig
-from biodistil.data.corpus import corpus_fingerprint, default_cache_dir, resolve_corpus_files, tokenizer_fingerprint
+from biodistil.data.corpus import corpus_fingerprint, resolve_corpus_files, tokenizer_fingerprint
 from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, pattern_seed, static_mask
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, file_sha256
-from biodistil.models.families import hidden_size
-from biodistil.models.features import FeatureRequest, TopKLogits, extract_features
+from biodistil.io import atomic_write_json
+from biodistil.models.families import hidden_size, mlm_head, num_layers
+from biodistil.models.features import FeatureRequest, Features, extract_features
+from biodistil.models.logits import LogitRows, TopKLogits
+from biodistil.teachers.identity import freeze, teacher_fingerprint
+from biodistil.teachers.store import (
+    STORE_VERSION,
+    MappedTable,
+    check_table,
+    discard_table,
+    entry_key,
+    map_table,
+    write_table,
+)
 
-CACHE_VERSION = 4
 TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm", "teacher_tail_logits",
                   "teacher_tail_ids", "teacher_head_input")
-
-
-def teacher_cache_root(explicit: str | Path | None = None) -> Path:
-    """`teacher_cache.dir`, else ~/.cache/biodistil/teacher-mlm (or $BIODISTIL_CACHE/teacher-mlm)."""
-    return Path(explicit).expanduser() if explicit else default_cache_dir().parent / "teacher-mlm"
-
-
-def weights_fingerprint(model: PreTrainedModel) -> str:
-    """sha256 of a model's configuration (not where it was loaded from: one teacher spelled `models/t`, `../models/t`
-    or absolute is one teacher) and every tensor of its state (names, shapes, dtypes and bytes)."""
-    config = {key: value for key, value in model.config.to_dict().items() if key != "_name_or_path"}
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        data = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())
-        digest.update((data.view(torch.int16) if data.dtype == torch.bfloat16 else data).numpy().tobytes())
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
 class CacheSpec:
     """What one cache holds and how it is laid out; `key()` names its folder."""
 
-    teacher: str  # weights_fingerprint of the teacher
+    teacher: str  # teacher_fingerprint of the teacher
     teacher_dtype: str
     teacher_layers: int
     width: int  # the teacher's hidden size
@@ -92,22 +82,23 @@ class CacheSpec:
     blocks: int  # blocks of the corpus (the held-out ones at its end included)
 
     def key(self) -> str:
-        payload = json.dumps({**self.__dict__, "version": CACHE_VERSION}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+        return entry_key(self.__dict__)
 
 
-def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase, files: list[str],
-               max_lines: int | None, block_size: int, masking: MaskingConfig, request: FeatureRequest,
-               cfg: TeacherCacheConfig, temperature: float, teacher_layers: int, blocks: int) -> CacheSpec:
-    """The spec of the cache of `teacher` over the corpus `files` for a cache request (`Objective.cache_request`);
-    settings that do not change what is stored (k, m and T for a head-input cache) are left out of the key."""
+def cache_spec(teacher: str | Path, config: PretrainedConfig, dtype: torch.dtype, tokenizer: PreTrainedTokenizerBase,
+               files: list[str], max_lines: int | None, block_size: int, masking: MaskingConfig,
+               request: FeatureRequest, cfg: TeacherCacheConfig, temperature: float, blocks: int) -> CacheSpec:
+    """The spec of the cache of the teacher at `teacher` (its folder or Hub id; `config` its configuration) over the
+    corpus `files` for a cache request (`Objective.cache_request`); settings that do not change what is stored (k, m
+    and T for a head-input cache) are left out of the key."""
+    teacher_layers = num_layers(config)
     settings = masking.model_dump(include={"probability", "mask_ratio", "random_ratio", "whole_word", "seed"})
     layers = tuple(sorted(index + teacher_layers + 1 if index < 0 else index for index in request.hidden))
     logits = cfg.logits if request.logits else ""
     top_k = logits == "top_k"
     return CacheSpec(
-        teacher=weights_fingerprint(teacher), teacher_dtype=str(dtype).removeprefix("torch."),
-        teacher_layers=teacher_layers, width=hidden_size(teacher.config), tokenizer=tokenizer_fingerprint(tokenizer),
+        teacher=teacher_fingerprint(teacher), teacher_dtype=str(dtype).removeprefix("torch."),
+        teacher_layers=teacher_layers, width=hidden_size(config), tokenizer=tokenizer_fingerprint(tokenizer),
         corpus=corpus_fingerprint(resolve_corpus_files(files), max_lines), block_size=block_size, masking=settings,
         top_k=cfg.top_k if top_k else 0, tail_samples=cfg.tail_samples if top_k else 0,
         temperature=float(temperature) if top_k else 0.0, hidden_layers=layers, logits=logits,
@@ -117,7 +108,7 @@ def cache_spec(teacher: PreTrainedModel, dtype: torch.dtype, tokenizer: PreTrain
 
 @dataclass(frozen=True)
 class Cache:
-    """One cache folder: `root`/<the spec's key>."""
+    """One cache folder: `root`/mlm-<the spec's key>."""
 
     root: Path
     spec: CacheSpec
@@ -128,7 +119,7 @@ class Cache:
 
     @property
     def folder(self) -> Path:
-        return self.root / self.spec.key()
+        return self.root / f"mlm-{self.spec.key()}"
 
     @property
     def shards(self) -> int:
@@ -160,34 +151,12 @@ class Cache:
     def check_shard(self, pattern: int, shard: int, verify: bool = False) -> str | None:
         """Why the shard cannot be used (missing, without its checksum record, unreadable, another cache's, wrong
         size; with `verify`, bytes that no longer match its sha256), or None."""
-        path = self.shard_path(pattern, shard)
-        if not path.is_file():
-            return f"{path} is missing"
-        record = _read_checksum(path)
-        if record is None:
-            return f"{path} has no checksum record ({path.with_suffix('.json').name})"
-        if path.stat().st_size != record.get("bytes"):
-            return f"{path} holds {path.stat().st_size:,} bytes, {record.get('bytes'):,} were written"
-        if verify and file_sha256(path) != record.get("sha256"):
-            return f"{path} does not match its checksum (its bytes changed since it was written)"
-        try:
-            with pa.memory_map(str(path)) as source:
-                reader = pa.ipc.open_file(source)
-                key = (reader.schema.metadata or {}).get(b"key", b"").decode()
-                rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-        except (pa.ArrowInvalid, OSError) as err:
-            return f"{path} is unreadable or truncated ({err})"
-        if key != self.spec.key():
-            return f"{path} belongs to another cache (key {key or 'none'})"
-        if rows != len(self.shard_range(shard)):
-            return f"{path} holds {rows} blocks, expected {len(self.shard_range(shard))}"
-        return None
+        return check_table(self.shard_path(pattern, shard), self.spec.key(), len(self.shard_range(shard)), verify)
 
     def discard(self, pattern: int, shard: int) -> None:
         """Delete a damaged shard and mark its pattern incomplete, so that the next build writes it again."""
         (self.folder / f"pattern-{pattern}" / "complete.json").unlink(missing_ok=True)
-        self.shard_path(pattern, shard).unlink(missing_ok=True)
-        self.shard_path(pattern, shard).with_suffix(".json").unlink(missing_ok=True)
+        discard_table(self.shard_path(pattern, shard))
 
     def size_bytes(self, patterns: Sequence[int]) -> int:
         return sum(self.shard_path(p, s).stat().st_size for p in patterns for s in range(self.shards)
@@ -212,7 +181,7 @@ def build_cache(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int], 
     report = BuildReport()
     if rank == 0:
         cache.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cache.folder / "key.json", {**cache.spec.__dict__, "version": CACHE_VERSION})
+        atomic_write_json(cache.folder / "key.json", {**cache.spec.__dict__, "store_version": STORE_VERSION})
     barrier()
     todo = []
     for pattern, shard in ((p, s) for p in patterns for s in range(rank, cache.shards, processes)):
@@ -270,7 +239,7 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
         if spec.logits == "head":
             head_inputs = _as_stored(features.hidden[spec.teacher_layers][positions.to(device)]).split(counts)
         if spec.logits == "top_k":
-            logits = features.logits_at(features.positions).float()
+            logits = features.logits.logits().float()
             logits = logits - logits.max(dim=-1, keepdim=True).values
             top = logits.topk(spec.top_k, dim=-1)
             log_norm = torch.logsumexp(logits / spec.temperature, dim=-1)
@@ -297,24 +266,7 @@ def _write_shard(cache: Cache, teacher: PreTrainedModel, blocks: Callable[[int],
             for layer in spec.hidden_layers:
                 state = features.hidden[layer][row, :n].to(torch.bfloat16)
                 columns[f"hidden_{layer}"].append(_as_stored(state).reshape(-1).numpy())
-    schema = cache.schema(rank)
-    arrays = [pa.array(columns[field.name], type=field.type) for field in schema]
-    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-    path = cache.shard_path(pattern, shard)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_batch(batch)
-    atomic_write_json(path.with_suffix(".json"), {"bytes": temporary.stat().st_size, "sha256": file_sha256(temporary)})
-    os.replace(temporary, path)
-
-
-def _read_checksum(path: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    write_table(cache.shard_path(pattern, shard), cache.schema(rank), columns)
 
 
 def _as_stored(states: torch.Tensor) -> torch.Tensor:
@@ -353,12 +305,12 @@ class CacheReader:
                     raise BiodistilError(f"Teacher cache {cache.folder} is damaged: {why}; run `biodistil "
                                          "cache-teacher` with the recipe to rebuild the shard")
         self.cache = cache
-        self._open: dict[tuple[int, int], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        self._open: dict[tuple[int, int], MappedTable] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # worker processes open their own memory maps
         return {"cache": self.cache, "_open": {}}
 
-    def _shard(self, pattern: int, shard: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def _shard(self, pattern: int, shard: int) -> MappedTable:
         key = (pattern, shard)
         if key not in self._open:
             if (why := self.cache.check_shard(pattern, shard, verify=True)) is not None:
@@ -366,19 +318,14 @@ class CacheReader:
                 raise BiodistilError(f"Teacher cache {self.cache.folder} is damaged: {why}. The shard was deleted and "
                                      "its pattern marked incomplete: run the same command again (it rebuilds the "
                                      "shard first; an interrupted run resumes from its checkpoint)")
-            source = pa.memory_map(str(self.cache.shard_path(pattern, shard)))
-            batch = pa.ipc.open_file(source).get_batch(0)
-            self._open[key] = {
-                name: (column.offsets.to_numpy(), column.values.to_numpy(zero_copy_only=True))
-                for name, column in zip(batch.schema.names, batch.columns, strict=True) if name != "block"
-            }
+            self._open[key] = map_table(self.cache.shard_path(pattern, shard))
         return self._open[key]
 
     def entry(self, block: int, pattern: int) -> dict[str, np.ndarray]:
         """The stored arrays of one (block, pattern), copied out of the memory map."""
         shard, row = divmod(block, self.cache.spec.shard_blocks)
-        columns = self._shard(pattern, shard)
-        return {name: np.array(values[offsets[row]:offsets[row + 1]]) for name, (offsets, values) in columns.items()}
+        table = self._shard(pattern, shard)
+        return {name: np.array(table.row(name, row)) for name in table.lists}
 
 
 class CachedBlocks(Dataset):
@@ -443,6 +390,34 @@ class CachedCollate:
         return batch
 
 
-def topk_rows(batch: dict[str, torch.Tensor], temperature: float) -> TopKLogits:
-    return TopKLogits(batch["teacher_topk_logits"], batch["teacher_topk_ids"], batch["teacher_log_norm"],
-                      temperature, batch.get("teacher_tail_logits"), batch.get("teacher_tail_ids"))
+class MaskedLMOutputs:
+    """A complete cache as a teacher signal's source (`biodistil.teachers.signal.CachedTeacher`): the blocks get
+    their stored outputs in the data-loading stage (`data`), and `features` reads them from the batch: the hidden
+    states of the mapped layers and what stands for the logits at the masked positions — formed exactly by the
+    teacher's MLM head (`head`: the teacher reduced to it, `head_only`) from its stored input, or the stored top-k
+    (`TopKLogits`: the logit terms become the top-k KL)."""
+
+    def __init__(self, reader: CacheReader, head: PreTrainedModel | None = None):
+        spec = reader.cache.spec
+        if spec.logits == "head" and head is None:
+            raise ValueError("a cache of the teacher's head input needs the teacher's head to form its logits")
+        if head is not None:
+            freeze(head)
+        self.reader, self.head = reader, head
+        self.layers, self.teacher_layers, self.temperature = spec.hidden_layers, spec.teacher_layers, spec.temperature
+
+    def data(self, dataset: Dataset, collate: Callable) -> tuple[Dataset, Callable]:
+        return CachedBlocks(dataset, self.reader), CachedCollate(collate, self.layers)
+
+    def features(self, batch: dict[str, torch.Tensor], request: FeatureRequest,
+                 positions: torch.Tensor | None) -> Features:
+        hidden = {layer: batch[f"teacher_hidden_{layer}"].float() for layer in self.layers}
+        logits = None
+        if request.logits and self.head is not None:
+            with torch.inference_mode():
+                logits = LogitRows(positions, mlm_head(self.head, batch["teacher_head_input"].to(self.head.dtype)))
+        elif request.logits:
+            logits = LogitRows(positions, TopKLogits(
+                batch["teacher_topk_logits"], batch["teacher_topk_ids"], batch["teacher_log_norm"], self.temperature,
+                batch.get("teacher_tail_logits"), batch.get("teacher_tail_ids")))
+        return Features(hidden=hidden, logits=logits, num_layers=self.teacher_layers)

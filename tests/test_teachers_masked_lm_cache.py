@@ -18,11 +18,11 @@ from biodistil.errors import BiodistilError
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.methods.task_agnostic import corpus_data, run_cache_teacher, run_distill, teacher_caches
-from biodistil.methods.teacher_cache import CacheReader, build_cache
-from biodistil.methods.teacher_signal import CachedTeacher, OnlineTeacher
 from biodistil.models.families import head_only
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.student import build_student
+from biodistil.teachers.masked_lm_cache import CacheReader, MaskedLMOutputs, build_cache
+from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 
 TERMS = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
          {"loss": "hidden_cosine"}]
@@ -80,7 +80,7 @@ def test_cached_outputs_are_the_running_teachers(tmp_path, teacher_dir, corpus_f
     setup.build()
     corpus = setup.caches[0]
     assert corpus.patterns == [0, 1] and corpus.cache.shards == 3, "50 steps of 8 over 322 blocks: 2 epochs"
-    signal = CachedTeacher(corpus.reader())
+    signal = CachedTeacher(MaskedLMOutputs(corpus.reader()))
     dataset, collate = signal.data(setup.data.train, setup.data.collate)
     dataset.set_epoch(1)
     batch = collate([dataset[i] for i in (0, 5, 70, 300)])
@@ -105,7 +105,7 @@ def test_a_head_cache_gives_the_running_teachers_own_logits(tmp_path, teacher_di
     assert head.bert.encoder.layer[0].attention.self.query.weight.is_meta, "the teacher's layers leave memory"
     assert not head.cls.predictions.transform.dense.weight.is_meta
     assert not head.get_output_embeddings().weight.is_meta, "the tied embeddings are the decoder"
-    signal = CachedTeacher(setup.caches[0].reader(), head=head)
+    signal = CachedTeacher(MaskedLMOutputs(setup.caches[0].reader(), head))
     dataset, collate = signal.data(setup.data.train, setup.data.collate)
     batch = collate([dataset[i] for i in (0, 5, 70, 300)])
     rows = int((batch["labels"] != -100).sum())
@@ -119,7 +119,7 @@ def test_a_head_cache_gives_the_running_teachers_own_logits(tmp_path, teacher_di
     assert cached["loss_logit_kl"].item() == pytest.approx(online["loss_logit_kl"].item(), **CLOSE), "exact logits"
     assert cached["loss_mlm"].item() == online["loss_mlm"].item()
     with pytest.raises(ValueError, match="needs the teacher's head"):
-        CachedTeacher(setup.caches[0].reader())
+        CachedTeacher(MaskedLMOutputs(setup.caches[0].reader()))
 
 
 def test_cache_distillation_trains_and_reports_the_cache(tmp_path, teacher_dir, corpus_file):
@@ -149,11 +149,12 @@ def test_a_changed_key_builds_another_cache(tmp_path, teacher_dir, corpus_file):
         other = Setup(recipe)
         assert other.caches[0].cache.folder != first.caches[0].cache.folder, change
         assert other.build().built == other.caches[0].cache.shards * 2, "every shard is built for the new key"
-    perturbed = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    changed = load_masked_lm(str(teacher_dir))
     with torch.no_grad():
-        perturbed.teacher.bert.embeddings.word_embeddings.weight[5, 0] += 1.0
-    perturbed.caches = teacher_caches(perturbed.recipe, perturbed.teacher, torch.float32, perturbed.tokenizer,
-                                      perturbed.objective, perturbed.data, 1)
+        changed.bert.embeddings.word_embeddings.weight[5, 0] += 1.0
+    changed.save_pretrained(tmp_path / "changed")
+    load_tokenizer(str(teacher_dir)).save_pretrained(tmp_path / "changed")
+    perturbed = Setup(cache_recipe(tmp_path / "changed", corpus_file, tmp_path))
     assert perturbed.caches[0].cache.folder != first.caches[0].cache.folder, "other teacher weights, another key"
     assert first.build().built == 0, "the first cache is still complete"
     head = [Setup(cache_recipe(teacher_dir, corpus_file, tmp_path, logits="head", top_k=k)) for k in (8, 16)]
@@ -277,7 +278,8 @@ def test_the_distilbert_recipe_distils_from_a_cache_on_the_command_line(tmp_path
 def test_the_cache_holds_draws_from_the_teachers_tail(tmp_path, teacher_dir, corpus_file):
     setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))  # top-16 of 200 tokens, 64 draws of the rest
     setup.build()
-    dataset, collate = CachedTeacher(setup.caches[0].reader()).data(setup.data.train, setup.data.collate)
+    signal = CachedTeacher(MaskedLMOutputs(setup.caches[0].reader()))
+    dataset, collate = signal.data(setup.data.train, setup.data.collate)
     batch = collate([dataset[i] for i in range(8)])
     rows = int((batch["labels"] != -100).sum())
     assert batch["teacher_topk_ids"].shape == (rows, 16) and batch["teacher_tail_ids"].shape == (rows, 64)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.deployed import check_task_fits, parameter_counts
 from biodistil.export.card import export_card
+from biodistil.export.deployed import check_task_fits, parameter_counts
 from biodistil.export.onnx import (
     OPSET,
     LoadedModel,

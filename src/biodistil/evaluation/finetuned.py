@@ -1,0 +1,113 @@
+"""`biodistil evaluate --finetuned MODEL... --task NAME --out DIR`: fine-tuned models and their ONNX exports
+(`biodistil.export.deployed`) scored on a task's split without training, written as an evaluation run folder that
+`biodistil report` reads like any other (one score per model: scoring is deterministic, there are no seeds):
+
+    DIR/cells/<model>/<task>/scored/predictions.jsonl, metrics.json
+    DIR/results.json, DIR/bench.json (with --bench), DIR/report.md, report.html, *.png
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from biodistil.errors import BiodistilError
+from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
+from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
+from biodistil.export.deployed import Deployed, expand_models, score_deployed
+from biodistil.io import atomic_write_json, atomic_write_text, lock_folder
+from biodistil.tasks.metrics import summarize_seeds
+from biodistil.tasks.prediction import degenerate, prediction_rows
+from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.scoring import Scored
+from biodistil.tasks.splits import read_split
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """What `evaluate --finetuned` scores: which task and split, where the data is, how many examples."""
+
+    task: str
+    split: str = "test"
+    fold: int | None = None
+    max_examples: int | None = None
+    data_root: str | None = None
+
+
+def _record(item: Deployed, task: TaskSpec, plan: ScoringPlan, scored: Scored, examples: int,
+            parameters: dict[str, int]) -> dict[str, Any]:
+    return {"model": item.label, "path": str(item.path), "runtime": item.runtime, "precision": item.precision,
+            "parameters": parameters, "task": task.name, "split": plan.split, "fold": plan.fold, "metric": task.metric,
+            "headline": task.headline_key, "score": scored.scores[task.headline_key], "test": scored.scores,
+            "truncated_examples": {plan.split: scored.truncated_examples},
+            "unpredicted_words": scored.predictions.filled_words, "test_examples": examples,
+            "degenerate": degenerate(task, scored.predictions)}
+
+
+def _summary(record: dict[str, Any], family: str) -> dict[str, Any]:
+    return {"family": family, "metric": record["metric"], "headline": record["headline"],
+            **summarize_seeds([record["score"]]), "seeds": {}, "metrics_mean": record["test"],
+            "truncated_examples": record["truncated_examples"], "unpredicted_words": record["unpredicted_words"],
+            "degenerate": [record["degenerate"]] if record.get("degenerate") else [],
+            "test_examples": record["test_examples"]}
+
+
+def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
+                   records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """results.json of a scoring run, in the format of `biodistil evaluate` (read by `biodistil report`)."""
+    family = METRIC_FAMILY[task.metric]
+    untrained = dict.fromkeys(("learning_rate", "batch_size", "epochs", "early_stopping_patience", "n_folds"))
+    return {
+        "format": RESULTS_FORMAT, "complete": True, "reference": items[0].label, "seeds": [],
+        "models": [{"label": i.label, "path": str(i.path), "runtime": i.runtime, "precision": i.precision,
+                    "parameters": r["parameters"]} for i, r in zip(items, records, strict=True)],
+        "tasks": [{"name": task.name, "family": family, "metric": task.metric, "headline": task.headline_key,
+                   "folds": None, **untrained, "label_policy": task.label_policy, "truncation": task.truncation,
+                   "max_length": task.max_length, "max_examples": plan.max_examples}],
+        "skipped_tasks": [], "summary": {r["model"]: {task.name: _summary(r, family)} for r in records},
+        "cells": list(records),
+        "notes": [f"Scored without training on the {plan.split} split"
+                  f"{f' (fold {plan.fold})' if plan.fold else ''}: already fine-tuned models and their ONNX exports "
+                  "(one deterministic score each, no seeds)."],
+    }
+
+
+def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out: Path,
+                bench: BenchConfig | None = None) -> Path:
+    """Score every deployed variant of `specs` on the plan's split; write the run folder and its report."""
+    lock_folder(out, "evaluation folder")
+    if (out / "config.yaml").is_file():
+        raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
+    task = get_task(plan.task)
+    items = expand_models(specs)
+    examples = read_split(task, plan.split, plan.data_root, plan.fold, plan.max_examples)
+    if not examples:
+        raise BiodistilError(f"Task {task.name} has no {plan.split} split (splits: {sorted(task.files)})")
+    threads = bench.threads if bench else None
+    records = [_score_cell(item, task, plan, examples, out, threads) for item in items]
+    atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records))
+    if bench is not None:
+        from biodistil.evaluation.bench import run_bench, write_bench
+
+        write_bench(run_bench([(i.label, str(i.path)) for i in items], bench), out / "bench.json")
+    from biodistil.evaluation.report import build_report
+
+    return build_report([out], out)
+
+
+def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Sequence[Any], out: Path,
+                threads: int | None) -> dict[str, Any]:
+    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score."""
+    scored, parameters = score_deployed(item, task, examples, threads)
+    cell = out / "cells" / item.label / task.name / "scored"
+    rows = prediction_rows(task, examples, scored.predictions)
+    atomic_write_text(cell / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    record = _record(item, task, plan, scored, len(examples), parameters)
+    atomic_write_json(cell / "metrics.json", record)
+    flag = f" (degenerate: {record['degenerate']})" if record["degenerate"] else ""
+    print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {record['score']:.4f}{flag}",
+          flush=True)
+    return record

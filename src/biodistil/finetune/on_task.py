@@ -1,0 +1,123 @@
+"""`finetune_on_task`: an encoder fine-tuned on a task of the task registry (a classifier head on the encoder,
+trained with the one engine, model selection on dev, scored on test).
+
+Token classification (NER, PICO), sequence classification (single texts and pairs) and multi-label
+classification share one path, built on `biodistil.tasks`: encode the split into features, train a
+`ClassifierModule` with the engine, predict per example, score with the task's official metric.
+`finetune_on_task` is shared by `finetune`, studies, `evaluate` and the quick demo.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from biodistil.config import TrainConfig
+from biodistil.data.formats import Example
+from biodistil.errors import BiodistilError
+from biodistil.finetune.selection import ScoringSplit, select_on_dev
+from biodistil.tasks.classifier import build_classifier
+from biodistil.tasks.encoding import fit_length_to_model, model_inputs
+from biodistil.tasks.prediction import Predictions
+from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.splits import read_split
+from biodistil.training.engine import Engine, TrainResult
+
+
+class ClassifierModule(nn.Module):
+    """What the engine trains when fine-tuning: a classifier whose forward computes its own loss."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.model(**model_inputs(self.model, batch, keep=("labels",))).loss, {}
+
+
+def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
+    """Optimizer steps for `epochs` passes over `num_examples` at `batch_size` (at least one)."""
+    return max(1, round(epochs * num_examples / batch_size))
+
+
+@dataclass
+class FinetuneOutcome:
+    """A fine-tuned model and its scores; `test_predictions` are per example, in file order."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    train: TrainResult
+    dev_scores: dict[str, float]
+    test_scores: dict[str, float]
+    test_predictions: Predictions
+    test_examples: list[Example]
+    truncated: dict[str, int]
+    markers_cut: dict[str, int] = field(default_factory=dict)  # relation examples whose markers did not all fit
+
+
+def finetune_on_task(
+    model_name_or_path: str | Path,
+    task: TaskSpec,
+    data_root: str | Path | None,
+    cfg: TrainConfig,
+    run_dir: Path,
+    seed: int,
+    fold: int | None = None,
+    epochs: float | None = None,
+    patience: int | None = None,
+    max_examples: int | None = None,
+    select_metric: str | None = None,
+    resume: bool = False,
+    train_examples: int | None = None,
+) -> FinetuneOutcome:
+    """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
+
+    `epochs` sets cfg.max_steps from the training-set size; with a dev split, the dev score is computed every
+    `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
+    `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
+    `train_examples` keeps a seeded subset of the training split only (a labelled budget; `max_examples` caps
+    every split). `select_metric` chooses the dev score used for selection (default: the task's headline, e.g.
+    accuracy for BioASQ; the transfer study selects on AUROC). `resume` continues from the latest checkpoint in
+    `run_dir`.
+    """
+    from accelerate.utils import set_seed
+
+    from biodistil.models.loading import load_tokenizer
+
+    set_seed(seed)
+    tokenizer = load_tokenizer(str(model_name_or_path))
+    task = fit_length_to_model(task, model_name_or_path)
+    splits = _read_splits(task, data_root, fold, max_examples, train_examples)
+    scoring = {name: ScoringSplit.encode(task, examples, tokenizer) for name, examples in splits.items() if examples}
+    train = scoring["train"]
+    if epochs is not None:
+        cfg = cfg.model_copy(update={"max_steps": steps_for_epochs(len(train.encoded), cfg.batch_size, epochs)})
+    chosen = select_on_dev(scoring.get("dev"), cfg, len(train.encoded), _classifier, select_metric, patience)
+    model = build_classifier(model_name_or_path, task)
+    engine = Engine(chosen.cfg, run_dir, seed)
+    trained = engine.fit(ClassifierModule(model), train.encoded, train.collate, evaluate_fn=chosen.evaluate_fn,
+                         selection=chosen.selection, resume=resume)
+    model.to(engine.accelerator.device)
+    batch_size = chosen.cfg.batch_size * 2
+    dev_scores = scoring["dev"].scored(model, batch_size).scores if "dev" in scoring else {}
+    test = scoring["test"].scored(model, batch_size)
+    truncated = {name: split.encoded.truncated_examples for name, split in scoring.items()}
+    markers_cut = {name: split.encoded.markers_cut for name, split in scoring.items() if split.encoded.markers_cut}
+    return FinetuneOutcome(model, tokenizer, trained, dev_scores, test.scores, test.predictions, splits["test"],
+                           truncated, markers_cut)
+
+
+def _read_splits(task: TaskSpec, data_root: str | Path | None, fold: int | None, max_examples: int | None,
+                 train_examples: int | None) -> dict[str, list[Example]]:
+    """The train, dev and test splits (dev may be empty: cross-validation tasks); train and test are needed."""
+    limits = {"train": train_examples or max_examples, "dev": max_examples, "test": max_examples}
+    splits = {name: read_split(task, name, data_root, fold, limit) for name, limit in limits.items()}
+    if not splits["train"] or not splits["test"]:
+        raise BiodistilError(f"Task {task.name}: the train and test splits are needed (fold={fold})")
+    return splits
+
+
+def _classifier(module: ClassifierModule) -> PreTrainedModel:
+    return module.model

@@ -1,0 +1,88 @@
+"""Model selection on the dev split and the final scores on the test split, written once for fine-tuning
+(`finetune_on_task`: `finetune`, `evaluate`, studies, the quick demo) and task-specific distillation (`kd`).
+
+A `ScoringSplit` is a labelled split encoded once and scored as often as asked with the task's official metric;
+`select_on_dev` gives the engine what it needs to keep the best weights on dev; `write_test_results` writes the
+test predictions of a finished run and the warnings that belong beside its scores.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from biodistil.config import TrainConfig
+from biodistil.data.formats import Example
+from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, collator_for, encode_split
+from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, write_predictions
+from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import Scored, score
+from biodistil.training.engine import Selection
+
+EvaluateFn = Callable[[nn.Module], dict[str, float]]
+TEST_PREDICTIONS = "test_predictions.jsonl"
+
+
+@dataclass(frozen=True)
+class ScoringSplit:
+    """A labelled split of a task, encoded once: scored as often as asked (dev during training, test at the end)."""
+
+    task: TaskSpec
+    examples: Sequence[Example]
+    encoded: EncodedSplit
+    collate: FeatureCollator
+
+    @classmethod
+    def encode(cls, task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> ScoringSplit:
+        return cls(task, examples, encode_split(task, examples, tokenizer), collator_for(task, tokenizer))
+
+    def scored(self, model: Any, batch_size: int) -> Scored:
+        """`model`'s predictions on the split and their scores with the task's official metric."""
+        predictions = predict(model, self.task, self.examples, self.encoded, self.collate, batch_size)
+        return Scored(score(self.task, self.examples, predictions), predictions, self.encoded.truncated_examples)
+
+
+class DevSelection(NamedTuple):
+    """What the engine selects with: the function that scores the dev split and the selection rule (both None
+    without a dev split), and the train settings (dev scored every `eval_every` steps)."""
+
+    evaluate_fn: EvaluateFn | None
+    selection: Selection | None
+    cfg: TrainConfig
+
+
+def select_on_dev(dev: ScoringSplit | None, cfg: TrainConfig, num_features: int,
+                  classifier: Callable[[Any], Any], metric: str | None = None,
+                  patience: int | None = None) -> DevSelection:
+    """Keep the weights that score best on `dev` with the task metric (`metric`, default the task's headline),
+    stopping after `patience` evaluations without gain; `eval_every: 0` becomes once per epoch of `num_features`.
+    `classifier` finds the classifier in the module the engine trains."""
+    if dev is None:
+        return DevSelection(None, None, cfg)
+    if cfg.eval_every == 0:
+        cfg = cfg.model_copy(update={"eval_every": max(1, num_features // cfg.batch_size)})
+    batch_size = cfg.batch_size * 2
+
+    def evaluate_fn(module: nn.Module) -> dict[str, float]:
+        return dev.scored(classifier(module), batch_size).scores
+
+    return DevSelection(evaluate_fn, Selection(metric=metric or dev.task.headline_key, mode="max", patience=patience),
+                        cfg)
+
+
+def write_test_results(run_dir: Path, task: TaskSpec, test: Sequence[Example], predictions: Predictions,
+                       truncated: dict[str, int], markers_cut: dict[str, int] | None = None) -> dict[str, Any]:
+    """Write `<run>/test_predictions.jsonl`, print the notes on the scores (truncation, words without prediction,
+    degenerate predictions) as warnings; returns the record's `degenerate` and `notes`."""
+    write_predictions(run_dir / TEST_PREDICTIONS, test, predictions)
+    words = sum(len(e.tokens) for e in test) if task.kind == "token_classification" else None
+    notes = prediction_notes(task, predictions, truncated, words, markers_cut)
+    for note in notes:
+        print(f"Warning: {note}", file=sys.stderr, flush=True)
+    return {"degenerate": degenerate(task, predictions), "notes": notes}
