@@ -17,7 +17,7 @@ from biodistil.models.loading import load_tokenizer
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import FeatureCollator
 from biodistil.tasks.registry import get_task
-from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.loading import load_teacher_classifier
 from biodistil.teachers.signal import OnlineTeacher, classifier_forward
 
 

@@ -14,7 +14,7 @@ from biodistil.models.loading import load_tokenizer
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import get_task
-from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.loading import load_teacher_classifier
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, classifier_forward
 from biodistil.teachers.task_cache import NO_ROW, TeacherRequest, cached_teacher_outputs, with_placeholder_labels
 

@@ -9,7 +9,8 @@ import torch
 from biodistil.kd.transfer import unlabelled
 from biodistil.models.loading import load_tokenizer
 from biodistil.teachers import task_cache
-from biodistil.teachers.identity import load_teacher_classifier, teacher_fingerprint
+from biodistil.teachers.loading import load_teacher_classifier
+from biodistil.teachers.store import teacher_fingerprint
 
 
 def _changed_teacher(teacher_path, task, folder):

@@ -48,7 +48,7 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.teachers.identity import load_teacher_classifier
+from biodistil.teachers.loading import load_teacher_classifier
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
 from biodistil.training.card import write_model_card

@@ -25,7 +25,7 @@ from biodistil.methods.objective import Weight
 from biodistil.models.features import FeatureRequest, Features, classifier_features
 from biodistil.tasks.encoding import FeatureCollator, collator_for, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
-from biodistil.teachers.identity import freeze
+from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import TeacherSignal
 from biodistil.teachers.task_cache import with_placeholder_labels
 from biodistil.training.engine import Batch, Collate

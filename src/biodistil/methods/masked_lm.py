@@ -15,7 +15,7 @@ from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.methods.objective import Objective, TermInputs, position_masks
 from biodistil.models.features import extract_features
-from biodistil.teachers.identity import freeze
+from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import OnlineTeacher, TeacherSignal
 from biodistil.training.provenance import cpu_info
 

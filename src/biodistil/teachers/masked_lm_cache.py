@@ -46,7 +46,7 @@ from biodistil.io import atomic_write_json
 from biodistil.models.families import hidden_size, mlm_head, num_layers
 from biodistil.models.features import FeatureRequest, Features, extract_features
 from biodistil.models.logits import LogitRows, TopKLogits
-from biodistil.teachers.identity import freeze, teacher_fingerprint
+from biodistil.teachers.loading import freeze
 from biodistil.teachers.store import (
     STORE_VERSION,
     MappedTable,
@@ -54,6 +54,7 @@ from biodistil.teachers.store import (
     discard_table,
     entry_key,
     map_table,
+    teacher_fingerprint,
     write_table,
 )
 

@@ -1,5 +1,10 @@
 """The one store of teacher outputs: where entries live, how they are named, and the file format both kinds use.
 
+Key rule: `teacher_fingerprint` hashes what the teacher *is*: the content of its config (not where it was loaded from,
+so one teacher spelled `models/t`, `../models/t` or absolute is one teacher), the bytes of its weight files and of its
+tokenizer files, read from its folder or, for a Hub id, from the Hub cache's snapshot of the revision the id resolves
+to now — never its name: a teacher updated on the Hub, or retrained into the same folder, gets new entries.
+
 Root: `teacher_cache.dir` / `kd.cache_dir` when a recipe gives one, else ~/.cache/biodistil/teacher (or
 $BIODISTIL_CACHE/teacher). An entry is a folder `<kind>-<key>` (`mlm-…` per corpus, `task-…` per transfer set), the
 key a hash of what the outputs depend on (`entry_key`, always with the teacher's `teacher_fingerprint` and
@@ -23,14 +28,42 @@ import numpy as np
 import pyarrow as pa
 
 from biodistil.data.corpus import default_cache_dir
+from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, file_sha256
+from biodistil.models.loading import model_folder
 
 STORE_VERSION = 5  # of the layout and meaning of every entry: a change rebuilds all entries
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
+                   "special_tokens_map.json")
+_LOCATION_KEYS = ("_name_or_path", "transformers_version")  # say where and with what it was saved, not what it is
 
 
 def store_root(explicit: str | Path | None = None) -> Path:
     """The folder entries live in: `explicit` (a recipe's cache folder), else ~/.cache/biodistil/teacher."""
     return Path(explicit).expanduser() if explicit else default_cache_dir().parent / "teacher"
+
+
+def teacher_fingerprint(name_or_path: str | Path) -> str:
+    """sha256 of a teacher's config content, weight files and tokenizer files (the key rule of the module docstring)."""
+    folder = model_folder(str(name_or_path))
+    digest = hashlib.sha256(b"teacher-v1")
+    digest.update(json.dumps(_config_content(folder), sort_keys=True).encode())
+    weights = sorted({*folder.glob("*.safetensors"), *folder.glob("*.bin")})
+    for path in [*weights, *(folder / name for name in TOKENIZER_FILES)]:
+        if path.is_file():
+            digest.update(path.name.encode())
+            with path.open("rb") as handle:
+                for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _config_content(folder: Path) -> dict:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise BiodistilError(f"Teacher {folder}: cannot read its config.json ({err})") from None
+    return {key: value for key, value in config.items() if key not in _LOCATION_KEYS}
 
 
 def entry_key(payload: dict[str, Any]) -> str:

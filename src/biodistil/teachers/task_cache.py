@@ -34,7 +34,7 @@ from biodistil.models.loading import load_tokenizer, model_folder
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.teachers.identity import load_teacher_classifier, teacher_fingerprint
+from biodistil.teachers.loading import load_teacher_classifier
 from biodistil.teachers.store import (
     STORE_VERSION,
     MappedTable,
@@ -42,6 +42,7 @@ from biodistil.teachers.store import (
     entry_key,
     map_table,
     store_root,
+    teacher_fingerprint,
     write_table,
 )
 from biodistil.training.engine import Batch, Collate
