@@ -23,6 +23,11 @@ program's. Weights are random: speed does not depend on them. It also prints the
 the dtypes (the teacher's: `teacher.dtype: auto`, said with its reason), the student's precision and compile setting,
 each mode's estimated GFLOP/s (`flops_per_token`) and the machine's own ceiling: a 2048² float32 and bfloat16 matmul
 measured in the same process. The last line is JSON.
+
+    --student-precision bf16   every mode's student step under bf16 autocast (`train.precision: bf16`), plus the
+                               mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up;
+    --compile                  the student's encoder and the live teacher's compiled (`train.compile`); the compile
+                               happens in the unmeasured warm-up rounds and its seconds are printed.
 """
 
 import argparse
@@ -42,7 +47,7 @@ from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
-from biodistil.models.families import head_only
+from biodistil.models.families import encoder_of, head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
@@ -66,6 +71,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--teacher-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--only", choices=MODES, help="run this mode alone (its peak RSS is the process's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--student-precision", choices=("no", "bf16"), default="no")
+    parser.add_argument("--compile", action="store_true", help="compile the student's encoder and the live teacher")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
+                             "N most expensive operators")
     return parser.parse_args()
 
 
@@ -100,7 +110,7 @@ def blocks_and_vocab(args) -> tuple[list[dict], MaskingVocabulary]:
     special = torch.zeros(args.vocab, dtype=torch.bool)
     special[:5] = True
     vocab = MaskingVocabulary(mask_id=4, special=special, word_start=torch.ones(args.vocab, dtype=torch.bool))
-    count = args.batch * (args.warmup + args.repeats)
+    count = args.batch * (args.warmup + args.repeats + args.profile)
     ids = torch.randint(5, args.vocab, (count, args.seq), generator=generator)
     ids[:, 0], ids[:, -1] = 2, 3
     return [{"input_ids": row.tolist()} for row in ids], vocab
@@ -127,7 +137,8 @@ def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args, log
     return CacheReader(cache, [0])
 
 
-HEAD_ROWS = {"mlm": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15, "cache-top-k": 0.15}
+HEAD_ROWS = {"mlm": 0.15, "mlm-fp32": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15,
+             "cache-top-k": 0.15}
 
 
 def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: int) -> dict[str, float]:
@@ -142,9 +153,29 @@ def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: in
         return 2 * (cfg.hidden_size ** 2 + cfg.hidden_size * cfg.vocab_size)
 
     rows = HEAD_ROWS[mode]
-    teacher_flops = {"mlm": 0.0, "cache-top-k": 0.0, "cache-head": rows * head(teacher)}.get(
+    teacher_flops = {"mlm": 0.0, "mlm-fp32": 0.0, "cache-top-k": 0.0, "cache-head": rows * head(teacher)}.get(
         mode, layers(teacher) + rows * head(teacher))
     return {"student": 3 * (layers(student) + rows * head(student)), "teacher": teacher_flops}
+
+
+def profile_modes(modes: list[str], step, first: int, rounds: int) -> None:
+    """Each mode's `rounds` steps (batches from `first` on) under torch.profiler: its most expensive operators by
+    self CPU time, to see where one mode's time goes that another's does not."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for mode in modes:
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for index in range(first, first + rounds):
+                step(mode, index)
+        print(f"--- {mode}: {rounds} steps, operators by self CPU time")
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=40))
+
+
+def compile_models(student, teacher) -> None:
+    """Compile the student's encoder and the teacher's in place (`nn.Module.compile`: state-dict keys unchanged; the
+    compile itself happens at the first steps, in the warm-up rounds)."""
+    encoder_of(student).compile()
+    encoder_of(teacher).compile()
 
 
 def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -178,8 +209,12 @@ def main() -> None:
     masked = StaticMaskedBlocks(blocks, vocab, masking)
     collate = lambda items: collate_masked_blocks(items, pad_id=0)  # noqa: E731
     modes = [args.only] if args.only else list(MODES)
+    if args.student_precision == "bf16" and not args.only:
+        modes.append("mlm-fp32")
+    if args.compile:
+        compile_models(student, teacher)
     workdir = tempfile.TemporaryDirectory()
-    signals = {"mlm": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
+    signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
     data = {mode: (masked, collate) for mode in signals}
     for mode, logits in (("cache-head", "head"), ("cache-top-k", "top_k")):
         if mode in modes:
@@ -190,11 +225,11 @@ def main() -> None:
         head_only(teacher)  # the rest of the teacher leaves memory
     elif args.only == "cache-top-k":
         teacher.to("meta")  # no teacher in memory while the student trains from the cache
-    positions = {"mlm": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
+    positions = {"mlm": None, "mlm-fp32": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
                  "cache-top-k": "masked"}
     modules = {}
     for mode in modes:
-        objective = Objective(objective_config(positions[mode]), student, teacher if mode != "mlm" else None)
+        objective = Objective(objective_config(positions[mode]), student, None if positions[mode] is None else teacher)
         module = MaskedLMModule(student, objective, signals[mode]).train()
         optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
         modules[mode] = (module, optimizer)
@@ -204,7 +239,9 @@ def main() -> None:
         dataset, collate_fn = data[mode]
         batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
         batch = {key: value.to(device) for key, value in batch.items()}
-        loss, _ = module(batch)
+        bf16 = args.student_precision == "bf16" and mode != "mlm-fp32"
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = module(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -213,6 +250,7 @@ def main() -> None:
     sampler = PeakRSS()
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
     peaks: dict[str, int] = dict.fromkeys(modes, 0)
+    warmup_seconds = 0.0
     for index in range(args.warmup + args.repeats):
         for mode in modes:
             if device.type == "cuda":
@@ -226,10 +264,14 @@ def main() -> None:
             seconds = time.perf_counter() - started
             peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else sampler.stop()
             sampler.watching = False
-            if index >= args.warmup:
+            if index < args.warmup:
+                warmup_seconds += seconds
+            else:
                 rates[mode].append(tokens / seconds)
                 peaks[mode] = max(peaks[mode], peak)
 
+    if args.profile:
+        profile_modes(modes, step, args.warmup + args.repeats, args.profile)
     tokens_per_s = {mode: statistics.median(values) for mode, values in rates.items()}
     result = {
         "device": str(device), "threads": torch.get_num_threads(), "load_1min": os.getloadavg()[0],
@@ -252,18 +294,24 @@ def main() -> None:
                                 "bfloat16": round(matmul_gflops(torch.bfloat16, device), 1)}
     result["cpu"] = cpu_line() if device.type == "cpu" else str(device)
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
-    result["student_precision"] = "float32"
-    result["compile"] = "off (train.compile is not implemented yet)"
+    result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
+    result["compile"] = f"on (warm-up rounds with the compile: {warmup_seconds:.0f} s)" if args.compile else "off"
+    if "mlm-fp32" in rates:
+        result["bf16_speedup"] = round(statistics.median(
+            a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)
     print(f"{result['device']} ({result['threads']} threads, load {result['load_1min']:.2f}); teacher "
           f"{result['teacher']}, student {result['student_layers']} layers, vocab {args.vocab}, batch "
           f"{result['batch']}; median of {args.repeats} alternated rounds")
-    print(f"CPU: {result['cpu']}. {result['teacher_dtype_choice']} Student: float32; compile: off. Matmul ceiling "
+    print(f"CPU: {result['cpu']}. {result['teacher_dtype_choice']} Student: {result['student_precision']}; compile: "
+          f"{result['compile']}. Matmul ceiling "
           f"(2048²): {result['ceiling_gflops']['float32']:,.0f} GFLOP/s float32, "
           f"{result['ceiling_gflops']['bfloat16']:,.0f} GFLOP/s bfloat16")
     for mode in modes:
         ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm" if "ratio_to_mlm" in result else ""
         print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}"
               f"  ~{result['gflops'][mode]:,.0f} GFLOP/s")
+    if "bf16_speedup" in result:
+        print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
     print(json.dumps(result))
     workdir.cleanup()
 

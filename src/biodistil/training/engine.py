@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import gather_object
 from safetensors.torch import load_model, save_model
 from torch import nn
@@ -44,6 +45,7 @@ from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
+from biodistil.training.compiling import compile_models
 from biodistil.training.sampling import length_grouped_order
 
 Batch = dict[str, torch.Tensor]
@@ -99,12 +101,22 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     if precision == "fp16" and not torch.cuda.is_available():
         raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
+    _allow_precision(precision)
     log_with = "tensorboard" if tensorboard and run_dir is not None else None
     # several processes on a machine without CUDA (torchrun / `accelerate launch --multi_gpu`): gloo on CPU
     cpu_processes = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     return Accelerator(
         mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None, cpu=cpu_processes
     )
+
+
+def _allow_precision(precision: str) -> None:
+    """Accelerate keeps one process-wide state whose mixed precision cannot change, so a stage of a pipeline or a
+    study trained under another precision than the one before would be refused: its state is started again (the
+    process group, accelerate's PartialState, stays)."""
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    if current is not None and current != precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 class Engine:
@@ -148,6 +160,10 @@ class Engine:
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
         )
         model, optimizer = acc.prepare(module, optimizer)
+        if self.cfg.compile:
+            note = compile_models(module, acc.device)
+            if acc.is_local_main_process:
+                print(note, flush=True)
         if resume:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:

@@ -1,0 +1,85 @@
+"""bf16 autocast on the CPU for every kind of training (distillation, task KD; fine-tuning: test_finetune), and one
+process running stages under different precisions (a pipeline, a study)."""
+
+import json
+
+import torch
+from kd_fixtures import kd_recipe
+from safetensors.torch import load_file
+
+from biodistil.config import DistillRecipe, validate_recipe
+from biodistil.kd.command import run_kd
+from biodistil.methods.task_agnostic import run_distill
+from biodistil.training.engine import make_accelerator
+
+
+def _train_losses(run_dir) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def _distill_settings(tmp_path, teacher_dir, corpus_file, terms, **train) -> DistillRecipe:
+    """A tiny distill run (the teacher's layers 0 and 2, blocks of 32) with `train` settings on top."""
+    return validate_recipe(DistillRecipe, {
+        "run": {"output_dir": str(tmp_path / "run"), "seed": 3},
+        "teacher": {"name_or_path": str(teacher_dir), "dtype": "float32"},
+        "student": {"init": "teacher_layers", "layers": [0, 2]},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(tmp_path / "corpus")},
+        "objective": {"temperature": 2.0, "terms": terms},
+        "train": {"max_steps": 12, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 0,
+                  "save_every": 0, "log_every": 4, "progress_bar": False, "tensorboard": False, **train},
+    })
+
+
+def test_one_process_runs_stages_under_different_precisions():
+    assert make_accelerator("no").mixed_precision == "no"
+    assert make_accelerator("bf16").mixed_precision == "bf16", "a later stage may train under bf16"
+    assert make_accelerator("no").mixed_precision == "no", "and the next one in float32 again"
+
+
+def test_distillation_under_bf16_autocast_learns_and_exports_float32(tmp_path, teacher_dir, corpus_file,
+                                                                     fresh_accelerator_state):
+    terms = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "all"},
+             {"loss": "hidden_cosine"}]
+    recipe = _distill_settings(tmp_path, teacher_dir, corpus_file, terms, max_steps=30, precision="bf16")
+    model_dir = run_distill(recipe)
+    losses = _train_losses(tmp_path / "run")
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], "the loss falls under bf16"
+    assert {w.dtype for w in load_file(str(model_dir / "model.safetensors")).values()} == {torch.float32}
+
+
+def test_task_kd_under_bf16_autocast_learns(kd_models, pair_task, tmp_path, fresh_accelerator_state):
+    teacher_path, student_path = kd_models
+    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
+    recipe = kd_recipe(task_file, teacher_path, student_path, tmp_path / "run",
+                       kd={"epochs": 6}, train={"precision": "bf16", "learning_rate": 3e-3})
+    run_kd(recipe)
+    losses = _train_losses(tmp_path / "run")
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], "the loss falls under bf16"
+
+
+def test_train_compile_trains_the_same_model_names_and_falls_back_without_a_compiler(tmp_path, teacher_dir,
+                                                                                      corpus_file, monkeypatch,
+                                                                                      capsys):
+    from biodistil.training import compiling
+
+    settings = _distill_settings(tmp_path, teacher_dir, corpus_file, [{"loss": "mlm"}, {"loss": "hidden_cosine"}],
+                                 compile=True)
+    monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
+    model_dir = run_distill(settings)
+    assert "no C++ compiler found" in capsys.readouterr().out
+    losses = _train_losses(tmp_path / "run")
+    assert losses[-1] < losses[0]
+    names = set(load_file(str(model_dir / "model.safetensors")))
+    assert names and not any("_orig_mod" in name for name in names), "compiling in place keeps the weights' names"
+
+
+def test_train_compile_compiles_the_student_in_place(tmp_path, teacher_dir, corpus_file, capsys):
+    settings = _distill_settings(tmp_path, teacher_dir, corpus_file, [{"loss": "mlm"}, {"loss": "hidden_cosine"}],
+                                 compile=True)
+    model_dir = run_distill(settings)
+    assert "compiled the encoders of BertForMaskedLM, BertForMaskedLM" in capsys.readouterr().out
+    losses = _train_losses(tmp_path / "run")
+    assert losses[-1] < losses[0]
+    names = set(load_file(str(model_dir / "model.safetensors")))
+    assert names and not any("_orig_mod" in name for name in names), "compiling in place keeps the weights' names"
