@@ -32,6 +32,11 @@ DISTILL = {  # recipe -> tiny overrides (student shapes that fit the 4-layer, 32
                             "num_relation_heads: 2, relations: [q, k, v]}]"],
     "vekd": ["student.layers=[0,2]", "student.vocab_expansion.vocab_size=260",
              "student.vocab_expansion.min_frequency=1"],
+    # across tokenizers: a student vocabulary of its own, trained on the tiny corpus
+    "cross-tokenizer-distil": [TINY_ARCH, "student.tokenizer={vocab_size: 150, min_frequency: 1}"],
+    "cross-tokenizer-minilm": ["student.layers=[0,2]", "student.tokenizer={vocab_size: 150, min_frequency: 1}",
+                               "objective.terms=[{loss: mlm}, {loss: hidden_cosine, layer_map: [1, 3]}, "
+                               "{loss: minilm_relations}]"],
 }
 QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
 

@@ -143,11 +143,10 @@ def test_overridden_labels_without_their_negative_class_are_refused(tmp_path):
         get_task(str(spec))
 
 
-@pytest.mark.parametrize("command", ["finetune", "evaluate"])
+@pytest.mark.parametrize("command", ["evaluate --finetuned", "bench"])
 def test_commands_that_run_in_one_process_refuse_several_at_once(tmp_path, capsys, teacher_dir, monkeypatch,
                                                                  command):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    task_file = write_pair_task(tmp_path / "task")
-    argv = (finetune_command(teacher_dir, task_file, tmp_path / "ft") if command == "finetune" else
-            ["evaluate", str(RECIPES / "eval-quick.yaml"), "--out", str(tmp_path / "ev")])
+    argv = (["evaluate", "--finetuned", str(teacher_dir), "--task", "gad", "--out", str(tmp_path / "ev")]
+            if command == "evaluate --finetuned" else ["bench", str(teacher_dir), "--out", str(tmp_path / "b.json")])
     assert f"{command} runs in one process, but was started as 2" in run_cli(capsys, argv)

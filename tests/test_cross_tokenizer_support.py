@@ -7,12 +7,12 @@ from transformers import BertTokenizerFast, RobertaTokenizerFast
 
 from biodistil.config import TermConfig
 from biodistil.errors import BiodistilError
-from biodistil.methods.cross_tokenizer import refuse_unsupported, term_support, tokenizer_pair
+from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, term_support, tokenizer_pair
 from biodistil.methods.objective import TERM_KINDS
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "cell", "##s", "p53", "il", "-", "2"]
-MASKED_LM_TERMS = ["mlm", "logit_kl", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse",
+MASKED_LM_TERMS = ["mlm", "logit_kl", "uld", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse",
                    "attention_kl", "minilm_relations"]
 
 
@@ -55,21 +55,23 @@ def test_an_extended_vocabulary_keeps_every_masked_lm_term_as_ve_kd() -> None:
 def test_different_vocabularies_keep_word_level_terms_and_refuse_token_level_logits(student) -> None:
     rows = table(student, wordpiece(WORDS))
     assert rows == {
-        "mlm": (True, "words"), "logit_kl": (True, "words"), "hidden_cosine": (True, "words"),
+        "mlm": (True, "words"), "logit_kl": (True, "words"), "uld": (True, "words"), "hidden_cosine": (True, "words"),
         "hidden_mse": (True, "words"), "attention_mse": (True, "words"), "attention_kl": (True, "words"),
         "minilm_relations": (True, "words"), "soft_ce": (False, ""), "logit_mse": (False, ""),
     }
-    reasons = {row.term: row.reason for row in term_support(student, wordpiece(WORDS), ["logit_kl", "logit_mse"])}
-    assert "shared_vocab_kl_loss" in reasons["logit_kl"] and "uld_loss" in reasons["logit_kl"]
+    terms = ["logit_kl", "uld", "logit_mse"]
+    reasons = {row.term: row.reason for row in term_support(student, wordpiece(WORDS), terms)}
+    assert "shared_vocab_kl_loss" in reasons["logit_kl"] and "uld_loss" in reasons["uld"]
     assert "use logit_kl" in reasons["logit_mse"]
 
 
 def test_recipe_term_options_are_checked_across_tokenizers() -> None:
     student, teacher = byte_level(), wordpiece(WORDS)
     terms = [TermConfig(loss="attention_mse", attention_map="scores"), TermConfig(loss="attention_mse"),
-             TermConfig(loss="logit_kl"), TermConfig(loss="logit_kl", positions="masked")]
+             TermConfig(loss="logit_kl"), TermConfig(loss="logit_kl", positions="masked"), TermConfig(loss="uld"),
+             TermConfig(loss="uld", positions="masked")]
     rows = term_support(student, teacher, terms)
-    assert [row.ok for row in rows] == [False, True, False, True]
+    assert [row.ok for row in rows] == [False, True, False, True, False, True]
     assert "attention_map: probabilities" in rows[0].reason and "positions: masked" in rows[2].reason
 
 
@@ -92,3 +94,9 @@ def test_unknown_terms_and_refusals_are_named() -> None:
         refuse_unsupported(rows)
     assert "hidden_mse" not in str(error.value)
     refuse_unsupported(rows[:1])  # nothing refused: no error
+
+
+def test_a_pair_known_without_its_tokenizers_gets_the_same_verdicts() -> None:
+    terms = ["mlm", "logit_kl", "soft_ce", "hidden_mse"]
+    assert pair_support("different", terms) == term_support(byte_level(), wordpiece(WORDS), terms)
+    assert all(row.ok for row in pair_support("same", ["soft_ce", "logit_mse"]))

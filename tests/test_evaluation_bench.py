@@ -12,7 +12,14 @@ from transformers import AutoModelForMaskedLM
 from biodistil.cli.eval_commands import parse_model_spec
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
-from biodistil.evaluation.bench import format_bench, peak_memory_bytes, round_robin, run_bench, spread
+from biodistil.evaluation.bench import (
+    format_bench,
+    isolated_peak_memory,
+    peak_memory_bytes,
+    round_robin,
+    run_bench,
+    spread,
+)
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.models.student import student_from_teacher_layers
 
@@ -43,7 +50,7 @@ def test_model_specs():
 
 
 def test_bench_two_tiny_models(teacher_dir, small_dir):
-    cfg = BenchConfig(lengths=[8, 100], latency_batch=1, throughput_batch=4, warmup=1, repeats=2)
+    cfg = BenchConfig(lengths=[8, 100], latency_batch=1, throughput_batch=4, warmup=1, repeats=2, memory="in-process")
     result = run_bench([("teacher", str(teacher_dir)), ("small", str(small_dir))], cfg)
     teacher, small = result["models"]
     assert teacher["parameters"] > small["parameters"] and small["parameters_without_embeddings"] > 0
@@ -59,6 +66,10 @@ def test_bench_two_tiny_models(teacher_dir, small_dir):
     assert "CPU" in result["memory_method"] or "CUDA" in result["memory_method"]
     text = format_bench(result)
     assert "speedup vs teacher" in text and "n/a (longer than the model's 64 positions)" in text
+    table = text.split("\n\n")[-1].splitlines()
+    assert table[0].startswith("| model | runtime | length | batch-1 latency ms | × teacher | batch-4 seq/s")
+    assert table[2].startswith("| teacher | PyTorch") and "| 8 |" in table[2] and table[2].endswith("| 1.00 |")
+    assert table[5].startswith("| small |") and "| 100 | n/a | – |" in table[5]
 
 
 def test_peak_memory_counts_what_a_run_allocates():
@@ -77,12 +88,23 @@ def test_peak_memory_counts_what_a_run_allocates():
     assert peak_memory_bytes(lambda: 0.0, cpu) < size / 4
 
 
+def test_isolated_memory_is_measured_in_a_fresh_process_per_model_and_shape(teacher_dir):
+    # the model's weights are loaded in the fresh process before its baseline: the increase is what the runs add, and
+    # the process's peak (libraries, weights, runs) is larger; a longer batch needs more
+    small, large = (isolated_peak_memory(str(teacher_dir), 1, batch, 64) for batch in (1, 64))
+    assert 0 <= small["peak_memory_bytes"] < large["peak_memory_bytes"] < large["peak_rss_bytes"]
+    # 64 × 64 tokens × 32 wide × 4 layers: at least the hidden states and attention scores of one layer
+    assert large["peak_memory_bytes"] > 64 * 64 * (32 + 2 * 64) * 4
+
+
 def test_bench_cli_writes_json(teacher_dir, small_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(["bench", str(teacher_dir), f"small={small_dir}", "--lengths", "8", "--throughput-batch", "2",
-                 "--warmup", "0", "--repeats", "1", "--out", str(out)])
+                 "--warmup", "0", "--repeats", "1", "--memory", "off", "--out", str(out)])
     assert code == 0 and "Wrote" in capsys.readouterr().out
     result = json.loads(out.read_text())
     assert [m["label"] for m in result["models"]] == [Path(teacher_dir).name, "small"]
     assert result["settings"]["lengths"] == [8] and result["reference"] == Path(teacher_dir).name
+    assert result["memory_method"] == "not measured"
+    assert result["models"][0]["throughput"]["8"]["peak_memory_bytes"] is None
     assert main(["bench", str(teacher_dir), "--lengths", "1", "--out", str(out)]) == 2  # bad option: an error

@@ -98,37 +98,42 @@ def test_teacher_terms_without_teacher_fail(tokenizer):
         Objective(TRIPLE, student, None)
 
 
-def test_the_automatic_teacher_dtype_follows_what_the_cpu_can_do(monkeypatch):
+def test_the_automatic_teacher_dtype_and_precision_follow_what_the_cpu_can_do(monkeypatch):
     from biodistil.methods import masked_lm
+    from biodistil.training import hardware
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(masked_lm, "cpu_bf16_fast", lambda: (True, "CPU flags avx512_bf16"))
+    monkeypatch.setattr(hardware, "cpu_bf16_fast", lambda: (True, "CPU flags avx512_bf16"))
+    monkeypatch.setattr(masked_lm, "cpu_bf16_fast", hardware.cpu_bf16_fast)
     assert masked_lm.teacher_dtype("auto", cpu) == torch.bfloat16
     assert masked_lm.dtype_note("auto", torch.bfloat16, cpu) == "Teacher dtype: bfloat16 (auto: CPU flags avx512_bf16)."
-    monkeypatch.setattr(masked_lm, "cpu_bf16_fast", lambda: (False, "CPU flags without amx_bf16 or avx512_bf16"))
+    assert hardware.resolve_precision("auto", cpu) == ("bf16", "bf16 autocast (auto: CPU flags avx512_bf16)")
+    monkeypatch.setattr(hardware, "cpu_bf16_fast", lambda: (False, "CPU flags without amx_bf16 or avx512_bf16"))
     assert masked_lm.teacher_dtype("auto", cpu) == torch.float32
+    assert hardware.resolve_precision("auto", cpu)[0] == "no"
     assert masked_lm.teacher_dtype("bfloat16", cpu) == torch.bfloat16, "an explicit setting is kept"
+    assert hardware.resolve_precision("bf16", cpu) == ("bf16", "bf16 autocast (train.precision)")
     assert masked_lm.dtype_note("float32", torch.float32, cpu) == "Teacher dtype: float32 (teacher.dtype)."
 
 
 def test_without_readable_flags_the_cpu_is_measured(monkeypatch):
     from pathlib import Path
 
-    from biodistil.methods import masked_lm
+    from biodistil.training import hardware
 
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (_ for _ in ()).throw(OSError("no /proc"))
                         if str(self) == "/proc/cpuinfo" else real(self, *a, **k))
-    masked_lm.cpu_bf16_fast.cache_clear()
-    monkeypatch.setattr(masked_lm, "cpu_bf16_speedup", lambda: 0.4)  # emulated bf16 is slower
+    hardware.cpu_bf16_fast.cache_clear()
+    monkeypatch.setattr(hardware, "cpu_bf16_speedup", lambda: 0.4)  # emulated bf16 is slower
     try:
-        assert masked_lm.cpu_bf16_fast() == (False, "a bf16 matmul ran 0.40× as fast as float32 (bf16 from 1.3×)")
+        assert hardware.cpu_bf16_fast() == (False, "a bf16 matmul ran 0.40× as fast as float32 (bf16 from 1.3×)")
     finally:
-        masked_lm.cpu_bf16_fast.cache_clear()
+        hardware.cpu_bf16_fast.cache_clear()
 
 
 def test_the_bf16_speedup_is_a_measurement():
-    from biodistil.methods.masked_lm import cpu_bf16_speedup
+    from biodistil.training.hardware import cpu_bf16_speedup
 
     speedup = cpu_bf16_speedup(size=256, repeats=2)
     assert 0.01 < speedup < 100

@@ -27,7 +27,8 @@ from biodistil.models.student import model_from_architecture
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
-ARCHITECTURE_STUDENTS = {"tinybiobert-4l-312", "mobilebert-layer", "minilmv2", "biolm-distill-align"}
+ARCHITECTURE_STUDENTS = {"tinybiobert-4l-312", "mobilebert-layer", "minilmv2", "biolm-distill-align",
+                         "cross-tokenizer-distil"}
 
 
 @pytest.fixture(scope="module")

@@ -175,6 +175,15 @@ class VocabExpansionConfig(Section):
     min_frequency: int = Field(2, ge=1)
 
 
+class TokenizerTrainingConfig(Section):
+    """A WordPiece vocabulary trained on the corpus."""
+
+    vocab_size: int = Field(30522, ge=100)
+    lowercase: bool = False
+    min_frequency: int = Field(2, ge=1)
+    max_lines: int | None = Field(None, ge=1, description="train the vocabulary on the first N lines only")
+
+
 class StudentConfig(Section):
     """How the student is made: teacher layers, a fresh architecture, or an existing pretrained model."""
 
@@ -186,6 +195,12 @@ class StudentConfig(Section):
     vocab_expansion: VocabExpansionConfig | None = Field(
         None, description="VE-KD: expand the student's vocabulary with domain tokens (init=teacher_layers only)"
     )
+    tokenizer: TokenizerTrainingConfig | None = Field(
+        None, description="a WordPiece vocabulary of its own for the student, trained on data.train (as pretrain's "
+        "model.tokenizer): init=architecture sizes the student for it; init=teacher_layers copies the teacher's "
+        "embedding of each token whose text the teacher writes as one token and averages the teacher's pieces for "
+        "the others. The objective then runs across tokenizers (docs/cross-tokenizer.md)",
+    )
 
     @model_validator(mode="after")
     def _init_has_its_inputs(self) -> StudentConfig:
@@ -195,6 +210,9 @@ class StudentConfig(Section):
             raise ValueError("student.init=pretrained needs student.name_or_path")
         if self.vocab_expansion is not None and self.init != "teacher_layers":
             raise ValueError("student.vocab_expansion needs student.init=teacher_layers (new embeddings come from it)")
+        if self.tokenizer is not None and (self.init == "pretrained" or self.vocab_expansion is not None):
+            raise ValueError("student.tokenizer trains the student's own vocabulary: not with init=pretrained (which "
+                             "has one) nor with student.vocab_expansion (which extends the teacher's)")
         return self
 
 
@@ -211,8 +229,8 @@ class TermConfig(Section):
     """
 
     loss: Literal[
-        "mlm", "logit_kl", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse", "attention_kl",
-        "minilm_relations", "ce", "sigmoid_kd", "patient_kd",
+        "mlm", "logit_kl", "uld", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse",
+        "attention_kl", "minilm_relations", "ce", "sigmoid_kd", "patient_kd",
     ]
     weight: float = Field(1.0, ge=0)
     positions: Literal["all", "masked", "known"] = Field(
@@ -275,15 +293,6 @@ class ObjectiveConfig(Section):
                              "distillation (`biodistil kd`: kd.soft_loss, kd.beta, kd.patient), not of a masked-LM "
                              "objective")
         return self
-
-
-class TokenizerTrainingConfig(Section):
-    """A WordPiece vocabulary trained on the corpus."""
-
-    vocab_size: int = Field(30522, ge=100)
-    lowercase: bool = False
-    min_frequency: int = Field(2, ge=1)
-    max_lines: int | None = Field(None, ge=1, description="train the vocabulary on the first N lines only")
 
 
 class ExportConfig(Section):
@@ -381,7 +390,25 @@ class DistillRecipe(Section):
                              "(mask patterns per block, e.g. 4)")
         if self.teacher_cache is not None and self.data.hub_dataset:
             raise ValueError("teacher_cache needs corpus files (data.train), not data.hub_dataset")
+        if self.student.tokenizer is not None:
+            _check_across_tokenizers(self)
         return self
+
+
+def _check_across_tokenizers(recipe: DistillRecipe) -> None:
+    """What distillation across tokenizers (a student vocabulary of its own) does not offer, refused by name."""
+    if recipe.teacher_cache is not None:
+        raise ValueError("teacher_cache is not supported across tokenizers (student.tokenizer): the teacher reads its "
+                         "own tokens of each text, masked batch by batch; remove teacher_cache")
+    if recipe.masking.duplication is not None:
+        raise ValueError("masking.duplication (static masks) is not supported across tokenizers (student.tokenizer): "
+                         "the same words are masked on both sides batch by batch; remove masking.duplication")
+    if recipe.data.hub_dataset:
+        raise ValueError("across tokenizers (student.tokenizer) the corpus is read as text from files: give "
+                         "data.train, not data.hub_dataset")
+    if recipe.train.group_by_length:
+        raise ValueError("train.group_by_length is not supported across tokenizers (student.tokenizer): blocks are "
+                         "text, tokenized batch by batch; remove it")
 
 
 RecipeT = TypeVar("RecipeT", bound=Section)

@@ -27,7 +27,9 @@ def _score_finetuned(args: argparse.Namespace) -> object:
     from biodistil.config import validate_recipe
     from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
     from biodistil.evaluation.recipe import BenchConfig
+    from biodistil.training.run import single_process
 
+    single_process("evaluate --finetuned")
     if args.recipe or args.overrides or args.resume:
         raise BiodistilError("evaluate --finetuned scores models without training: it takes no recipe, overrides "
                              "or --resume")
@@ -64,10 +66,13 @@ def _bench(args: argparse.Namespace) -> object:
     from biodistil.evaluation.bench import format_bench, run_bench, write_bench
     from biodistil.evaluation.recipe import BenchConfig
     from biodistil.export.deployed import expand_models
+    from biodistil.training.run import single_process
 
+    single_process("bench")  # timings of copies running side by side would measure each other
     models = [(item.label, str(item.path)) for item in expand_models([parse_model_spec(s) for s in args.models])]
     raw = {"lengths": args.lengths, "latency_batch": args.latency_batch, "throughput_batch": args.throughput_batch,
-           "warmup": args.warmup, "repeats": args.repeats, "device": args.device, "threads": args.threads}
+           "warmup": args.warmup, "repeats": args.repeats, "device": args.device, "threads": args.threads,
+           "memory": args.memory}
     cfg = validate_recipe(BenchConfig, raw, source="bench options")
     result = run_bench(models, cfg)
     path = write_bench(result, Path(args.out))
@@ -113,8 +118,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    text = ("Parameters, size on disk, latency, throughput and peak memory of models, measured side by side "
-            "in one process")
+    text = ("Parameters, size on disk, latency, throughput and peak memory of models (PyTorch folders, ONNX exports), "
+            "measured side by side: timings in one process, round robin; peak memory in a fresh process per model "
+            "and shape")
     parser = sub.add_parser("bench", help=text, description=text + ". The first model is the reference of the "
                             "speedups.")
     parser.add_argument("models", nargs="+", metavar="MODEL",
@@ -126,7 +132,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per model and setting (2)")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per model and setting (10)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: torch's)")
+    parser.add_argument("--memory", choices=["isolated", "in-process", "off"], default="isolated",
+                        help="CPU peak memory: each model and shape in a fresh process (isolated, the default: an "
+                        "allocator's arena cannot hide another model's needs), around one run in the timing process "
+                        "(in-process), or not at all (off)")
     parser.add_argument("--out", default="bench.json", help="JSON output file (bench.json)")
     parser.set_defaults(run=_bench)
 

@@ -148,9 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         print(f"Interrupted; continue with: {continue_advice(args, argv)}", file=sys.stderr)
         return 143 if "SIGTERM" in str(err) else 130
-    if result is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+    if result is not None and _main_process():
         print(result)
     return 0
+
+
+def _main_process() -> bool:
+    """Whether this process prints what the command returns: the main one of a launch (or the only one)."""
+    from biodistil.training.processes import is_main_process
+
+    return is_main_process()
 
 
 def _os_error(err: Exception) -> OSError:

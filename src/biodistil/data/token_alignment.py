@@ -108,6 +108,21 @@ class AlignedBatch:
     def num_units(self) -> int:
         return self.unit_mask.size(1)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch as the engine carries it (tensors only): the student's `input_ids` / `attention_mask`, the
+        teacher's `teacher_input_ids` / `teacher_attention_mask`, and the unit ids and masks under their own names."""
+        return {"input_ids": self.student_inputs["input_ids"], "attention_mask": self.student_inputs["attention_mask"],
+                "teacher_input_ids": self.teacher_inputs["input_ids"],
+                "teacher_attention_mask": self.teacher_inputs["attention_mask"], "student_units": self.student_units,
+                "teacher_units": self.teacher_units, "unit_mask": self.unit_mask, "word_mask": self.word_mask}
+
+    @classmethod
+    def from_tensors(cls, batch: dict[str, torch.Tensor]) -> "AlignedBatch":
+        """The aligned batch of `tensors()` (without the per-text alignments, which only its builder needs)."""
+        return cls({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
+                   {"input_ids": batch["teacher_input_ids"], "attention_mask": batch["teacher_attention_mask"]},
+                   batch["student_units"], batch["teacher_units"], batch["unit_mask"], batch["word_mask"], ())
+
 
 @dataclass(frozen=True)
 class MaskedSide:

@@ -2,26 +2,35 @@
 
 Every model is loaded as its bare encoder (`AutoModel`, no MLM or task head) in one process; a `.onnx` graph
 of a `biodistil export` (fp32 or int8) runs in ONNX Runtime's CPU provider with as many intra-op threads as
-torch has, and includes its head (a classifier's head costs next to nothing; a masked LM's does). For each
-sequence length, latency is timed at `latency_batch` (default 1) and throughput at `throughput_batch`
-(default 32) on random token ids: after `warmup` untimed runs per model, the `repeats` timed runs go round
-robin over the models (model A, B, A, B, ...), so that a slow patch of a shared machine hits every model
-alike. Reported: the median and the quartiles. Speedups are against the first model.
+torch has (`OnnxModel`, as deployed: memory arena on, large batches in slices) and includes its head (a
+classifier's head costs next to nothing; a masked LM's does). For each sequence length, latency is timed at
+`latency_batch` (default 1) and throughput at `throughput_batch` (default 32) on random token ids: after `warmup`
+untimed runs per model, the `repeats` timed runs go round robin over the models (model A, B, A, B, ...), so that a
+slow patch of a shared machine hits every model alike. Reported: the median and the quartiles. Speedups are against
+the first model.
 
-Peak memory: on CUDA, `torch.cuda.max_memory_allocated` during one run (weights included); on CPU, the
-increase of the process's resident set (RSS) over its value before the run, i.e. activations and workspace
-(weights excluded), measured with the Linux peak-RSS counter reset (`/proc/self/clear_refs`), else by
-sampling the RSS every millisecond; freed heap memory is handed back first (glibc `malloc_trim`) so that
-memory reused from earlier runs still counts. The output says which method was used.
+Peak memory on the CPU (`memory: isolated`, the default): each model and shape in a fresh Python process that loads
+the model, then runs it twice at that shape; the figure is the increase of the process's resident set (RSS) over its
+value once the model is loaded (activations, workspace, ONNX Runtime's arena: everything the runs add; weights
+excluded), measured with the Linux peak-RSS counter reset (`/proc/self/clear_refs`), else by sampling the RSS every
+millisecond, freed heap memory handed back first (glibc `malloc_trim`). One process per measurement, because an
+allocator keeps what a run freed (ONNX Runtime's arena, glibc's heap) and would hide the next model's or shape's
+needs in one shared process. The process's whole peak RSS (weights and libraries included) is reported beside it.
+`in-process` measures the same increase around one run in the timing process (quicker, less clean); on CUDA,
+`torch.cuda.max_memory_allocated` during one run (weights included). The output says which method was used.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import math
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +46,7 @@ from biodistil.export.runtime import OnnxModel
 from biodistil.io import atomic_write_json
 
 BENCH_FORMAT = "biodistil-bench/1"
+ISOLATED_RUNS = 2  # runs at one shape in the fresh process of an isolated memory measurement
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -64,7 +74,7 @@ def load_encoder(path: str) -> torch.nn.Module:
 def load_benched(path: str, threads: int) -> torch.nn.Module | OnnxModel:
     """The bare encoder of a model folder or Hub id, or an exported ONNX graph (a `.onnx` file of an export)."""
     if path.endswith(".onnx"):
-        return OnnxModel(path, threads=threads, memory_arena=False)  # no arena: freed memory is returned, as torch
+        return OnnxModel(path, threads=threads)
     from biodistil.models.loading import check_model
 
     check_model(path, "bench")
@@ -171,13 +181,18 @@ def _can_reset_peak() -> bool:
     return _status_kib("VmHWM") is not None
 
 
-def memory_method(device: torch.device) -> str:
+def memory_method(device: torch.device, memory: str = "isolated") -> str:
     if device.type == "cuda":
         return "CUDA max allocated during one run (torch.cuda.max_memory_allocated; weights included)"
-    if _can_reset_peak():
-        return ("CPU: peak RSS increase over the RSS before one run (Linux VmHWM reset via /proc/self/clear_refs, "
-                "freed heap returned first with malloc_trim; activations and workspace, weights excluded)")
-    return "CPU: peak RSS increase over the RSS before one run (RSS sampled every 1 ms; weights excluded)"
+    if memory == "off":
+        return "not measured"
+    counter = ("Linux VmHWM reset via /proc/self/clear_refs" if _can_reset_peak() else "RSS sampled every 1 ms")
+    if memory == "isolated":
+        return (f"CPU, each model and shape in a fresh process: peak RSS increase over the loaded model's RSS during "
+                f"{ISOLATED_RUNS} runs ({counter}, freed heap returned first with malloc_trim; activations, workspace "
+                "and allocator arenas, weights excluded); the process's whole peak RSS beside it")
+    return (f"CPU, in the timing process: peak RSS increase over the RSS before one run ({counter}, freed heap "
+            "returned first with malloc_trim; activations and workspace, weights excluded)")
 
 
 def _current_rss() -> int:
@@ -238,6 +253,34 @@ def peak_memory_bytes(run: Callable[[], float], device: torch.device) -> int | N
     return max(0, found["peak"] - before)
 
 
+def isolated_peak_memory(path: str, threads: int, batch: int, length: int) -> dict[str, int]:
+    """Peak memory of one model at one shape, measured in a fresh Python process (see the module docstring):
+    `peak_memory_bytes` (the increase over the loaded model) and `peak_rss_bytes` (the process's peak)."""
+    code = ("import sys; from biodistil.evaluation.bench import measure_in_this_process; "
+            "measure_in_this_process(sys.argv[1:])")
+    argv = [sys.executable, "-c", code, path, str(threads), str(batch), str(length)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        cause = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise BiodistilError(f"bench: measuring the memory of {path} (batch {batch}, length {length}) in a fresh "
+                             f"process failed: {cause}")
+    return json.loads(lines[-1])
+
+
+def measure_in_this_process(argv: Sequence[str]) -> None:
+    """The fresh process of `isolated_peak_memory`: load the model, run it ISOLATED_RUNS times at the shape, print
+    the figures as JSON."""
+    path, threads, batch, length = argv[0], *map(int, argv[1:4])
+    torch.set_num_threads(threads)
+    cpu = torch.device("cpu")
+    model = load_benched(path, threads)
+    inputs = random_batch(model, batch, length, cpu)
+    increase = peak_memory_bytes(lambda: sum(time_once(model, inputs, cpu) for _ in range(ISOLATED_RUNS)), cpu)
+    print(json.dumps({"peak_memory_bytes": increase, "peak_rss_bytes": (_status_kib("VmHWM") or 0) * 1024}))
+
+
 # ------------------------------------------------------------------------------------------ the bench
 
 
@@ -255,8 +298,8 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
 
 
-def _measure(models: dict[str, torch.nn.Module | OnnxModel], batch: int, length: int, cfg: BenchConfig,
-             device: torch.device) -> dict[str, dict[str, Any]]:
+def _measure(models: dict[str, torch.nn.Module | OnnxModel], paths: dict[str, str], batch: int, length: int,
+             cfg: BenchConfig, device: torch.device) -> dict[str, dict[str, Any]]:
     """Times and peak memory of every model at one (batch, length); models too short for it are skipped."""
     results: dict[str, dict[str, Any]] = {}
     runs: dict[str, Callable[[], float]] = {}
@@ -273,9 +316,19 @@ def _measure(models: dict[str, torch.nn.Module | OnnxModel], batch: int, length:
             **{f"{key}_ms": value for key, value in ms.items()},
             "sequences_per_s": batch / (ms["median"] / 1000),
             "tokens_per_s": batch * length / (ms["median"] / 1000),
-            "peak_memory_bytes": peak_memory_bytes(runs[label], device),
+            **_memory(runs[label], paths[label], batch, length, cfg, device),
         }
     return results
+
+
+def _memory(run: Callable[[], float], path: str, batch: int, length: int, cfg: BenchConfig,
+            device: torch.device) -> dict[str, int | None]:
+    """The peak-memory fields of one model at one shape, as `cfg.memory` asks (CUDA: always in this process)."""
+    if device.type == "cuda" or cfg.memory == "in-process":
+        return {"peak_memory_bytes": peak_memory_bytes(run, device)}
+    if cfg.memory == "off":
+        return {"peak_memory_bytes": None}
+    return isolated_peak_memory(path, torch.get_num_threads(), batch, length)
 
 
 def _speedups(rows: list[dict[str, Any]], lengths: Sequence[int]) -> None:
@@ -310,8 +363,8 @@ def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, 
     for length in cfg.lengths:
         print(f"bench: sequence length {length}: latency (batch {cfg.latency_batch}), throughput "
               f"(batch {cfg.throughput_batch}); {cfg.warmup} warm-up + {cfg.repeats} timed runs each", flush=True)
-        latency = _measure(loaded, cfg.latency_batch, length, cfg, device)
-        throughput = _measure(loaded, cfg.throughput_batch, length, cfg, device)
+        latency = _measure(loaded, dict(models), cfg.latency_batch, length, cfg, device)
+        throughput = _measure(loaded, dict(models), cfg.throughput_batch, length, cfg, device)
         for row in rows:
             row["latency"][str(length)] = latency[row["label"]]
             row["throughput"][str(length)] = throughput[row["label"]]
@@ -319,7 +372,7 @@ def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, 
     torch_models = [m for m in loaded.values() if isinstance(m, torch.nn.Module)]
     return {"format": BENCH_FORMAT, "device": _device_name(device), "torch": torch.__version__,
             "dtype": str(torch_models[0].dtype if torch_models else torch.float32).replace("torch.", ""),
-            "memory_method": memory_method(device), "reference": rows[0]["label"],
+            "memory_method": memory_method(device, cfg.memory), "reference": rows[0]["label"],
             "settings": cfg.model_dump(mode="json", exclude={"enabled"}), "models": rows}
 
 
@@ -342,18 +395,23 @@ def _mb(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:,.1f} MB"
 
 
+def _peak(entry: dict[str, Any]) -> str:
+    whole = f" (process {_mb(entry['peak_rss_bytes'])})" if entry.get("peak_rss_bytes") else ""
+    return f"peak {_mb(entry['peak_memory_bytes'])}{whole}"
+
+
 def _timing(entry: dict[str, Any], kind: str) -> str:
     if "median_ms" not in entry:
         return f"n/a ({entry.get('skipped', 'not measured')})"
     spread_ms = f"[{entry['q1_ms']:.2f}–{entry['q3_ms']:.2f}]"
     if kind == "latency":
-        return f"{entry['median_ms']:.2f} ms {spread_ms}, peak {_mb(entry['peak_memory_bytes'])}"
+        return f"{entry['median_ms']:.2f} ms {spread_ms}, {_peak(entry)}"
     return (f"{entry['sequences_per_s']:,.1f} seq/s ({entry['median_ms']:.1f} ms {spread_ms} per batch), "
-            f"peak {_mb(entry['peak_memory_bytes'])}")
+            f"{_peak(entry)}")
 
 
 def format_bench(result: dict[str, Any]) -> str:
-    """A plain-text summary of a bench result, for the terminal."""
+    """A plain-text summary of a bench result, for the terminal: each model, then the side-by-side table."""
     settings = result["settings"]
     lines = [f"Device: {result['device']}; torch {result['torch']}; {result['dtype']}; medians of "
              f"{settings['repeats']} runs after {settings['warmup']} warm-up runs, [quartiles].",
@@ -370,4 +428,34 @@ def format_bench(result: dict[str, Any]) -> str:
                          f"{_timing(row['throughput'][length], 'throughput')}")
         speed = ", ".join(f"{key} ×{value:.2f}" for key, value in row["speedup"].items() if math.isfinite(value))
         lines.append(f"  speedup vs {result['reference']}: {speed or 'n/a'}")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *side_by_side(result, result["reference"])])
+
+
+def side_by_side(result: dict[str, Any], reference: str, labels: Sequence[str] | None = None) -> list[str]:
+    """A Markdown table of every model (or `labels`) at every length: latency, throughput and peak memory at the
+    throughput batch, each with its ratio to `reference` (× > 1: faster, or more memory)."""
+    settings = result["settings"]
+    rows = {row["label"]: row for row in result["models"]}
+    lat, thr = settings["latency_batch"], settings["throughput_batch"]
+    lines = [f"| model | runtime | length | batch-{lat} latency ms | × {reference} | batch-{thr} seq/s | × | "
+             f"peak MB at batch {thr} | × |", "|---|---|---|---|---|---|---|---|---|"]
+    for label in labels or list(rows):
+        row = rows[label]
+        for length in map(str, settings["lengths"]):
+            mine = (row["latency"][length], row["throughput"][length])
+            ref = (rows[reference]["latency"][length], rows[reference]["throughput"][length])
+            cells = [_cell(mine[0], ref[0], "median_ms", inverse=True), _cell(mine[1], ref[1], "sequences_per_s"),
+                     _cell(mine[1], ref[1], "peak_memory_bytes")]
+            lines.append(f"| {label} | {row.get('runtime', 'PyTorch')} | {length} | {' | '.join(cells)} |")
+    return lines
+
+
+def _cell(mine: dict[str, Any], ref: dict[str, Any], key: str, inverse: bool = False) -> str:
+    """A value and its ratio to the reference's, as two table cells."""
+    value, base = mine.get(key), ref.get(key)
+    if value is None:
+        return "n/a | –"
+    shown = f"{value / 2**20:,.0f}" if key.endswith("bytes") else f"{value:,.1f}" if value >= 100 else f"{value:.2f}"
+    if not base or not value:
+        return f"{shown} | –"
+    return f"{shown} | {(base / value if inverse else value / base):.2f}"

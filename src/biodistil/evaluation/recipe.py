@@ -128,6 +128,9 @@ class BenchConfig(Section):
     repeats: int = Field(10, ge=1, description="timed runs per model and setting")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's)")
+    memory: Literal["isolated", "in-process", "off"] = Field(
+        "isolated", description="CPU peak memory: each model and shape in a fresh process (isolated), in the timing "
+        "process, or not measured")
 
     @field_validator("lengths")
     @classmethod

@@ -15,6 +15,14 @@ Run folder:
 
 `--resume` skips finished cells and starts unfinished ones again from scratch; a finished cell whose
 settings differ from the recipe's is an error (use another output folder).
+
+Under `accelerate launch` / `torchrun` with P processes the cells are shared out: the main process prepares the
+folder (lock, config.yaml, init_models) and lists the unfinished cells; `training.processes.assign` gives each to one
+process, the most expensive first, to the process with the least expected work (`expected_costs`); each process
+fine-tunes its cells one after the other on its own device, without DDP, writing only their folders. After every
+process is done, the main process writes results.json, the bench and the report: the same as one process's, since
+each cell's result depends on its seed alone. Resuming works with any number of processes (the unfinished cells are
+shared out again).
 """
 
 from __future__ import annotations
@@ -38,14 +46,16 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.finetune.init_model import init_model_path
-from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_json, read_record
+from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_record
 from biodistil.models.loading import check_model
 from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.training.run import make_folder, run_stage, single_process
+from biodistil.tasks.splits import read_split
+from biodistil.training.processes import Launch, assign
+from biodistil.training.run import make_folder, run_stage
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -332,27 +342,22 @@ def _check_output(out: Path, resume: bool) -> None:
 
 
 def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
-    """Run every cell of the recipe (skipping finished ones), then bench (if asked) and report."""
-    single_process("evaluate")
+    """Run every cell of the recipe (skipping finished ones), then bench (if asked) and report; launched as several
+    processes, share the cells out over them (see the module docstring)."""
+    launch = Launch.current()
     out = Path(recipe.run.output_dir)
-    make_folder(out, "run.output_dir")
-    lock_folder(out, "evaluation folder")
-    _check_output(out, resume)
-    if recipe.data.root is not None:
-        resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
-    models = check_models(recipe, out)
-    tasks, skipped = plan_tasks(recipe)
-    for note in skipped:
-        print(f"Skipping task {note['task']}: {note['reason']}", flush=True)
-    if not tasks:
-        raise BiodistilError("No task of the recipe has its data; see the notes above (pass --data DIR)")
-    dump_recipe(recipe, out / "config.yaml")
+    with launch.main_first():
+        models, tasks, skipped = _prepare(recipe, out, resume, launch.is_main)
     cells = plan_cells(models, tasks, recipe.seeds)
-    records: list[dict[str, Any]] = []
-    for index, cell in enumerate(cells, start=1):
-        records.append(_run_or_skip(cell, out, recipe, f"[{index}/{len(cells)}]"))
-        results = build_results(recipe, models, tasks, skipped, records, complete=index == len(cells))
-        atomic_write_json(out / RESULTS_FILE, results)
+    mine = launch.from_main(lambda: _share_cells(cells, out, recipe, launch.count))[launch.index]
+    for position in mine:
+        _run_cell_stage(cells[position], out, recipe, _counter(position, len(cells), launch))
+        if launch.is_main:
+            _write_results(recipe, models, tasks, skipped, cells, out)
+    launch.wait()
+    if not launch.is_main:
+        return out / "report.md"
+    _write_results(recipe, models, tasks, skipped, cells, out)
     if recipe.bench.enabled:
         _bench(models, recipe, out, resume)
     from biodistil.evaluation.report import build_report
@@ -360,9 +365,84 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     return build_report([out], out)
 
 
-def _run_or_skip(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str) -> dict[str, Any]:
-    """One cell as a stage of the run: skipped when finished (with the same settings), else fine-tuned from scratch
-    (cells do not resume: their checkpoints are deleted when they finish)."""
+def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
+             is_main: bool) -> tuple[list[tuple[str, str]], list[PlannedTask], list[dict[str, str]]]:
+    """The models, the tasks with their data and the skipped ones; the main process also takes the folder (lock,
+    no cells of another run unless resuming), writes the init_models and config.yaml and prints the notes."""
+    if is_main:
+        make_folder(out, "run.output_dir")
+        lock_folder(out, "evaluation folder")
+        _check_output(out, resume)
+    if recipe.data.root is not None:
+        resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
+    models = check_models(recipe, out)
+    tasks, skipped = plan_tasks(recipe)
+    for note in skipped if is_main else []:
+        print(f"Skipping task {note['task']}: {note['reason']}", flush=True)
+    if not tasks:
+        raise BiodistilError("No task of the recipe has its data; see the notes above (pass --data DIR)")
+    if is_main:
+        dump_recipe(recipe, out / "config.yaml")
+    return models, tasks, skipped
+
+
+def _share_cells(cells: Sequence[Cell], out: Path, recipe: EvaluateRecipe, processes: int) -> list[list[int]]:
+    """The positions of the unfinished cells each process runs (finished ones, with the same settings, are skipped
+    and said so)."""
+    pending = []
+    for position, cell in enumerate(cells):
+        if _finished(cell, out, cell_settings(cell, recipe)) is None:
+            pending.append(position)
+        else:
+            print(f"[{position + 1}/{len(cells)}] {cell.describe()}: finished before, skipped", flush=True)
+    costs = expected_costs([cells[p] for p in pending], recipe.data.root) if processes > 1 else [1.0] * len(pending)
+    owners = assign(costs, processes)
+    return [[p for p, owner in zip(pending, owners, strict=True) if owner == index] for index in range(processes)]
+
+
+def expected_costs(cells: Sequence[Cell], data_root: str | Path | None) -> list[float]:
+    """Each cell's expected training work, to share cells out evenly: the model's multiply-adds per token × the
+    training examples it sees (after max_examples, times the epochs) × the task's max_length for that model.
+    Early stopping and the examples' real lengths make the actual work differ."""
+    per_token = {path: _work_per_token(path) for path in dict.fromkeys(cell.path for cell in cells)}
+    examples: dict[tuple[str, int | None], int] = {}
+    costs = []
+    for cell in cells:
+        task, key = cell.task, (cell.task.name, cell.fold)
+        if key not in examples:
+            examples[key] = len(read_split(task.spec, "train", data_root, cell.fold, task.max_examples))
+        length = fit_length_to_model(task.spec, cell.path).max_length
+        costs.append(per_token[cell.path] * examples[key] * task.epochs * length)
+    return costs
+
+
+def _work_per_token(model: str) -> float:
+    """Multiply-adds per token of an encoder's layers (attention projections and feed-forward), from its config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    hidden = int(getattr(config, "hidden_size", 768))
+    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+    return float(getattr(config, "num_hidden_layers", 12)) * hidden * (4 * hidden + 2 * intermediate)
+
+
+def _counter(position: int, total: int, launch: Launch) -> str:
+    where = f", process {launch.index}" if launch.count > 1 else ""
+    return f"[{position + 1}/{total}{where}]"
+
+
+def _write_results(recipe: EvaluateRecipe, models: Sequence[tuple[str, str]], tasks: Sequence[PlannedTask],
+                   skipped: list[dict[str, str]], cells: Sequence[Cell], out: Path) -> None:
+    """results.json from every finished cell in plan order (whichever process ran it); complete when all are."""
+    found = [read_record(cell.folder(out) / "metrics.json") for cell in cells]
+    records = [record for record in found if isinstance(record, dict)]
+    results = build_results(recipe, models, tasks, skipped, records, complete=len(records) == len(cells))
+    atomic_write_json(out / RESULTS_FILE, results)
+
+
+def _run_cell_stage(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str) -> None:
+    """One cell as a stage of the run: fine-tuned from scratch in an emptied folder (cells do not resume: their
+    checkpoints are deleted when they finish), or skipped when it is finished with the same settings."""
     settings = cell_settings(cell, recipe)
 
     def fine_tune(resume: bool) -> None:
@@ -378,7 +458,6 @@ def _run_or_skip(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str) ->
     finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
     if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):
         print(f"{counter} {cell.describe()}: finished before, skipped", flush=True)
-    return read_json(cell.folder(out) / "metrics.json")
 
 
 def _bench(models: Sequence[tuple[str, str]], recipe: EvaluateRecipe, out: Path, resume: bool) -> None:

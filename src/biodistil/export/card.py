@@ -1,5 +1,6 @@
 """The model card of an ONNX export folder (its README.md): the source model's card header (written by
-`biodistil.training.card`) with tags `onnx` and `int8`, then what the export checked."""
+`biodistil.training.card`) with tags `onnx` and `int8`, then how the graph was built (fusion, int8 scheme and why)
+and what the export checked."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from biodistil.export.fusion import format_fusion
 
 
 def export_card(source: Path, description: dict[str, Any]) -> str:
@@ -24,11 +27,14 @@ def export_card(source: Path, description: dict[str, Any]) -> str:
              f"Graphs ({description.get('exporter')}, opset {description.get('opset')}): "
              + ", ".join(f"`{name}` ({variant})" for variant, name in description.get("files", {}).items())
              + f"; {description.get('architecture')}, head `{description.get('head')}`, made with `biodistil export`.",
-             "", "## Checks", "",
+             "", *_building(description), "", "## Checks", "",
              f"- fp32 logits against PyTorch at lengths {checks.get('lengths')}: largest difference "
              f"{(checks.get('fp32') or {}).get('max_abs_diff')} (bound {checks.get('atol')})"]
     if checks.get("int8"):
         lines.append(f"- int8 logits against PyTorch: largest difference {checks['int8'].get('max_abs_diff')}")
+    for scheme, found in ((description.get("quantization") or {}).get("candidates") or {}).items():
+        drop = f", drop {found['drop']:+.4f} below PyTorch fp32" if "drop" in found else ""
+        lines.append(f"- int8 {scheme} candidate: largest logit difference {found['max_abs_diff']:.3g}{drop}")
     accuracy = description.get("accuracy")
     if accuracy:
         key = accuracy["headline"]
@@ -36,5 +42,18 @@ def export_card(source: Path, description: dict[str, Any]) -> str:
                   "", "| runtime | " + key + " |", "|---|---|"]
         lines += [f"| {name.replace('_', ' ')} | {accuracy[name][key]:.4f} |"
                   for name in ("pytorch_fp32", "onnx_fp32", "onnx_int8") if name in accuracy]
+        lines += [f"| int8 {scheme} (candidate) | {scores[key]:.4f} |"
+                  for scheme, scores in accuracy.get("int8_candidates", {}).items()]
     lines += ["", "The source model's card, with its provenance: the `README.md` of the model folder exported.", ""]
     return "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(lines)
+
+
+def _building(description: dict[str, Any]) -> list[str]:
+    """How the graphs were built: the fusion (or why there is none) and the int8 scheme with the reason."""
+    lines = [f"- {format_fusion(description['fusion'])}."] if description.get("fusion") else []
+    quantization = description.get("quantization")
+    if quantization:
+        lines.append(f"- int8: {quantization['method']} ({quantization['weights']} weights, activations "
+                     f"{quantization['activations']}); schemes tried: {', '.join(quantization['schemes'])}; "
+                     f"shipped: {quantization['choice']}.")
+    return ["## How the graphs were built", "", *lines] if lines else []

@@ -1,11 +1,14 @@
 """`biodistil export MODEL --out DIR [--int8] [--task NAME]`: the ONNX graphs of a fine-tuned model (or a
 masked LM), checked before anything is written.
 
-In a temporary folder beside DIR: export the fp32 graph (`biodistil.export.onnx`), check its outputs against
-PyTorch's at several lengths (bounded by `atol`), quantise to int8 and measure its drift, and with a task
-score PyTorch fp32, ONNX fp32 and ONNX int8 side by side on the task's split (the int8 drop is checked against
-`max_int8_drop`). Only when every check passes does the folder replace DIR, in one rename, with the tokenizer,
-config.json and export.json (inputs, outputs, labels, checks' figures, accuracy).
+In a temporary folder beside DIR: export the fp32 graph (fused by ONNX Runtime's transformer optimizer for BERT-family
+models, `biodistil.export.fusion`; unfused with a note otherwise), check its outputs against PyTorch's at several
+lengths (bounded by `atol`), quantise it to int8 per tensor and per channel and measure each one's drift, and with a
+task score PyTorch fp32, ONNX fp32 and both int8 graphs side by side on the task's split. The accuracy gate picks the
+int8 graph that ships: the one with the smaller drop among those within `max_int8_drop` (without a task, the smaller
+logit drift); when neither passes, only the fp32 graph is written, and the record says why. Only when every check
+passes does the folder replace DIR, in one rename, with the tokenizer, config.json, export.json (inputs, outputs,
+labels, fusion, quantisation choice, checks' figures, accuracy) and README.md (the export's model card).
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from typing import Any
 from biodistil.errors import BiodistilError
 from biodistil.export.card import export_card
 from biodistil.export.deployed import check_task_fits, parameter_counts
+from biodistil.export.fusion import FUSED_OPSET, export_fused, format_fusion, fusion_note, unfused
 from biodistil.export.onnx import (
+    INT8_SCHEMES,
     OPSET,
     LoadedModel,
     check_graph,
     check_lengths,
     compare_outputs,
+    describe_graph,
     export_fp32,
     load_model_folder,
     parity_batches,
@@ -49,20 +55,27 @@ class ExportOptions:
     """What `biodistil export` writes and checks."""
 
     int8: bool = False
-    per_channel: bool = False
+    int8_scheme: str = "auto"  # auto (both, the gate picks) | per-tensor | per-channel
+    fuse: bool = True  # BERT-family graphs fused by ONNX Runtime's transformer optimizer
     atol: float = 1e-3  # bound on the largest |ONNX fp32 − PyTorch| logit difference
     task: str | None = None  # score PyTorch fp32 / ONNX fp32 / ONNX int8 on this task's split
     split: str = "test"
     fold: int | None = None
     max_examples: int | None = None
     data_root: str | None = None
-    max_int8_drop: float | None = None  # fail when int8 scores more than this below PyTorch fp32 (0–1 scale)
+    max_int8_drop: float | None = None  # ship no int8 graph scoring more than this below PyTorch fp32 (0–1 scale)
+
+    @property
+    def schemes(self) -> list[str]:
+        return list(INT8_SCHEMES) if self.int8_scheme == "auto" else [self.int8_scheme]
 
     def validate(self) -> None:
         if self.max_int8_drop is not None and not (self.int8 and self.task):
             raise BiodistilError("--max-int8-drop needs --int8 and --task (the drop is measured on the task's split)")
         if self.atol <= 0:
             raise BiodistilError(f"--atol must be positive, got {self.atol}")
+        if self.int8_scheme != "auto" and self.int8_scheme not in INT8_SCHEMES:
+            raise BiodistilError(f"--int8-scheme must be auto, {' or '.join(INT8_SCHEMES)}; got {self.int8_scheme}")
 
 
 def run_export(model_dir: str | Path, out: str | Path, options: ExportOptions) -> dict[str, Any]:
@@ -105,28 +118,36 @@ def _task_data(loaded: LoadedModel, options: ExportOptions) -> tuple[TaskSpec, l
 
 def _build(loaded: LoadedModel, folder: Path, options: ExportOptions,
            task_data: tuple[TaskSpec, list[Any]] | None) -> dict[str, Any]:
-    """Everything in the (temporary) folder except export.json; returns export.json's content."""
+    """Everything in the (temporary) folder except export.json and README.md; returns export.json's content."""
     loaded.model.config.save_pretrained(folder)
     loaded.tokenizer.save_pretrained(folder)
-    graph = export_fp32(loaded, folder / VARIANT_FILES["fp32"])
-    check_graph(folder / VARIANT_FILES["fp32"])
+    fp32_path = folder / VARIANT_FILES["fp32"]
+    fusion = export_graph(loaded, fp32_path, options.fuse)
+    check_graph(fp32_path)
     lengths = check_lengths(loaded.max_length)
     two_segments = getattr(loaded.model.config, "type_vocab_size", 1) > 1
     batches = parity_batches(loaded.tokenizer, loaded.input_names, lengths, two_segments)
-    fp32 = OnnxModel(folder / VARIANT_FILES["fp32"])
+    fp32 = OnnxModel(fp32_path)
     checks: dict[str, Any] = {"lengths": lengths, "atol": options.atol,
                               "fp32": compare_outputs(loaded.model, fp32, batches, loaded.head)}
     _check_parity(checks["fp32"], options.atol, loaded.folder)
-    quantization = None
-    models: dict[str, Any] = {"pytorch_fp32": loaded.model, "onnx_fp32": fp32}
+    scores = _scores({"pytorch_fp32": loaded.model, "onnx_fp32": fp32}, loaded, task_data)
+    quantization = int8_scores = None
     if options.int8:
-        quantization = quantize_int8(folder / VARIANT_FILES["fp32"], folder / VARIANT_FILES["int8"],
-                                     options.per_channel)
-        models["onnx_int8"] = OnnxModel(folder / VARIANT_FILES["int8"])
-        checks["int8"] = compare_outputs(loaded.model, models["onnx_int8"], batches, loaded.head)
-    accuracy = _accuracy(models, loaded, task_data, options) if task_data else None
-    files = {variant: VARIANT_FILES[variant] for variant in ("fp32", "int8") if f"onnx_{variant}" in models}
-    return _description(loaded, graph, files, folder, checks, quantization, accuracy)
+        quantization, checks["int8"], int8_scores = _int8(loaded, folder, options, batches, fusion["applied"],
+                                                          task_data, scores)
+    accuracy = _accuracy(scores, int8_scores, quantization, task_data, options) if task_data else None
+    files = {variant: name for variant, name in VARIANT_FILES.items() if (folder / name).is_file()}
+    return _description(loaded, describe_graph(fp32_path), fusion, files, folder, checks, quantization, accuracy)
+
+
+def export_graph(loaded: LoadedModel, path: Path, fuse: bool) -> dict[str, Any]:
+    """The fp32 graph at `path`, fused where ONNX Runtime's optimizer supports the family; its fusion record."""
+    note = fusion_note(loaded.model.config.model_type) if fuse else "unfused: exported with --no-fuse"
+    if note is None:
+        return export_fused(loaded, path)
+    export_fp32(loaded, path)
+    return unfused(note)
 
 
 def _check_parity(found: dict[str, Any], atol: float, source: Path) -> None:
@@ -140,32 +161,88 @@ def _check_parity(found: dict[str, Any], atol: float, source: Path) -> None:
     )
 
 
-def _accuracy(models: dict[str, Any], loaded: LoadedModel, task_data: tuple[TaskSpec, list[Any]],
-              options: ExportOptions) -> dict[str, Any]:
-    """PyTorch fp32, ONNX fp32 and ONNX int8 scored on the same examples with the same code; the int8 check."""
+def _scores(models: dict[str, Any], loaded: LoadedModel,
+            task_data: tuple[TaskSpec, list[Any]] | None) -> dict[str, dict[str, float]]:
+    """Each model scored on the task's examples with the same code (nothing without a task)."""
+    if task_data is None:
+        return {}
     task, examples = task_data
-    scores = {name: score_model(model, loaded.tokenizer, task, examples).scores for name, model in models.items()}
+    return {name: score_model(model, loaded.tokenizer, task, examples).scores for name, model in models.items()}
+
+
+# ------------------------------------------------------------------------------------------ int8
+
+
+def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: list[Any], fused: bool,
+          task_data: tuple[TaskSpec, list[Any]] | None, scores: dict[str, dict[str, float]],
+          ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, dict[str, float]]]:
+    """Quantise with every scheme asked for, measure each (drift; drop on the task), keep the one the gate picks as
+    model.int8.onnx (or none). Returns the quantisation record, the kept graph's drift and each scheme's scores."""
+    paths = {scheme: folder / f".model.int8-{scheme}.onnx" for scheme in options.schemes}
+    quantization = quantize_int8(folder / VARIANT_FILES["fp32"], paths, fused)
+    candidates: dict[str, dict[str, Any]] = {}
+    drifts: dict[str, dict[str, Any]] = {}
+    int8_scores: dict[str, dict[str, float]] = {}
+    for scheme, path in paths.items():
+        model = OnnxModel(path, variant="int8")
+        drifts[scheme] = compare_outputs(loaded.model, model, batches, loaded.head)
+        candidates[scheme] = {key: drifts[scheme][key] for key in ("max_abs_diff", "min_agreement")}
+        if task_data:
+            int8_scores[scheme] = _scores({scheme: model}, loaded, task_data)[scheme]
+            headline = task_data[0].headline_key
+            candidates[scheme]["drop"] = scores["pytorch_fp32"][headline] - int8_scores[scheme][headline]
+    chosen, reason = choose_int8(candidates, options.max_int8_drop)
+    if chosen:
+        paths[chosen].replace(folder / VARIANT_FILES["int8"])
+    for path in paths.values():
+        path.unlink(missing_ok=True)
+    quantization.update(scheme=chosen, per_channel=INT8_SCHEMES[chosen] if chosen else None, choice=reason,
+                        candidates=candidates)
+    return quantization, drifts[chosen] if chosen else None, int8_scores
+
+
+def choose_int8(candidates: dict[str, dict[str, Any]], limit: float | None) -> tuple[str | None, str]:
+    """The int8 scheme to ship and why, from each candidate's `drop` (PyTorch fp32 − int8 on the task's split, when
+    scored) and `max_abs_diff` (logit drift on the parity batches).
+
+    Scored: among the candidates within `limit` (all, without one), the smaller drop, then the smaller drift; none
+    within it: None (ship fp32 only). Not scored: the smaller drift.
+    """
+    def listed(names: list[str]) -> str:
+        return ", ".join(f"{n} {candidates[n]['drop']:+.4f}" for n in names)
+
+    if any("drop" not in c for c in candidates.values()):
+        best = min(candidates, key=lambda n: candidates[n]["max_abs_diff"])
+        why = ("the smaller logit drift against PyTorch on the parity batches" if len(candidates) > 1
+               else "the scheme asked for")
+        return best, f"{best}: {why} (not scored: give --task to let the accuracy gate choose)"
+    passing = [n for n, c in candidates.items() if limit is None or c["drop"] <= limit]
+    if not passing:
+        return None, (f"no int8 graph: every scheme drops more than the limit {limit:g} below PyTorch fp32 "
+                      f"({listed(list(candidates))}); the fp32 graph is the one to deploy")
+    best = min(passing, key=lambda n: (candidates[n]["drop"], candidates[n]["max_abs_diff"]))
+    why = "the smaller drop" if len(candidates) > 1 else "the scheme asked for"
+    within = f", within the limit {limit:g}" if limit is not None else ""
+    return best, f"{best}: {why}{within} (drops {listed(list(candidates))})"
+
+
+def _accuracy(scores: dict[str, dict[str, float]], int8_scores: dict[str, dict[str, float]] | None,
+              quantization: dict[str, Any] | None, task_data: tuple[TaskSpec, list[Any]],
+              options: ExportOptions) -> dict[str, Any]:
+    """PyTorch fp32, ONNX fp32 and the shipped int8 graph scored on the same examples; every int8 candidate's."""
+    task, examples = task_data
     headline = task.headline_key
     result: dict[str, Any] = {"task": task.name, "split": options.split, "fold": options.fold,
                               "examples": len(examples), "metric": task.metric, "headline": headline, **scores}
     result["onnx_fp32_drop"] = scores["pytorch_fp32"][headline] - scores["onnx_fp32"][headline]
-    if "onnx_int8" in scores:
-        result["int8_drop"] = scores["pytorch_fp32"][headline] - scores["onnx_int8"][headline]
-        result["max_int8_drop"] = options.max_int8_drop
-        check_int8_drop(result, loaded.folder)
+    if quantization is None or int8_scores is None:
+        return result
+    result["max_int8_drop"] = options.max_int8_drop
+    result["int8_candidates"] = int8_scores
+    if quantization["scheme"]:
+        result["onnx_int8"] = int8_scores[quantization["scheme"]]
+        result["int8_drop"] = scores["pytorch_fp32"][headline] - result["onnx_int8"][headline]
     return result
-
-
-def check_int8_drop(accuracy: dict[str, Any], source: str | Path) -> None:
-    """Fail (so that nothing is written) when int8 scores more than `max_int8_drop` below PyTorch fp32."""
-    limit, key = accuracy["max_int8_drop"], accuracy["headline"]
-    if limit is None or accuracy["int8_drop"] <= limit:
-        return
-    raise BiodistilError(
-        f"{source}: the int8 model scores {key} {accuracy['onnx_int8'][key]:.4f} on {accuracy['task']} "
-        f"{accuracy['split']}, {accuracy['int8_drop']:.4f} below PyTorch fp32 ({accuracy['pytorch_fp32'][key]:.4f}; "
-        f"limit {limit:g}); nothing written. Try --per-channel, or deploy the fp32 graph (export without --int8)."
-    )
 
 
 def _versions() -> dict[str, str]:
@@ -180,16 +257,20 @@ def _versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def _description(loaded: LoadedModel, graph: dict[str, Any], files: dict[str, str], folder: Path,
-                 checks: dict[str, Any], quantization: dict[str, Any] | None,
+def _description(loaded: LoadedModel, graph: dict[str, Any], fusion: dict[str, Any], files: dict[str, str],
+                 folder: Path, checks: dict[str, Any], quantization: dict[str, Any] | None,
                  accuracy: dict[str, Any] | None) -> dict[str, Any]:
     config = loaded.model.config
     labels = None if loaded.head == "masked_lm" else [str(config.id2label[i]) for i in range(len(config.id2label))]
+    if fusion["applied"]:
+        exporter, opset, attention = fusion["exporter"], FUSED_OPSET, "eager, fused into Attention nodes"
+    else:
+        exporter, opset, attention = "torch.onnx.export (dynamo)", OPSET, getattr(config, "_attn_implementation", None)
     return {
         "format": EXPORT_FORMAT, "source": str(loaded.folder), "head": loaded.head,
         "architecture": (config.architectures or [type(loaded.model).__name__])[0], "labels": labels,
-        "max_length": loaded.max_length, "opset": OPSET, "exporter": "torch.onnx.export (dynamo)",
-        "attention": getattr(config, "_attn_implementation", None), **graph, "files": files,
+        "max_length": loaded.max_length, "opset": opset, "exporter": exporter, "attention": attention, **graph,
+        "fusion": fusion, "files": files,
         "bytes": {variant: (folder / name).stat().st_size for variant, name in files.items()},
         "parameters": parameter_counts(loaded.model), "quantization": quantization, "checks": checks,
         "accuracy": accuracy, "versions": _versions(),
@@ -201,18 +282,22 @@ def format_export(out: Path, description: dict[str, Any]) -> str:
     checks = description["checks"]
     lines = [f"Wrote {out}: {', '.join(description['files'].values())} ({description['head']}, opset "
              f"{description['opset']}, inputs {[i['name'] for i in description['inputs']]})",
+             format_fusion(description["fusion"]),
              f"fp32 parity at lengths {checks['lengths']}: max |ONNX − PyTorch| = {checks['fp32']['max_abs_diff']:.2e} "
              f"(bound {checks['atol']:g}), predictions equal {100 * checks['fp32']['min_agreement']:.1f}%"]
-    if "int8" in checks:
+    quantization = description.get("quantization")
+    if quantization:
+        lines.append(f"int8 ({', '.join(quantization['schemes'])}): {quantization['choice']}")
+    if checks.get("int8"):
         lines.append(f"int8 drift: max |int8 − PyTorch| = {checks['int8']['max_abs_diff']:.3g}, predictions equal "
                      f"(worst batch) {100 * checks['int8']['min_agreement']:.1f}%; size "
                      f"{description['bytes']['int8'] / 2**20:.1f} MB vs {description['bytes']['fp32'] / 2**20:.1f} MB")
     accuracy = description.get("accuracy")
     if accuracy:
         key = accuracy["headline"]
-        found = ", ".join(f"{name} {accuracy[name][key]:.4f}" for name in ("pytorch_fp32", "onnx_fp32", "onnx_int8")
-                          if name in accuracy)
-        lines.append(f"{accuracy['task']} {accuracy['split']} ({accuracy['examples']} examples) {key}: {found}"
-                     + (f"; int8 drop {accuracy['int8_drop']:+.4f}" if "int8_drop" in accuracy else ""))
+        found = [f"{name} {accuracy[name][key]:.4f}" for name in ("pytorch_fp32", "onnx_fp32") if name in accuracy]
+        found += [f"int8 {scheme} {scores[key]:.4f}" for scheme, scores in accuracy.get("int8_candidates", {}).items()]
+        lines.append(f"{accuracy['task']} {accuracy['split']} ({accuracy['examples']} examples) {key}: "
+                     f"{', '.join(found)}" + (f"; shipped int8 drop {accuracy['int8_drop']:+.4f}"
+                                              if "int8_drop" in accuracy else ""))
     return "\n".join(lines)
-

@@ -1,17 +1,19 @@
 """ONNX export of fine-tuned task models and masked LMs, dynamic int8 quantisation, and the parity checks.
 
-* Export: `torch.onnx.export` with the dynamo exporter, opset 18, batch and sequence length dynamic. The
-  graph maps `input_ids`, `attention_mask` (and `token_type_ids` where the model takes it) to `logits`. SDPA
-  attention is kept: the dynamo path has been seen to fix shapes silently, so parity is checked at lengths
-  and batch sizes other than the traced ones (2 × 17), and a fixed shape fails the check.
+* Export: BERT-family models are traced for ONNX Runtime's transformer optimizer and fused (`fusion`). Other
+  families (ModernBERT) use `export_fp32`: `torch.onnx.export` with the dynamo exporter, opset 18, batch and
+  sequence length dynamic, SDPA attention kept. Either graph maps `input_ids`, `attention_mask` (and
+  `token_type_ids` where the model takes it) to `logits`; an exporter has been seen to fix shapes silently, so
+  parity is checked at lengths and batch sizes other than the traced ones (2 × 17), and a fixed shape fails the check.
 * int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, basic graph
-  optimisation, ONNX shape inference), then `quantize_dynamic`: int8 weights, activations quantised per
-  batch at run time (the usual choice for transformers on CPU; no calibration data).
+  optimisation unless the graph is already fused, ONNX shape inference), then `quantize_dynamic` once per scheme
+  (per-tensor, per-channel): int8 weights, activations quantised per batch at run time (the usual choice for
+  transformers on CPU; no calibration data). Which scheme ships is decided by `biodistil.export.command`.
 * Checks: outputs of the ONNX graph against PyTorch's on real biomedical sentences cut or repeated to several
   lengths, with a padded row; the largest absolute logit difference (over non-padding positions) and the
   share of equal predictions (argmax, or sign for multi-label).
 
-The ONNX packages are the optional extra `export`; they are imported only here and in `runtime`.
+The ONNX packages are the optional extra `export`; they are imported only in this package.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from biodistil.export.runtime import require_onnx
 OPSET = 18
 TRACE_BATCH, TRACE_LENGTH = 2, 17  # traced shapes; the checks use others
 CHECK_LENGTHS = (9, 64, 512)  # capped at what the model allows
+INT8_SCHEMES = {"per-tensor": False, "per-channel": True}  # scheme → quantize_dynamic's per_channel
 MAX_PROTO_BYTES = 1_900_000_000  # a single-file ONNX graph must stay under protobuf's 2 GB
 HEAD_SUFFIXES = {
     "ForTokenClassification": "token_classification",
@@ -143,12 +146,16 @@ def max_sequence_length(config: PretrainedConfig) -> int:
 # ------------------------------------------------------------------------------------------ export
 
 
-class _Logits(nn.Module):
-    """The model with tensor inputs and the logits as its one output (what the ONNX graph computes)."""
+class Logits(nn.Module):
+    """The model with tensor inputs and the logits as its one output (what the ONNX graph computes).
+
+    In eval mode from the start: the TorchScript exporter puts the module it exported back in the mode it found it
+    in, recursively, and a wrapper left in training mode turned the model's dropout on for everything after."""
 
     def __init__(self, model: PreTrainedModel):
         super().__init__()
         self.model = model
+        self.eval()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -157,7 +164,7 @@ class _Logits(nn.Module):
 
 
 @contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
+def quiet_exporter() -> Iterator[None]:
     """The exporter's progress lines, deprecation warnings and 'torchvision not installed' notes, silenced."""
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
@@ -170,28 +177,32 @@ def _quiet_exporter() -> Iterator[None]:
         registration.setLevel(level)
 
 
-def export_fp32(loaded: LoadedModel, path: Path) -> dict[str, Any]:
-    """Write the fp32 ONNX graph to `path`; returns the description of its inputs and outputs."""
+def trace_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    """The example an exporter traces (TRACE_BATCH × TRACE_LENGTH random ids), after checking that the graph fits in
+    one file."""
     require_onnx()
-    model, names = loaded.model, loaded.input_names
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     if weight_bytes > MAX_PROTO_BYTES:
         raise BiodistilError(f"{loaded.folder}: {weight_bytes / 2**30:.1f} GiB of weights; ONNX export here writes "
                              "one file, which protobuf limits to 2 GB (models up to BERT-large fit)")
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, int(model.config.vocab_size), (TRACE_BATCH, TRACE_LENGTH), generator=generator)
+    ids = torch.randint(5, int(loaded.model.config.vocab_size), (TRACE_BATCH, TRACE_LENGTH), generator=generator)
     example = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
-    example = {name: example[name] for name in names}
+    return {name: example[name] for name in loaded.input_names}
+
+
+def export_fp32(loaded: LoadedModel, path: Path) -> None:
+    """Write the unfused fp32 ONNX graph (dynamo exporter, SDPA attention) to `path`."""
+    example, names = trace_inputs(loaded), loaded.input_names
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=loaded.max_length)
     try:
-        with _quiet_exporter():
-            torch.onnx.export(_Logits(model), (), str(path), kwargs=example, dynamo=True, opset_version=OPSET,
+        with quiet_exporter():
+            torch.onnx.export(Logits(loaded.model), (), str(path), kwargs=example, dynamo=True, opset_version=OPSET,
                               input_names=names, output_names=["logits"], external_data=False, verbose=False,
                               dynamic_shapes={name: {0: batch, 1: sequence} for name in names})
     except Exception as err:  # the exporter raises many types; the message names the model and the cause
         raise BiodistilError(f"ONNX export of {loaded.folder} failed ({type(err).__name__}: "
                              f"{str(err).strip().splitlines()[0] if str(err).strip() else 'no message'})") from err
-    return describe_graph(path)
 
 
 def describe_graph(path: Path) -> dict[str, Any]:
@@ -217,24 +228,29 @@ def check_graph(path: Path) -> None:
         raise BiodistilError(f"{path}: the exported graph is not valid ONNX ({str(err).splitlines()[0]})") from None
 
 
-def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool = False) -> dict[str, Any]:
-    """Pre-process and dynamically quantise an fp32 graph to int8 weights; returns how it was done."""
+def quantize_int8(fp32_path: Path, targets: dict[str, Path], fused: bool) -> dict[str, Any]:
+    """Pre-process an fp32 graph once, then quantise it dynamically to int8 weights once per scheme of `targets`
+    (scheme → output file); returns how it was done. A fused graph skips the pre-processing's graph optimisation
+    (it is already optimised, and its fused nodes are what `quantize_dynamic` maps to QAttention)."""
     require_onnx("int8 quantisation")
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with tempfile.TemporaryDirectory(prefix=".quant-", dir=int8_path.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".quant-", dir=fp32_path.parent) as tmp:
         prepared = Path(tmp) / "preprocessed.onnx"
         try:
             # auto_merge: the dynamo graph's mask arithmetic leaves symbolic dims that must be merged
-            quant_pre_process(str(fp32_path), str(prepared), auto_merge=True)
-            quantize_dynamic(str(prepared), str(int8_path), weight_type=QuantType.QInt8, per_channel=per_channel)
+            quant_pre_process(str(fp32_path), str(prepared), skip_optimization=fused, auto_merge=True)
+            for scheme, target in targets.items():
+                quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8,
+                                 per_channel=INT8_SCHEMES[scheme])
         except Exception as err:  # ONNX Runtime's tools raise bare Exceptions
             raise BiodistilError(f"int8 quantisation of {fp32_path} failed ({type(err).__name__}: {err}); export "
                                  "without --int8 to keep the fp32 graph") from err
+    optimisation = "skipped (the graph is fused already)" if fused else "ORT basic optimisation"
     return {"method": "onnxruntime.quantization.quantize_dynamic", "weights": "int8 (QInt8)",
-            "activations": "uint8, quantised per batch at run time", "per_channel": per_channel,
-            "pre_process": "quant_pre_process: symbolic shape inference (auto_merge), ORT basic optimisation, "
+            "activations": "uint8, quantised per batch at run time", "schemes": list(targets),
+            "pre_process": f"quant_pre_process: symbolic shape inference (auto_merge), {optimisation}, "
                            "ONNX shape inference"}
 
 

@@ -1,5 +1,8 @@
 """`biodistil finetune`: an encoder fine-tuned on a task (`finetune_on_task`), its untrained score (S_init), the
-model exported in Hugging Face format with its card, metrics, test predictions and a report."""
+model exported in Hugging Face format with its card, metrics, test predictions and a report.
+
+Under `accelerate launch` / `torchrun` the processes train together (DDP, `train.batch_size` per process); the main
+process alone scores, exports and writes the run folder."""
 
 import time
 from dataclasses import asdict
@@ -47,21 +50,25 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     the untrained model's test scores (S_init), and the model exported in Hugging Face format."""
     from biodistil.models.loading import check_model
     from biodistil.models.saving import export_model
-    from biodistil.training.run import RunFolder, single_process
+    from biodistil.training.engine import make_accelerator
+    from biodistil.training.run import RunFolder
 
     if stop_after is not None:
         raise BiodistilError("finetune: --stop-after is not supported (interrupt it and continue with --resume)")
-    single_process("finetune")
-    check_model(recipe.model.name_or_path, "model.name_or_path")
     started = time.perf_counter()
-    run = RunFolder(recipe.run.output_dir, recipe, resume)
-    path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    check_model(recipe.model.name_or_path, "model.name_or_path")
+    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    with accelerator.main_process_first():
+        path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
     task = fit_length_to_model(task_spec(recipe.task), path)
-    init = _init_scores(recipe, task, path)
+    init = _init_scores(recipe, task, path) if accelerator.is_main_process else {}
     outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,
                                recipe.task.fold, recipe.finetune.epochs, recipe.finetune.patience,
                                recipe.task.max_examples, resume=run.resume,
-                               train_examples=recipe.task.train_examples)
+                               train_examples=recipe.task.train_examples, accelerator=accelerator)
+    if not accelerator.is_main_process:  # the main process writes the run folder
+        return run.model_dir
     seconds = round(time.perf_counter() - started, 1)
     written = write_test_results(run.path, task, outcome.test_examples, outcome.test_predictions, outcome.truncated,
                                  outcome.markers_cut)

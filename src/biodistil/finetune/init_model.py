@@ -22,7 +22,9 @@ def init_model_path(name_or_path: str, layers: list[int] | None, run_dir: Path, 
 
     target = run_dir / "init_model"
     if not (target / "config.json").is_file():
-        encoder = load_encoder(name_or_path)
+        with torch.random.fork_rng(devices=[]):  # weights the model lacks (a masked LM's pooler) drawn from `seed`
+            torch.manual_seed(seed)
+            encoder = load_encoder(name_or_path)
         if layers is not None:
             encoder = student_from_teacher_layers(encoder, layers)
         if reinitialise:

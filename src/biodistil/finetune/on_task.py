@@ -5,25 +5,34 @@ Token classification (NER, PICO), sequence classification (single texts and pair
 classification share one path, built on `biodistil.tasks`: encode the split into features, train a
 `ClassifierModule` with the engine, predict per example, score with the task's official metric.
 `finetune_on_task` is shared by `finetune`, studies, `evaluate` and the quick demo.
+
+Under several processes (`accelerate launch` / `torchrun`: DDP through the engine) each process trains on its slice of
+every global batch of `train.batch_size` × `train.grad_accumulation` × processes examples; dev selection and the
+final scores are computed once, on the main process, and handed to the others (`training.processes`). The same
+global batch gives the same run as one process, up to float rounding, when the model has no dropout (dropout masks
+are drawn per process) and the loss is a mean over examples (token tasks average over each process's tokens).
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import TrainConfig
 from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
-from biodistil.finetune.selection import ScoringSplit, select_on_dev
+from biodistil.finetune.selection import ScoringSplit, examples_per_step, select_on_dev
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import fit_length_to_model, model_inputs
 from biodistil.tasks.prediction import Predictions
 from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import Scored
 from biodistil.tasks.splits import read_split
-from biodistil.training.engine import Engine, TrainResult
+from biodistil.training.engine import Engine, TrainResult, make_accelerator
+from biodistil.training.processes import computed_on_main
 
 
 class ClassifierModule(nn.Module):
@@ -71,42 +80,53 @@ def finetune_on_task(
     select_metric: str | None = None,
     resume: bool = False,
     train_examples: int | None = None,
+    accelerator: Accelerator | None = None,
 ) -> FinetuneOutcome:
     """Fine-tune an encoder on a task: train split, model selection on dev (task metric), score on test.
 
-    `epochs` sets cfg.max_steps from the training-set size; with a dev split, the dev score is computed every
-    `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops after
-    `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
+    `epochs` sets cfg.max_steps from the training-set size and the global batch; with a dev split, the dev score is
+    computed every `cfg.eval_every` steps (default: once per epoch), the best weights are kept and training stops
+    after `patience` evaluations without gain. Cross-validation tasks (no dev split) train for the full budget.
     `train_examples` keeps a seeded subset of the training split only (a labelled budget; `max_examples` caps
     every split). `select_metric` chooses the dev score used for selection (default: the task's headline, e.g.
     accuracy for BioASQ; the transfer study selects on AUROC). `resume` continues from the latest checkpoint in
-    `run_dir`.
+    `run_dir`. `accelerator` (default: one made for `cfg`) says which processes train together; every one of them
+    returns the same outcome (see the module docstring).
     """
     from accelerate.utils import set_seed
 
     from biodistil.models.loading import load_tokenizer
 
+    accelerator = accelerator or make_accelerator(cfg.precision, run_dir, cfg.tensorboard)
     set_seed(seed)
     tokenizer = load_tokenizer(str(model_name_or_path))
     task = fit_length_to_model(task, model_name_or_path)
     splits = _read_splits(task, data_root, fold, max_examples, train_examples)
     scoring = {name: ScoringSplit.encode(task, examples, tokenizer) for name, examples in splits.items() if examples}
     train = scoring["train"]
+    processes = accelerator.num_processes
     if epochs is not None:
-        cfg = cfg.model_copy(update={"max_steps": steps_for_epochs(len(train.encoded), cfg.batch_size, epochs)})
-    chosen = select_on_dev(scoring.get("dev"), cfg, len(train.encoded), _classifier, select_metric, patience)
+        per_step = examples_per_step(cfg, processes)
+        cfg = cfg.model_copy(update={"max_steps": steps_for_epochs(len(train.encoded), per_step, epochs)})
+    chosen = select_on_dev(scoring.get("dev"), cfg, len(train.encoded), _classifier, select_metric, patience,
+                           processes)
     model = build_classifier(model_name_or_path, task)
-    engine = Engine(chosen.cfg, run_dir, seed)
+    engine = Engine(chosen.cfg, run_dir, seed, accelerator)
     trained = engine.fit(ClassifierModule(model), train.encoded, train.collate, evaluate_fn=chosen.evaluate_fn,
                          selection=chosen.selection, resume=resume)
-    model.to(engine.accelerator.device)
-    batch_size = chosen.cfg.batch_size * 2
-    dev_scores = scoring["dev"].scored(model, batch_size).scores if "dev" in scoring else {}
-    test = scoring["test"].scored(model, batch_size)
+    model.to(accelerator.device)
+    dev_scores, test = computed_on_main(lambda: _final_scores(scoring, model, chosen.cfg.batch_size * 2))
     truncated = {name: split.encoded.truncated_examples for name, split in scoring.items()}
     markers_cut = {name: split.encoded.markers_cut for name, split in scoring.items() if split.encoded.markers_cut}
     return FinetuneOutcome(model, tokenizer, trained, dev_scores, test.scores, test.predictions, splits["test"],
                            truncated, markers_cut)
+
+
+def _final_scores(scoring: dict[str, ScoringSplit], model: PreTrainedModel,
+                  batch_size: int) -> tuple[dict[str, float], Scored]:
+    """The trained model's dev scores (when there is a dev split) and its scored test split."""
+    dev_scores = scoring["dev"].scored(model, batch_size).scores if "dev" in scoring else {}
+    return dev_scores, scoring["test"].scored(model, batch_size)
 
 
 def _read_splits(task: TaskSpec, data_root: str | Path | None, fold: int | None, max_examples: int | None,

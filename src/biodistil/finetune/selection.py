@@ -4,6 +4,9 @@
 A `ScoringSplit` is a labelled split encoded once and scored as often as asked with the task's official metric;
 `select_on_dev` gives the engine what it needs to keep the best weights on dev; `write_test_results` writes the
 test predictions of a finished run and the warnings that belong beside its scores.
+
+Under several processes training together (DDP), the dev split is scored once, on the main process, and its scores
+handed to the others (`computed_on_main`): every process selects the same weights, as one process would.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from biodistil.tasks.prediction import Predictions, degenerate, predict, predict
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import Scored, score
 from biodistil.training.engine import Selection
+from biodistil.training.processes import computed_on_main
 
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 TEST_PREDICTIONS = "test_predictions.jsonl"
@@ -57,20 +61,26 @@ class DevSelection(NamedTuple):
     cfg: TrainConfig
 
 
+def examples_per_step(cfg: TrainConfig, processes: int = 1) -> int:
+    """The global batch: examples per optimizer step over `processes` processes training together."""
+    return cfg.batch_size * cfg.grad_accumulation * processes
+
+
 def select_on_dev(dev: ScoringSplit | None, cfg: TrainConfig, num_features: int,
                   classifier: Callable[[Any], Any], metric: str | None = None,
-                  patience: int | None = None) -> DevSelection:
+                  patience: int | None = None, processes: int = 1) -> DevSelection:
     """Keep the weights that score best on `dev` with the task metric (`metric`, default the task's headline),
-    stopping after `patience` evaluations without gain; `eval_every: 0` becomes once per epoch of `num_features`.
-    `classifier` finds the classifier in the module the engine trains."""
+    stopping after `patience` evaluations without gain; `eval_every: 0` becomes once per epoch of `num_features`
+    (at the global batch of `processes` processes). `classifier` finds the classifier in the module the engine
+    trains. The dev split is scored on the main process only (see the module docstring)."""
     if dev is None:
         return DevSelection(None, None, cfg)
     if cfg.eval_every == 0:
-        cfg = cfg.model_copy(update={"eval_every": max(1, num_features // cfg.batch_size)})
+        cfg = cfg.model_copy(update={"eval_every": max(1, num_features // examples_per_step(cfg, processes))})
     batch_size = cfg.batch_size * 2
 
     def evaluate_fn(module: nn.Module) -> dict[str, float]:
-        return dev.scored(classifier(module), batch_size).scores
+        return computed_on_main(lambda: dev.scored(classifier(module), batch_size).scores)
 
     return DevSelection(evaluate_fn, Selection(metric=metric or dev.task.headline_key, mode="max", patience=patience),
                         cfg)

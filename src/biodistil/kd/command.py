@@ -28,7 +28,7 @@ from biodistil.finetune.selection import DevSelection, ScoringSplit, select_on_d
 from biodistil.io import atomic_write_json, jsonable, number
 from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
-from biodistil.kd.objective import check_loss_fits_task, pkd_pairs
+from biodistil.kd.objective import check_loss_fits_task, kd_terms, pkd_pairs
 from biodistil.kd.recipe import KDRecipe
 from biodistil.kd.transfer import (
     build_transfer_set,
@@ -40,6 +40,7 @@ from biodistil.kd.transfer import (
     save_transfer_set,
     shape_for_task,
 )
+from biodistil.methods.cross_tokenizer import refuse_unsupported, term_support, tokenizer_pair
 from biodistil.models.loading import check_model, load_tokenizer
 from biodistil.models.saving import export_model
 from biodistil.paths import recorded
@@ -81,7 +82,8 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     setup = setup_kd(recipe, run.path, accelerator)
     cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)
-    evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features))
+    evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features),
+                                                 accelerator.num_processes)
     engine = Engine(cfg, run.path, recipe.run.seed, accelerator)
     result = engine.fit(setup.module, setup.features, setup.collate,
                         resume=run.resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
@@ -200,10 +202,11 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     meta = recipe.meta
     module = KDModule(student, task, recipe.kd, signal, pairs, trainable_teacher=meta is not None,
                       adaptive=meta is not None and meta.mode == "adaptive")
-    data = kd_data(task, train_examples, tokenizer, signal)
+    teacher_tokenizer = online_teacher_tokenizer(recipe, task, tokenizer, signal)
+    data = kd_data(task, train_examples, tokenizer, signal, teacher_tokenizer)
     if meta is None:
         return module, data, None
-    quiz, quiz_collate = kd_data(task, quiz_examples, tokenizer, signal)
+    quiz, quiz_collate = kd_data(task, quiz_examples, tokenizer, signal, teacher_tokenizer)
     pre_step = MetaTeacherUpdate(module, quiz, quiz_collate, meta, recipe.train, recipe.run.seed,
                                  run_dir / "meta.jsonl")
     return module, data, pre_step
@@ -217,14 +220,21 @@ def teacher_signal(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokeni
         request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar,
                                  teacher_layers)
         return CachedTeacher(cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device))
-    _check_same_tokenizer(teacher_path, tokenizer)
     return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), classifier_forward)
 
 
-def _check_same_tokenizer(teacher_path: str, tokenizer: PreTrainedTokenizerBase) -> None:
-    if load_tokenizer(teacher_path).get_vocab() != tokenizer.get_vocab():
-        raise BiodistilError("Online teacher outputs (and meta-learning) feed the student's batches to the teacher, "
-                             "so teacher and student must share a tokenizer; use kd.teacher_outputs: cached")
+def online_teacher_tokenizer(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase,
+                             signal: TeacherSignal | None) -> PreTrainedTokenizerBase | None:
+    """The online teacher's tokenizer when it is not the student's (the batches then carry the teacher's own tokens
+    of each text: `kd_features`), after the pre-flight of the kd terms for the pair; None otherwise."""
+    if signal is None or signal.model is None:
+        return None
+    teacher_tokenizer = load_tokenizer(recipe.teacher.name_or_path)
+    if tokenizer_pair(tokenizer, teacher_tokenizer) == "same":
+        return None
+    head = "token" if task.kind == "token_classification" else "sequence"
+    refuse_unsupported(term_support(tokenizer, teacher_tokenizer, [t.cfg for t in kd_terms(recipe.kd)], head))
+    return teacher_tokenizer
 
 
 def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: list[Example],
@@ -239,14 +249,14 @@ def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: 
 
 
 def _dev_selection(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase, cfg: TrainConfig,
-                   num_features: int) -> DevSelection:
+                   num_features: int, processes: int) -> DevSelection:
     """With kd.select_on_dev: score the dev split with the task metric and keep the best weights."""
     if not recipe.kd.select_on_dev:
         return DevSelection(None, None, cfg)
     dev = load_task_split(task, recipe.task, "dev")
     if not dev:
         raise BiodistilError(f"kd.select_on_dev: task {task.name} has no dev split")
-    return select_on_dev(ScoringSplit.encode(task, dev, tokenizer), cfg, num_features, _student)
+    return select_on_dev(ScoringSplit.encode(task, dev, tokenizer), cfg, num_features, _student, processes=processes)
 
 
 def _student(module: KDModule) -> PreTrainedModel:

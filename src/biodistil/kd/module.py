@@ -23,7 +23,14 @@ from biodistil.kd.recipe import KDOptions
 from biodistil.kd.transfer import is_labelled
 from biodistil.methods.objective import Weight
 from biodistil.models.features import FeatureRequest, Features, classifier_features
-from biodistil.tasks.encoding import FeatureCollator, collator_for, encode_split, model_inputs
+from biodistil.tasks.encoding import (
+    NO_POSITION,
+    FeatureCollator,
+    collator_for,
+    encode_split,
+    model_inputs,
+    teacher_encoding,
+)
 from biodistil.tasks.registry import TaskSpec
 from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import TeacherSignal
@@ -31,6 +38,9 @@ from biodistil.teachers.task_cache import with_placeholder_labels
 from biodistil.training.engine import Batch, Collate
 
 ORIGIN_KEYS = ("origin", "word_ids")  # where a feature comes from, read when a teacher signal prepares the data
+# an online teacher's own tokens of the same text (across tokenizers), padded to the teacher's longest; the word
+# index, [L_S], to the student's
+TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "teacher_token_type_ids", "teacher_word_index")
 
 
 def inverse_softplus(value: float) -> float:
@@ -110,32 +120,55 @@ class KDModule(nn.Module):
 
 @dataclass(frozen=True)
 class KDCollator:
-    """Pads model inputs and labels like fine-tuning, and `kd_mask` (token tasks); a cached teacher signal's collate
-    adds its outputs around it."""
+    """Pads model inputs and labels like fine-tuning, and `kd_mask` (token tasks); across tokenizers the teacher's
+    own inputs (`teacher_input_ids` ..., padded with `teacher_pad_id`) and `teacher_word_index` (−1 on padding); a
+    cached teacher signal's collate adds its outputs around it."""
 
     base: FeatureCollator
+    teacher_pad_id: int = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
-        batch = self.base([{k: v for k, v in f.items() if k not in (*ORIGIN_KEYS, "kd_mask")} for f in features])
+        dropped = (*ORIGIN_KEYS, "kd_mask", *TEACHER_KEYS)
+        batch = self.base([{k: v for k, v in f.items() if k not in dropped} for f in features])
+        length = batch["input_ids"].shape[1]
         if "kd_mask" in features[0]:
-            length = batch["input_ids"].shape[1]
-            batch["kd_mask"] = torch.tensor([f["kd_mask"] + [0] * (length - len(f["kd_mask"])) for f in features])
+            batch["kd_mask"] = _padded([f["kd_mask"] for f in features], length, 0)
+        if "teacher_word_index" in features[0]:
+            batch["teacher_word_index"] = _padded([f["teacher_word_index"] for f in features], length, NO_POSITION)
+        if "teacher_input_ids" in features[0]:
+            teacher_length = max(len(f["teacher_input_ids"]) for f in features)
+            for key, fill in (("teacher_input_ids", self.teacher_pad_id), ("teacher_attention_mask", 0),
+                              ("teacher_token_type_ids", 0)):
+                if key in features[0]:
+                    batch[key] = _padded([f[key] for f in features], teacher_length, fill)
         return batch
 
 
-def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+def _padded(rows: list[list[int]], length: int, fill: int) -> torch.Tensor:
+    return torch.tensor([row + [fill] * (length - len(row)) for row in rows])
+
+
+def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
+                teacher_tokenizer: PreTrainedTokenizerBase | None = None) -> list[dict[str, Any]]:
     """The student's features of the transfer examples: labels when some example has one (-100, no target, for the
     others: a labelled budget within unlabelled text); token tasks get `kd_mask` (the sub-word positions a word's
     label would sit at, 1 at each word's first sub-word); every feature its `origin` (example, first word) and
-    `word_ids` (-1 off words), which a cached teacher matches its outputs by."""
-    encoded = encode_split(task, with_placeholder_labels(examples, task), tokenizer)
+    `word_ids` (-1 off words), which a cached teacher matches its outputs by. With `teacher_tokenizer` (an online
+    teacher across tokenizers) each feature also carries the teacher's own tokens of the same text
+    (`teacher_encoding`) and, token tasks, `kd_mask` keeps only the words the teacher's side holds."""
+    placeheld = with_placeholder_labels(examples, task)
+    encoded = encode_split(task, placeheld, tokenizer)
+    teacher = teacher_encoding(task, placeheld, encoded, teacher_tokenizer) if teacher_tokenizer is not None \
+        else [{}] * len(encoded)
     token_task = task.kind == "token_classification"
     labelled = [is_labelled(example) for example in examples]
     features = []
     for i, (feature, origin) in enumerate(zip(encoded.features, encoded.origins, strict=True)):
-        feature = {**feature, "origin": list(origin)}
+        feature = {**feature, **teacher[i], "origin": list(origin)}
         if token_task:
-            feature["kd_mask"] = [int(label != -100) for label in feature["labels"]]
+            index = feature.get("teacher_word_index")
+            feature["kd_mask"] = [int(label != -100 and (index is None or index[p] != NO_POSITION))
+                                  for p, label in enumerate(feature["labels"])]
             feature["word_ids"] = [-1 if word is None else word for word in encoded.word_ids[i]]
         if not any(labelled):
             feature.pop("labels")
@@ -146,8 +179,12 @@ def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTo
 
 
 def kd_data(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
-            signal: TeacherSignal | None = None) -> tuple[list[dict[str, Any]], Collate]:
+            signal: TeacherSignal | None = None, teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+            ) -> tuple[list[dict[str, Any]], Collate]:
     """The transfer examples' features and their collate, prepared by the teacher signal (a cached teacher attaches
-    the rows of its outputs and gathers them into each batch)."""
-    features, collate = kd_features(task, examples, tokenizer), KDCollator(collator_for(task, tokenizer))
+    the rows of its outputs and gathers them into each batch); with `teacher_tokenizer`, the online teacher's own
+    tokens of every feature (`kd_features`)."""
+    features = kd_features(task, examples, tokenizer, teacher_tokenizer)
+    pad = teacher_tokenizer.pad_token_id if teacher_tokenizer is not None else 0
+    collate = KDCollator(collator_for(task, tokenizer), pad)
     return signal.data(features, collate) if signal is not None else (features, collate)

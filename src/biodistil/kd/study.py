@@ -5,9 +5,16 @@ fine-tuned one is named), then every arm × seed as a `finetune` or `kd` run, th
 mean test score over seeds and the gap closed (S − S_init)/(T − S_init), where S_init is the student's
 initialisation scored with no training, T the teacher and S the trained student, all on the same test set.
 An interrupted study continues with --resume: finished runs are reused, interrupted kd runs resume.
+
+Under `accelerate launch` / `torchrun` with P processes the study's runs are shared out in two waves, each run on one
+process's device without DDP: first the teachers (task k's teacher fine-tuned, if the study fine-tunes it, and scored
+on the test set by process k mod P; the others wait), then the unfinished arm × seed runs (run i of the list the
+main process makes to process i mod P). Each run's folder is written by its process alone; the main process then
+writes summary.json, report.md and scores.png: the same as one process's, since every run depends on its seed alone.
 """
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,47 +30,106 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
 from biodistil.teachers.task_cache import teacher_test_scores
+from biodistil.training.processes import Launch
 from biodistil.training.provenance import describe_machine
 from biodistil.training.run import RunFolder, run_stage
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` (settings, machine, per-seed scores and
-    wall times, the table) and `report.md` in the study folder."""
-    run = RunFolder(recipe.run.output_dir, recipe, resume, stages=True)
+    wall times, the table) and `report.md` in the study folder. Launched as several processes, share the runs out
+    over them (see the module docstring)."""
+    launch = Launch.current()
+    with launch.main_first():  # the main process takes the folder and writes the student; the others read it
+        root = _study_folder(recipe, resume) if launch.is_main else Path(recipe.run.output_dir)
+        student = init_model_path(recipe.student, recipe.student_layers, root)  # one copy for every arm
     settings = jsonable(recipe.model_dump(mode="json"))
-    student = init_model_path(recipe.student, recipe.student_layers, run.path)  # one copy for every arm
     recipe = recipe.model_copy(update={"student": student, "student_layers": None})
-    runs: list[dict[str, Any]] = []
-    teachers: dict[str, dict[str, Any]] = {}
+    for position in launch.share([1.0] * len(recipe.tasks)):
+        _teacher(recipe, recipe.tasks[position], root)
+    launch.wait()
+    runs = _study_runs(recipe, root)
+    pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if not _finished(run.folder)])
+    for position in launch.share([1.0] * len(pending)):
+        runs[pending[position]].run()
+    launch.wait()
+    if not launch.is_main:
+        return root / "report.md"
+    return _write_summary(recipe, runs, settings, root)
+
+
+def _study_folder(recipe: StudyRecipe, resume: bool) -> Path:
+    """The study's run folder, taken (locked, its recipe checked and written) by this process."""
+    return RunFolder(recipe.run.output_dir, recipe, resume, stages=True).path
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One arm × seed of a task: a `finetune` or `kd` run in `folder`, from its raw recipe."""
+
+    task: str
+    arm: str
+    command: str
+    seed: int
+    folder: Path
+    raw: dict[str, Any]
+
+    def run(self) -> None:
+        _stage(self.command, self.raw, self.folder)
+
+
+def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
+    """Every arm × seed of every task, in the order of the summary."""
+    runs = []
     for study_task in recipe.tasks:
-        spec = get_task(study_task.name)  # a built-in name or a task file: its folders take the task's name
-        teacher = study_task.teacher or _teacher_stage(recipe, study_task, run.path / spec.name)
-        teachers[spec.name] = {"model": recorded(teacher, run.path), "headline": spec.headline_key,
-                               "test": _teacher_scores(recipe, study_task, teacher, run.path),
-                               **_teacher_record(study_task, teacher)}
+        name = get_task(study_task.name).name  # a built-in name or a task file: its folders take the task's name
+        teacher = _teacher_model(study_task, root)
         for arm in recipe.arms:
             for seed in recipe.seeds:
-                folder = run.path / spec.name / arm.name / f"seed-{seed}"
-                raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, run.path)
-                runs.append(_run_record(spec.name, arm.name, arm.command, seed, folder,
-                                        _stage(arm.command, raw, folder), run.path))
-    summary = {"rows": summarise(runs, teachers, recipe.metric), "teachers": teachers, "runs": runs,
+                folder = root / name / arm.name / f"seed-{seed}"
+                raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, root)
+                runs.append(StudyRun(name, arm.name, arm.command, seed, folder, raw))
+    return runs
+
+
+def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> None:
+    """A task's teacher: fine-tuned by the study unless given, and scored on the test set (T, kept in the store)."""
+    if study_task.teacher is None:
+        _teacher_stage(recipe, study_task, root / get_task(study_task.name).name)
+    _teacher_scores(recipe, study_task, _teacher_model(study_task, root), root)
+
+
+def _teacher_model(study_task: StudyTask, root: Path) -> str:
+    """The task's teacher: the one given, or the model the study fine-tunes into `<task>/teacher/model`."""
+    return study_task.teacher or str(root / get_task(study_task.name).name / "teacher" / "model")
+
+
+def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str, Any], root: Path) -> Path:
+    """summary.json, report.md and scores.png from the finished runs' records."""
+    teachers: dict[str, dict[str, Any]] = {}
+    for study_task in recipe.tasks:
+        spec = get_task(study_task.name)
+        teacher = _teacher_model(study_task, root)
+        teachers[spec.name] = {"model": recorded(teacher, root), "headline": spec.headline_key,
+                               "test": _teacher_scores(recipe, study_task, teacher, root),
+                               **_teacher_record(study_task, teacher)}
+    records = [_run_record(run, root) for run in runs]
+    summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
-               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in [*runs, *teachers.values()]), 1)}
-    atomic_write_json(run.path / "summary.json", jsonable(summary))
-    atomic_write_text(run.path / "report.md", render_study(summary, run.path))
-    plot_study(summary["rows"], run.path / "scores.png")
-    return run.path / "report.md"
+               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in [*records, *teachers.values()]), 1)}
+    atomic_write_json(root / "summary.json", jsonable(summary))
+    atomic_write_text(root / "report.md", render_study(summary, root))
+    plot_study(summary["rows"], root / "scores.png")
+    return root / "report.md"
 
 
-def _run_record(task: str, arm: str, command: str, seed: int, folder: Path, metrics: dict[str, Any],
-                root: Path) -> dict[str, Any]:
+def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
     """One arm × seed in the summary: its scores, its initialisation's, steps, wall time and any degenerate test
     predictions (one class for every example)."""
+    metrics = read_json(run.folder / "metrics.json")
     train = metrics.get("train") or {}
-    return {"task": task, "arm": arm, "command": command, "seed": seed, "folder": recorded(folder, root),
-            "test": metrics.get("test", {}), "init": metrics.get("init", {}),
+    return {"task": run.task, "arm": run.arm, "command": run.command, "seed": run.seed,
+            "folder": recorded(run.folder, root), "test": metrics.get("test", {}), "init": metrics.get("init", {}),
             "steps": metrics.get("steps", train.get("steps")), "wall_seconds": metrics.get("wall_seconds"),
             "degenerate": metrics.get("degenerate") or ""}
 
@@ -81,7 +147,7 @@ def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
     return {"data_dir": recipe.data_dir} if recipe.data_dir else {}
 
 
-def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, task_dir: Path) -> str:
+def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, task_dir: Path) -> None:
     folder = task_dir / "teacher"
     raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), study_task.teacher_overrides), {
         "model": {"name_or_path": study_task.teacher_init or recipe.teacher_init},
@@ -89,7 +155,6 @@ def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, task_dir: Path) -
         "task": {"name": study_task.name, **_data_dir(recipe)}})
     raw.setdefault("export", {})["enabled"] = True
     _stage("finetune", raw, folder)
-    return str(folder / "model")
 
 
 def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[str, Any], teacher: str,
@@ -107,21 +172,20 @@ def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[st
     return deep_merge(deep_merge(base, overrides), fixed)
 
 
-def _stage(command: str, raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """One run of the study (its metrics.json): skipped when finished, resumed when an interrupted kd run has a
-    checkpoint (finetune runs start again)."""
-    done = folder / "metrics.json"
+def _stage(command: str, raw: dict[str, Any], folder: Path) -> None:
+    """One run of the study (it writes metrics.json): skipped when finished, resumed when an interrupted kd run has
+    a checkpoint (finetune runs start again)."""
     recipe_cls, runner = (KDRecipe, run_kd) if command == "kd" else (FinetuneRecipe, run_finetune)
 
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
 
-    def finished() -> bool:
-        record = read_record(done)
-        return isinstance(record, dict) and record.get("finished", True) is not False
+    run_stage(folder, lambda: _finished(folder), run, resumable=command == "kd")
 
-    run_stage(folder, finished, run, resumable=command == "kd")
-    return read_json(done)
+
+def _finished(folder: Path) -> bool:
+    record = read_record(folder / "metrics.json")
+    return isinstance(record, dict) and record.get("finished", True) is not False
 
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:

@@ -9,12 +9,14 @@ Three pairs:
 - **different** — anything else (cased vs uncased WordPiece, two domain vocabularies, WordPiece vs byte-level BPE):
   tokens do not correspond, the words of the text do (`biodistil.data.token_alignment`). Hidden states, attention
   maps and MiniLMv2 relations are compared on aligned words (`biodistil.losses.cross_tokenizer`); vocabulary logits
-  only at the first token of each whole-word-masked word, through the strings both vocabularies name plus the
-  vocabulary-free ULD term; a logit MSE or a soft cross-entropy over one vocabulary has no meaning across two.
+  only at the first token of each whole-word-masked word, through the strings both vocabularies name (`logit_kl`)
+  and the vocabulary-free ULD term (`uld`); a logit MSE or a soft cross-entropy over one vocabulary has no meaning
+  across two.
   A classifier's logits are over the task's classes, shared by any pair: per sequence they need no alignment, per
   word (NER) they are compared at each word's first token on each side.
 
-`term_support` only reports; `refuse_unsupported` turns its refusals into one error naming each term and what to
+`term_support` only reports (`pair_support` for a pair known without its tokenizers: a student vocabulary still to
+be trained is "different"); `refuse_unsupported` turns its refusals into one error naming each term and what to
 change.
 """
 
@@ -77,7 +79,11 @@ def term_support(
     """For each term (a kind of `TERM_KINDS`, or a recipe term whose options are checked too), whether it holds for
     the tokenizer pair on a model with this head: "masked_lm" (task-agnostic distillation), "sequence" or "token"
     (task KD of a sequence or a token classifier)."""
-    pair = tokenizer_pair(student_tokenizer, teacher_tokenizer)
+    return pair_support(tokenizer_pair(student_tokenizer, teacher_tokenizer), terms, head)
+
+
+def pair_support(pair: PairKind, terms: Iterable[str | TermConfig], head: Head = "masked_lm") -> list[TermSupport]:
+    """`term_support` for a pair kind known without the tokenizers."""
     return [_support(_kind(term), term if isinstance(term, TermConfig) else None, pair, head) for term in terms]
 
 
@@ -127,7 +133,9 @@ _WORD_TERMS = {
                                "same number of heads"),
     "minilm_relations": ("words", "word_relations_loss on word-pooled Q/K/V"),
     "logit_kl": ("words", "at each whole-word-masked word's first token on both sides: shared_vocab_kl_loss over the "
-                          "strings both vocabularies name, with uld_loss for the rest"),
+                          "strings both vocabularies name (a uld term covers the rest)"),
+    "uld": ("words", "at each whole-word-masked word's first token on both sides: uld_loss on the sorted "
+                     "probabilities, no shared string needed"),
 }
 _REFUSED = {
     "soft_ce": "a cross-entropy over one vocabulary; use logit_kl (shared strings + ULD)",
@@ -144,7 +152,7 @@ def _masked_lm_across(kind: str, cfg: TermConfig | None) -> TermSupport:
     if cfg is not None and kind == "attention_mse" and cfg.attention_map == "scores":
         return TermSupport(kind, False, "", "attention scores Q·Kᵀ/√d do not pool into words; use attention_map: "
                                             "probabilities")
-    if cfg is not None and kind == "logit_kl" and cfg.positions != "masked":
+    if cfg is not None and kind in ("logit_kl", "uld") and cfg.positions != "masked":
         return TermSupport(kind, False, "", f"positions: {cfg.positions}: across vocabularies the logits are "
                                             "compared at whole-word-masked words; use positions: masked")
     level, reason = _WORD_TERMS[kind]

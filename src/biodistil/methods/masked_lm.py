@@ -1,11 +1,10 @@
 """Task-agnostic stages on a masked-LM objective: MLM pre-training and teacher -> student distillation.
 
 Both train a `MaskedLMModule` (student + objective) on masked corpus blocks with the one engine; they
-differ only in whether a teacher exists and which terms the objective holds.
+differ only in whether a teacher exists and which terms the objective holds. Across tokenizers a batch holds both
+tokenizations of the same texts and their shared words (`biodistil.data.text_blocks`), masked on both sides by
+`MaskSameWords`, and the terms compare words (`biodistil.methods.word_units`).
 """
-
-import functools
-import time
 
 import torch
 from torch import nn
@@ -13,11 +12,13 @@ from transformers import PreTrainedModel
 
 from biodistil.config import MaskingConfig
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
+from biodistil.data.token_alignment import AlignedBatch, mask_same_words
 from biodistil.methods.objective import Objective, TermInputs, position_masks
+from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import extract_features
 from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import OnlineTeacher, TeacherSignal
-from biodistil.training.provenance import cpu_info
+from biodistil.training.hardware import bf16_fast, cpu_bf16_fast
 
 
 class MaskedLMModule(nn.Module):
@@ -50,37 +51,40 @@ class MaskedLMModule(nn.Module):
         return self.signal.model if self.signal is not None else None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One student pass and the teacher's outputs from its signal (no gradients)."""
+        """One student pass and the teacher's outputs from its signal (no gradients). A batch aligned across
+        tokenizers (`student_units` ...) gives the terms its shared words, and the teacher its own positions."""
         labels, attention = batch["labels"], batch["attention_mask"].bool()
         masks = position_masks(attention, labels, batch.get("new_tokens"))
+        units = WordUnits.from_batch(batch, self.objective.vocabulary) if "student_units" in batch else None
         teacher_features = None
         if self.objective.needs_teacher:
+            teacher_masks = masks if units is None else teacher_position_masks(batch, units)
             teacher_features = self.signal.get_signal(
-                batch, self.objective.teacher_request(), self.objective.logit_positions(masks, teacher=True)
+                batch, self.objective.teacher_request(), self.objective.logit_positions(teacher_masks, teacher=True)
             )
         student_features = extract_features(
             self.student, batch, self.objective.student_request(), self.objective.logit_positions(masks)
         )
         inputs = TermInputs(
             student=student_features, teacher=teacher_features, labels=labels, attention_mask=attention,
-            masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab,
+            masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab, units=units,
         )
         return self.objective(inputs)
 
 
-BF16_FAST = 1.3  # a bf16 matmul at least this much faster than float32: the CPU computes bf16 natively
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of native bf16 matrix instructions (Linux /proc/cpuinfo)
+def teacher_position_masks(batch: dict[str, torch.Tensor], units: WordUnits) -> dict[str, torch.Tensor]:
+    """The teacher's named position sets across tokenizers ([B, L_T]): "all" and "known" its real tokens, "masked"
+    the first token of each masked word — where its logits are compared with the student's."""
+    real = batch["teacher_attention_mask"].bool()
+    return {"all": real, "known": real, "masked": units.first_masked("teacher")}
 
 
 def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast — a GPU with
-    bf16, a CPU with native bf16 instructions (AMX or AVX-512 BF16 among its flags; where the flags cannot be read,
-    a bf16 matmul measuring at least `BF16_FAST`× its float32 one) — else float32. `dtype_note` says which and why.
-    Deciding from the flags gives every process of a run the same answer."""
+    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast
+    (`training.hardware.bf16_fast`: a GPU with bf16, a CPU with native bf16 instructions), else float32.
+    `dtype_note` says which and why."""
     if setting == "auto":
-        fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else (
-            device.type == "cpu" and cpu_bf16_fast()[0])
-        setting = "bfloat16" if fast else "float32"
+        setting = "bfloat16" if bf16_fast(device) else "float32"
     return torch.bfloat16 if setting == "bfloat16" else torch.float32
 
 
@@ -94,37 +98,6 @@ def dtype_note(setting: str, dtype: torch.dtype, device: torch.device) -> str:
     return f"Teacher dtype: {name} (auto: {cpu_bf16_fast()[1]})."
 
 
-@functools.cache
-def cpu_bf16_fast() -> tuple[bool, str]:
-    """Whether this CPU computes bf16 natively, and why: its flags, or (flags unreadable) a short measurement."""
-    flags = cpu_info()[1]
-    if flags is not None:
-        found = [flag for flag in BF16_FLAGS if flag in flags]
-        return bool(found), f"CPU flags {' '.join(found)}" if found else f"CPU flags without {' or '.join(BF16_FLAGS)}"
-    speedup = cpu_bf16_speedup()
-    return speedup >= BF16_FAST, f"a bf16 matmul ran {speedup:.2f}× as fast as float32 (bf16 from {BF16_FAST}×)"
-
-
-@functools.cache
-def cpu_bf16_speedup(size: int = 1024, repeats: int = 3) -> float:
-    """How many times faster a [size × size] bf16 matmul runs than a float32 one on this CPU, with this process's
-    threads (measured once per process, about 0.1 s): above 1 where the CPU has bf16 instructions, below where
-    bf16 is emulated."""
-    generator = torch.Generator().manual_seed(0)
-    a, b = torch.randn(size, size, generator=generator), torch.randn(size, size, generator=generator)
-
-    def fastest(x: torch.Tensor, y: torch.Tensor) -> float:
-        x @ y  # warm-up: kernels chosen, memory touched
-        times = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - began)
-        return min(times)
-
-    return fastest(a, b) / fastest(a.bfloat16(), b.bfloat16())
-
-
 class MaskBatch:
     """The engine's per-batch hook: dynamic MLM masking with the engine's seeded generator."""
 
@@ -134,3 +107,19 @@ class MaskBatch:
     def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         corrupted, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab, self.cfg, generator)
         return {**batch, "input_ids": corrupted, "labels": labels}
+
+
+class MaskSameWords:
+    """The engine's per-batch hook across tokenizers: whole-word masking of the same words on both sides
+    (`mask_same_words`: each shared word chosen with `masking.probability`, one 80/10/10 draw per word for both
+    sides) with the engine's seeded generator. Adds the student's `labels` (every token of a chosen word), the
+    corrupted `teacher_input_ids` and `chosen_words` [B, W]."""
+
+    def __init__(self, student_vocab: MaskingVocabulary, teacher_vocab: MaskingVocabulary, cfg: MaskingConfig):
+        self.student_vocab, self.teacher_vocab, self.cfg = student_vocab, teacher_vocab, cfg
+
+    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        chosen, student, teacher = mask_same_words(AlignedBatch.from_tensors(batch), self.student_vocab,
+                                                   self.teacher_vocab, self.cfg, generator)
+        return {**batch, "input_ids": student.input_ids, "labels": student.labels,
+                "teacher_input_ids": teacher.input_ids, "chosen_words": chosen}

@@ -14,6 +14,12 @@ Logit terms read each model's `LogitRows` (`biodistil.models.logits`), which for
 logits; before any term runs, `weighted_sum` declares at which rows terms read the student's formed logits, so the
 order of the terms never changes what is computed.
 
+Across tokenizers (a student vocabulary that is not the teacher's) a batch carries the words both tokenizations
+hold whole (`TermInputs.units`, `biodistil.methods.word_units`) and each kind computes its word-level form with the
+losses of `biodistil.losses.cross_tokenizer`: hidden states, attention maps and Q/K/V pooled to words, `logit_kl` as
+the KL over the strings both vocabularies name and `uld` (universal logit distillation) at the first token of each
+masked word on each side; `soft_ce` and `logit_mse` have none (`biodistil.methods.cross_tokenizer` refuses them first).
+
 The registry `TERM_KINDS` is shared by both halves of the toolkit. Task-specific distillation
 (`biodistil.kd.objective`) reads a classifier's outputs as features (logit rows at token positions, or one row
 per example) and combines the same logit terms (`logit_kl` is Hinton's KD, `logit_mse`) with the terms that only
@@ -32,7 +38,14 @@ from transformers import PreTrainedModel
 
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.masking import IGNORE_INDEX
+from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.errors import BiodistilError
+from biodistil.losses.cross_tokenizer import (
+    shared_vocab_kl_loss,
+    uld_loss,
+    word_attention_kl_loss,
+    word_attention_mse_loss,
+)
 from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss
 from biodistil.losses.layers import (
     attention_kl_loss,
@@ -44,6 +57,7 @@ from biodistil.losses.layers import (
 from biodistil.losses.prediction import soft_cross_entropy_loss
 from biodistil.losses.task import logit_mse_loss, patient_kd_loss, sigmoid_kd_loss
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
+from biodistil.methods.word_units import WordUnits
 from biodistil.models.attention import restrict_to_window
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
@@ -68,6 +82,7 @@ class TermInputs:
     temperature: float
     shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
     multi_label: bool = False  # classes are independent (sigmoid per class): multi-label classification
+    units: WordUnits | None = None  # across tokenizers: the words both sides share; terms compare them, not tokens
 
 
 def position_masks(
@@ -131,24 +146,65 @@ def _logit_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor
     """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions over the shared vocabulary; from a teacher
     cache, the KL over the teacher's top-k tokens and the tail (`topk_kl_loss`). `LogitRows.soft_kl` chooses the
     loss: on a student head it forms the logits inside the loss (`linear_soft_kl_loss`) except at the rows other
-    terms read formed (the MLM targets), whose formed logits it reads."""
+    terms read formed (the MLM targets), whose formed logits it reads. Across tokenizers: the shared-string KL
+    T²·(1/N)·Σ_rows Σ_k q_T(k)·log(q_T(k)/q_S(k)) at the first token of each masked word (`shared_vocab_kl_loss`)."""
+    if x.units is not None:
+        vocabulary = _shared_strings(objective, term)
+        return shared_vocab_kl_loss(*_aligned_logits(x), vocabulary.student_index, vocabulary.teacher_index,
+                                    vocabulary.size, x.temperature)
     rows = x.masks[term.cfg.positions]
     return x.student.logits.at(rows).soft_kl(x.teacher.logits.at(rows), x.temperature, x.shared_vocab)
 
 
 def _kl_forms(x: TermInputs) -> bool:
-    """Whether the KL reads the student's formed logits (it cannot form them inside the loss)."""
-    return not x.student.logits.fuses_kl(x.teacher.logits, x.shared_vocab)
+    """Whether the KL reads the student's formed logits (it cannot form them inside the loss; across tokenizers it
+    reads them at the masked words' first tokens)."""
+    return x.units is not None or not x.student.logits.fuses_kl(x.teacher.logits, x.shared_vocab)
+
+
+def _uld(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+    """Universal logit distillation (Boizard et al., 2024), (1/N)·Σ_rows Σ_i |p_S,(i) − p_T,(i)| on the sorted
+    probabilities p = softmax(z/T) (`uld_loss`): at the term's positions, or across tokenizers at the first token of
+    each masked word on each side. It needs no shared token: it covers what the shared strings miss."""
+    if x.units is not None:
+        return uld_loss(*_aligned_logits(x), x.temperature)
+    rows = x.masks[term.cfg.positions]
+    return uld_loss(x.student.logits.at(rows).logits(), x.teacher.logits.at(rows).logits(), x.temperature)
+
+
+def _aligned_logits(x: TermInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Across tokenizers: the student's logits [N, V_S] at the first token of each masked word, read from its logits
+    formed at the MLM targets (the words' tokens), and the teacher's [N, V_T], computed at those first tokens only;
+    row n of both is the same word."""
+    student = x.student.logits.at(x.masks["masked"]).logits_at(x.units.first_masked("student"))
+    return student, x.teacher.logits.logits()
+
+
+def _shared_strings(objective: "Objective", term: Term) -> SharedVocabulary:
+    vocabulary = getattr(objective, "vocabulary", None)
+    if vocabulary is None:
+        raise BiodistilError(f"Objective term {term.cfg.loss} across tokenizers needs the strings both vocabularies "
+                             "share (Objective(..., vocabulary=shared_vocabulary(...)))")
+    return vocabulary
 
 
 def _soft_ce(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """TinyBERT output loss −Σ softmax(z_T/T)·log softmax(z_S/T), mean over the term's positions."""
+    _same_tokens(term, x)
     return soft_cross_entropy_loss(*_logit_rows(term, x), x.temperature)
+
+
+def _same_tokens(term: Term, x: TermInputs) -> None:
+    """Terms that compare logits entry by entry have no form across tokenizers (the pre-flight refuses them)."""
+    if x.units is not None:
+        raise BiodistilError(f"Objective term {term.cfg.loss} compares logits over one vocabulary; across tokenizers "
+                             "use logit_kl (shared strings) and uld")
 
 
 def _logit_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """(1/N)·Σ_rows of the squared errors over the shared vocabulary, averaged (`vocab_reduction: mean`) or
     summed (`sum`, VE-KD's L′_MSE) over it, at the term's N positions."""
+    _same_tokens(term, x)
     return logit_mse_loss(*_logit_rows(term, x), class_reduction=term.cfg.vocab_reduction)
 
 
@@ -192,8 +248,17 @@ def _reduce(values: list[torch.Tensor], how: str) -> torch.Tensor:
 
 
 def _hidden(loss: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]):
-    """A hidden-state term: loss(h_S^l·W_l, h_T^g(l)) at the term's positions, for every layer pair."""
+    """A hidden-state term: loss(h_S^l·W_l, h_T^g(l)) at the term's positions, for every layer pair. Across
+    tokenizers the same loss on unit means, loss(P_S·h_S^l·W_l, P_T·h_T^g(l)) over the shared units (`positions:
+    masked`: the masked words) — `word_hidden_mse_loss` / `word_hidden_cosine_loss`; the projection is affine and the
+    pooling a mean, so projecting the pooled states is the same."""
     def compute(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
+        if x.units is not None:
+            units = x.units
+            values = [loss(objective.project(term, s, t, units.pool_student(x.student.hidden_at(s))),
+                           units.pool_teacher(x.teacher.hidden_at(t)), units.units(term.cfg.positions))
+                      for s, t in term.pairs]
+            return _reduce(values, term.cfg.layer_reduction)
         mask = x.masks[term.cfg.positions]
         values = [
             loss(objective.project(term, s, t, x.student.hidden_at(s)), x.teacher.hidden_at(t), mask)
@@ -215,16 +280,34 @@ def _attention_pairs(term: Term, x: TermInputs, scores: bool = False):
     ]
 
 
+def _word_attention(term: Term, x: TermInputs, loss: Callable[..., torch.Tensor], **options) -> torch.Tensor:
+    """Across tokenizers: Σ_l loss on the word × word maps of each layer pair (`pool_attention`: keys summed,
+    queries averaged, rows renormalised), each model's probabilities as its own layer computes them (a local
+    layer's are zero outside its window)."""
+    if term.cfg.attention_map == "scores":
+        raise BiodistilError("attention_map: scores does not pool into words; use attention_map: probabilities")
+    members = x.units.membership("student"), x.units.membership("teacher")
+    values = [loss(x.student.attention_at(s), x.teacher.attention_at(t), *members, x.units.unit_mask, **options)
+              for s, t in term.pairs]
+    return _reduce(values, term.cfg.layer_reduction)
+
+
 def _attention_mse(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
     """Σ_l (1/H)·Σ_heads MSE(a_S^l, a_T^g(l)) over real (query, key) pairs, on attention probabilities or, with
-    `attention_map: scores`, on the unnormalised scores Q·Kᵀ/√d (TinyBERT)."""
+    `attention_map: scores`, on the unnormalised scores Q·Kᵀ/√d (TinyBERT). Across tokenizers on word × word maps of
+    probabilities (`word_attention_mse_loss`)."""
+    if x.units is not None:
+        return _word_attention(term, x, word_attention_mse_loss)
     pairs = _attention_pairs(term, x, scores=term.cfg.attention_map == "scores")
     values = [attention_mse_loss(student, teacher, x.attention_mask, window) for student, teacher, window in pairs]
     return _reduce(values, term.cfg.layer_reduction)
 
 
 def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """Σ_l KL(a_S^l ‖ a_T^g(l)) per query row, averaged (CompactBioBERT) or summed (MobileBERT) over tokens."""
+    """Σ_l KL(a_S^l ‖ a_T^g(l)) per query row, averaged (CompactBioBERT) or summed (MobileBERT) over tokens; across
+    tokenizers per query word of the word × word maps (`word_attention_kl_loss`)."""
+    if x.units is not None:
+        return _word_attention(term, x, word_attention_kl_loss, reduction=term.cfg.token_reduction)
     values = [
         attention_kl_loss(student, teacher, x.attention_mask, term.cfg.token_reduction, window=window)
         for student, teacher, window in _attention_pairs(term, x)
@@ -233,16 +316,21 @@ def _attention_kl(objective: "Objective", term: Term, x: TermInputs) -> torch.Te
 
 
 def _minilm(objective: "Objective", term: Term, x: TermInputs) -> torch.Tensor:
-    """MiniLMv2 Σ_r KL(R_T^r ‖ R_S^r) for r in the term's relations (Q-Q, K-K, V-V)."""
+    """MiniLMv2 Σ_r KL(R_T^r ‖ R_S^r) for r in the term's relations (Q-Q, K-K, V-V); across tokenizers on the
+    unit means of Q, K and V over the shared units (`word_relations_loss`)."""
     ((s, t),) = term.pairs
-    return minilm_relations_loss(
-        x.student.qkv_at(s), x.teacher.qkv_at(t), x.attention_mask, term.relation_heads, term.cfg.relations
-    )
+    student, teacher, mask = x.student.qkv_at(s), x.teacher.qkv_at(t), x.attention_mask
+    if x.units is not None:
+        student = {r: x.units.pool_student(v) for r, v in student.items()}
+        teacher = {r: x.units.pool_teacher(v) for r, v in teacher.items()}
+        mask = x.units.unit_mask
+    return minilm_relations_loss(student, teacher, mask, term.relation_heads, term.cfg.relations)
 
 
 TERM_KINDS: dict[str, TermKind] = {
     "mlm": TermKind(False, "logits", _mlm, formed=True),
     "logit_kl": TermKind(True, "logits", _logit_kl, cached=True, formed=_kl_forms),
+    "uld": TermKind(True, "logits", _uld, formed=True),
     "soft_ce": TermKind(True, "logits", _soft_ce, formed=True),
     "logit_mse": TermKind(True, "logits", _logit_mse, formed=True),
     "hidden_cosine": TermKind(True, "hidden", _hidden(cosine_embedding_loss), cached=True),
@@ -260,9 +348,11 @@ _REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
 class Objective(nn.Module):
     """The weighted sum of the recipe's terms; owns the learned projections the terms need."""
 
-    def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel, teacher: PreTrainedModel | None):
+    def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel, teacher: PreTrainedModel | None,
+                 vocabulary: SharedVocabulary | None = None):
         super().__init__()
         self.cfg = cfg
+        self.vocabulary = vocabulary  # across tokenizers: the strings both vocabularies share (logit_kl)
         needing = [t.loss for t in cfg.terms if TERM_KINDS[t.loss].needs_teacher]
         if teacher is None and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")

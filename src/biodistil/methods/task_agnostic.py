@@ -1,6 +1,11 @@
 """The `pretrain` and `distill` commands: MLM pre-training and task-agnostic distillation, end to end.
 
 recipe -> run folder -> tokenizer and models -> corpus blocks -> engine -> exported model -> report.
+
+`distill` across tokenizers (a student vocabulary of its own, `student.tokenizer`, or a pretrained student with
+another tokenizer): the objective's terms are checked for the pair first (`methods.cross_tokenizer`), the corpus is
+read as blocks of text that both tokenizers read (`data.text_blocks`), the same words are masked on both sides
+(`MaskSameWords`) and the terms compare words (docs/cross-tokenizer.md).
 """
 
 from collections.abc import Callable
@@ -10,15 +15,18 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig
+from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig, TokenizerTrainingConfig
 from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits, resolve_corpus_files
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
+from biodistil.data.shared_vocabulary import shared_vocabulary
+from biodistil.data.text_blocks import AlignedTextCollate, load_text_splits
 from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
-from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, dtype_note, teacher_dtype
+from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, term_support, tokenizer_pair
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, MaskSameWords, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.families import head_only
@@ -26,6 +34,7 @@ from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
 from biodistil.models.saving import export_model
 from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
+from biodistil.models.vocab_transfer import VocabularyTransfer, vocabulary_pieces
 from biodistil.paths import recorded
 from biodistil.teachers.masked_lm_cache import (
     BuildReport,
@@ -86,7 +95,8 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
         model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
     else:
         tokenizer = (load_tokenizer(recipe.model.tokenizer_name_or_path, recipe.model.trust_remote_code)
-                     if recipe.model.tokenizer_name_or_path else _corpus_tokenizer(recipe, run, accelerator))
+                     if recipe.model.tokenizer_name_or_path
+                     else corpus_tokenizer(recipe.model.tokenizer, recipe.data.train, run, accelerator))
         model = model_from_architecture(recipe.model.architecture, tokenizer)
     module = MaskedLMModule(model, Objective(MLM_ONLY, model, None))
     data = corpus_data(recipe, tokenizer, accelerator)
@@ -95,7 +105,10 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
 
 
 def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective."""
+    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective (across
+    tokenizers when the student reads a vocabulary of its own)."""
+    if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
+        refuse_unsupported(pair_support("different", recipe.objective.terms))
     check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
     accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
@@ -107,13 +120,21 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         student, tokenizer, shared_vocab = expanded_student(recipe, teacher, tokenizer, run.path, accelerator)
         prepare = VocabExpansionMaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking, shared_vocab)
         notes.append(f"Vocabulary expanded from {shared_vocab:,} to {len(tokenizer):,} tokens (VE-KD).")
+        student_tokenizer = tokenizer
     else:
-        student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
-        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-    objective = Objective(recipe.objective, student, teacher)
+        student, student_tokenizer, built = _student(recipe, teacher, tokenizer, run, accelerator)
+        notes += built
+    across = shared_vocab is None and tokenizer_pair(student_tokenizer, tokenizer) != "same"
+    if across:
+        objective, data = _across_tokenizers(recipe, student, student_tokenizer, teacher, tokenizer, accelerator)
+        notes.append(_across_note(student_tokenizer, tokenizer, objective))
+    else:
+        if shared_vocab is None:
+            check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+        objective = Objective(recipe.objective, student, teacher)
+        data = corpus_data(recipe, tokenizer, accelerator)
     dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
     notes.append(dtype_note(recipe.teacher.dtype, dtype, accelerator.device))
-    data = corpus_data(recipe, tokenizer, accelerator)
     signal: TeacherSignal = OnlineTeacher(teacher)
     if recipe.teacher_cache is not None:  # the teacher runs once per (block, pattern), before training, if at all
         caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
@@ -131,7 +152,60 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     module = MaskedLMModule(student, objective, signal, shared_vocab)
     result = _train(module, replace(data, prepare=prepare or data.prepare), recipe, run, accelerator, run.resume,
                     stop_after)
-    return _finish(run, module, tokenizer, result, accelerator, "Task-agnostic distillation", stop_after, notes)
+    return _finish(run, module, student_tokenizer, result, accelerator, "Task-agnostic distillation", stop_after,
+                   notes)
+
+
+def _student(recipe: DistillRecipe, teacher, tokenizer, run: RunFolder,
+             accelerator) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:
+    """The student, its tokenizer (a vocabulary trained on the corpus with `student.tokenizer`, kept in
+    <run>/tokenizer) and the report's notes on how its embeddings were made."""
+    own = recipe.student.tokenizer
+    student_tokenizer = None if own is None else corpus_tokenizer(own, recipe.data.train, run, accelerator)
+    student, student_tokenizer = build_student(recipe.student, teacher, tokenizer, student_tokenizer)
+    notes = []
+    if own is not None:
+        notes.append(f"Student vocabulary: WordPiece of {len(student_tokenizer):,} tokens trained on data.train "
+                     f"({'uncased' if own.lowercase else 'cased'}).")
+    if own is not None and recipe.student.init == "teacher_layers":
+        pieces = vocabulary_pieces(student_tokenizer, tokenizer)
+        notes.append(VocabularyTransfer.of(pieces, tokenizer.unk_token_id).note())
+    return student, student_tokenizer, notes
+
+
+def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teacher, tokenizer,
+                       accelerator) -> tuple[Objective, CorpusData]:
+    """Across tokenizers: the pre-flight (each refused term named), the objective with the strings both
+    vocabularies share, and the corpus as text blocks both tokenizers read, masked word by word on both sides."""
+    refuse_unsupported(term_support(student_tokenizer, tokenizer, recipe.objective.terms))
+    if recipe.teacher_cache is not None or recipe.masking.duplication is not None or recipe.train.group_by_length:
+        raise BiodistilError("teacher_cache, masking.duplication (static masks) and train.group_by_length are not "
+                             "supported across tokenizers: blocks are text, the same words are masked on both sides "
+                             "batch by batch and the teacher reads its own tokens online; remove them, or give the "
+                             "student the teacher's tokenizer")
+    vocabulary = shared_vocabulary(student_tokenizer, tokenizer, student.config.vocab_size, teacher.config.vocab_size)
+    objective = Objective(recipe.objective, student, teacher, vocabulary)
+    with accelerator.main_process_first():
+        train, held_out = load_text_splits(recipe.data, student_tokenizer)
+    collate = AlignedTextCollate(student_tokenizer, tokenizer, recipe.data.block_size,
+                                 teacher_length(teacher.config, recipe.data.block_size))
+    prepare = MaskSameWords(MaskingVocabulary.from_tokenizer(student_tokenizer),
+                            MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking)
+    return objective, CorpusData(train, held_out, collate, prepare)
+
+
+def teacher_length(config, block_size: int) -> int:
+    """The teacher's truncation across tokenizers: twice the student's block (a text of block_size − 2 student
+    tokens rarely needs more teacher tokens), within its position embeddings (RoBERTa reserves two)."""
+    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
+    return min(2 * block_size, int(getattr(config, "max_position_embeddings", 2 * block_size)) - reserved)
+
+
+def _across_note(student_tokenizer, tokenizer, objective: Objective) -> str:
+    vocabulary = objective.vocabulary
+    return (f"Across tokenizers: student {len(student_tokenizer):,} tokens, teacher {len(tokenizer):,}; terms compare "
+            f"the words both tokenizations hold whole; the logit terms read the first token of each masked word "
+            f"({vocabulary.size:,} strings both vocabularies name).")
 
 
 def run_cache_teacher(recipe: DistillRecipe) -> Path:
@@ -224,12 +298,13 @@ def _cache_note(caches: list[CorpusCache], reports: list[BuildReport]) -> str:
     return f"Teacher cache ({stored}; instead of the teacher's layers): " + "; ".join(parts) + "."
 
 
-def _corpus_tokenizer(recipe: PretrainRecipe, run: RunFolder, accelerator) -> PreTrainedTokenizerBase:
-    """Train the WordPiece vocabulary once per run (kept in the run folder, so a resumed run reuses it)."""
+def corpus_tokenizer(cfg: TokenizerTrainingConfig, corpus: list[str], run: RunFolder,
+                     accelerator) -> PreTrainedTokenizerBase:
+    """Train the WordPiece vocabulary of `cfg` on the corpus files once per run (kept in <run>/tokenizer, so a resumed
+    run reuses it): pretrain's model from scratch, or a distilled student's own vocabulary."""
     folder = run.path / "tokenizer"
     if accelerator.is_main_process and not (folder / "tokenizer.json").is_file():
-        cfg = recipe.model.tokenizer
-        files = resolve_corpus_files(recipe.data.train)
+        files = resolve_corpus_files(corpus)
         tokenizer = train_wordpiece(iter_lines(files, cfg.max_lines), cfg.vocab_size, cfg.lowercase, cfg.min_frequency)
         atomic_directory(folder, tokenizer.save_pretrained)
     accelerator.wait_for_everyone()

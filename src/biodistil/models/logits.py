@@ -144,6 +144,12 @@ class LogitRows:
             return self._root.formed_at(self.positions)
         return self.rows
 
+    def logits_at(self, subset: torch.Tensor) -> torch.Tensor:
+        """z at the rows of `subset` [B, L] (within these rows), read from these rows' formed logits (`logits()`:
+        formed once and shared with the terms that read them all), in row-major order. Across tokenizers the
+        logit terms read the first token of each masked word so, out of the logits the MLM forms at every target."""
+        return self.logits()[subset[self.positions]]
+
     def fuses_kl(self, teacher: "LogitRows", vocab: int | None = None) -> bool:
         """Whether the KL against `teacher` forms these rows' logits inside the loss: a student head, whole
         vocabularies (no shared prefix `vocab`) and a teacher's logits or head (not a cache's top-k)."""

@@ -11,17 +11,25 @@ from biodistil.config import ArchitectureConfig, StudentConfig
 from biodistil.errors import BiodistilError
 from biodistil.models.families import family_of, layers_path, num_layers
 from biodistil.models.loading import load_masked_lm, load_tokenizer
+from biodistil.models.vocab_transfer import transfer_vocabulary
 
 
 def build_student(
-    cfg: StudentConfig, teacher: PreTrainedModel, teacher_tokenizer: Tokenizer
+    cfg: StudentConfig, teacher: PreTrainedModel, teacher_tokenizer: Tokenizer,
+    student_tokenizer: Tokenizer | None = None,
 ) -> tuple[PreTrainedModel, Tokenizer]:
-    """The student and its tokenizer, as the recipe's `student.init` asks."""
+    """The student and its tokenizer, as the recipe's `student.init` asks: with `student_tokenizer` (a vocabulary of
+    its own, `student.tokenizer`), an architecture sized for it, or teacher layers whose embeddings are transferred
+    to it (`biodistil.models.vocab_transfer`); else on the teacher's tokenizer."""
+    tokenizer = student_tokenizer or teacher_tokenizer
     if cfg.init == "teacher_layers":
-        return student_from_teacher_layers(teacher, cfg.layers), teacher_tokenizer
+        student = student_from_teacher_layers(teacher, cfg.layers)
+        if student_tokenizer is not None:
+            transfer_vocabulary(student, teacher, student_tokenizer, teacher_tokenizer)
+        return student, tokenizer
     if cfg.init == "architecture":
         assert cfg.architecture is not None
-        return model_from_architecture(cfg.architecture, teacher_tokenizer), teacher_tokenizer
+        return model_from_architecture(cfg.architecture, tokenizer), tokenizer
     assert cfg.name_or_path is not None
     student = load_masked_lm(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     return student, load_tokenizer(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)

@@ -6,6 +6,9 @@ of whole words; sequence and multi-label tasks encode one text (or a pair) with 
 counted per split (`EncodedSplit.truncated_examples`), never silent; a long relation example keeps the window
 around its entity markers (`window_around_markers`; those that cannot are counted in `markers_cut`). `origins`
 and `word_ids` keep the way back from features to examples and words (`biodistil.tasks.prediction`).
+`teacher_encoding` gives each feature the same text in another tokenizer's tokens (an online teacher across
+tokenizers): the same example (sequence tasks), or the same window of words with each word's first teacher token
+(token tasks).
 """
 
 import inspect
@@ -72,6 +75,44 @@ def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) 
             encoded.origins.append((index, start))
             encoded.word_ids.append(word_ids)
     return encoded
+
+
+NO_POSITION = -1  # a student token whose word the teacher's encoding does not hold (truncated), or no word
+
+
+def teacher_encoding(task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
+                     tokenizer: PreTrainedTokenizerBase) -> list[dict[str, list[int]]]:
+    """For each feature of `encoded` (the student's), the same text in `tokenizer`'s tokens: `teacher_input_ids`,
+    `teacher_attention_mask` (and `teacher_token_type_ids` when the tokenizer gives them). Sequence tasks: the
+    feature's example, encoded as `encode_split` encodes it. Token tasks: the feature's window of words, truncated at
+    the task's max_length, and `teacher_word_index` [L_S]: for each student token of a word, the position of that
+    word's first teacher token (NO_POSITION off words and for words the teacher's side lost to truncation)."""
+    if task.kind != "token_classification":
+        teacher = _encode_texts(task, examples, tokenizer)
+        return [_prefixed(teacher.features[index]) for index, _ in encoded.origins]
+    return [_teacher_window(task, examples[index], start, word_ids, tokenizer)
+            for (index, start), word_ids in zip(encoded.origins, encoded.word_ids, strict=True)]
+
+
+def _teacher_window(task: TaskSpec, example: TokenExample, start: int, word_ids: Sequence[int | None],
+                    tokenizer: PreTrainedTokenizerBase) -> dict[str, list[int]]:
+    count = max((word + 1 for word in word_ids if word is not None), default=0)
+    words = list(example.tokens[start:start + count])
+    enc = tokenize_words(tokenizer, words, truncation=True, max_length=task.max_length) if words \
+        else tokenizer("", truncation=True, max_length=task.max_length)
+    first: dict[int, int] = {}
+    for position, word in enumerate(enc.word_ids() if words else []):
+        if word is not None:
+            first.setdefault(word, position)
+    feature = _prefixed({k: list(v) for k, v in enc.items()})
+    feature["teacher_word_index"] = [NO_POSITION if word is None else first.get(word, NO_POSITION)
+                                     for word in word_ids]
+    return feature
+
+
+def _prefixed(feature: dict[str, list]) -> dict[str, list[int]]:
+    """A teacher feature's model inputs under the batch names the teacher reads (`teacher_input_ids` ...)."""
+    return {f"teacher_{key}": list(value) for key, value in feature.items() if key in MODEL_INPUTS}
 
 
 def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:

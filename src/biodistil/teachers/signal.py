@@ -60,9 +60,10 @@ class StoredOutputs(Protocol):
 
 def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions,
                       grad: bool = False) -> Features:
-    """A masked-LM teacher's requested features (on `teacher_input_ids` when the batch has them: VE-KD), computed in
-    inference mode unless `grad`."""
-    inputs = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"])}
+    """A masked-LM teacher's requested features (on `teacher_input_ids` when the batch has them: VE-KD, and across
+    tokenizers with its own `teacher_attention_mask`), computed in inference mode unless `grad`."""
+    inputs = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"]),
+              "attention_mask": batch.get("teacher_attention_mask", batch["attention_mask"])}
     if grad:
         return extract_features(model, inputs, request, positions)
     with torch.inference_mode():
@@ -72,14 +73,35 @@ def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequ
 
 def classifier_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions = None,
                        grad: bool = False) -> Features:
-    """A fine-tuned teacher's logits and the [CLS] states of the requested layers (`request.hidden`); the teacher
-    must read the student's tokens."""
+    """A fine-tuned teacher's logits and the [CLS] states of the requested layers (`request.hidden`). The teacher
+    reads the student's tokens, or its own tokens of the same text when the batch carries them (`teacher_input_ids`
+    ...: across tokenizers); a token task's logits are then read at each word's first teacher token and placed at
+    the student's tokens of that word (`teacher_word_index`), so they pair with the student's position by position."""
     from biodistil.teachers.task_cache import forward_teacher  # tests count the teacher's passes there
 
     with torch.set_grad_enabled(grad):
-        logits, states = forward_teacher(model, model_inputs(model, batch), bool(request.hidden))
+        logits, states = forward_teacher(model, model_inputs(model, teacher_batch(batch)), bool(request.hidden))
+        if "teacher_word_index" in batch:
+            logits = at_student_tokens(logits, batch["teacher_word_index"])
     hidden = {layer: states[layer] for layer in sorted(request.hidden)} if states else {}
     return classifier_features(logits, hidden, len(states) - 1 if states else 0)
+
+
+def teacher_batch(batch: Batch) -> Batch:
+    """The model inputs the teacher reads: its own (`teacher_input_ids`, `teacher_attention_mask`,
+    `teacher_token_type_ids`) when the batch carries them, else the student's."""
+    if "teacher_input_ids" not in batch:
+        return batch
+    return {key: batch[f"teacher_{key}"] for key in ("input_ids", "attention_mask", "token_type_ids")
+            if f"teacher_{key}" in batch}
+
+
+def at_student_tokens(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Teacher token logits [B, L_T, C] → [B, L_S, C]: row (b, p) is the teacher's logits at position index[b, p]
+    (the first teacher token of the word of student token p), zeros where index is −1."""
+    known = index >= 0
+    gathered = logits.gather(1, index.clamp_min(0)[..., None].expand(-1, -1, logits.size(-1)))
+    return gathered * known[..., None].to(gathered.dtype)
 
 
 class OnlineTeacher:

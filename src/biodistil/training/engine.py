@@ -46,6 +46,7 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import compile_models
+from biodistil.training.hardware import resolve_precision
 from biodistil.training.sampling import length_grouped_order
 
 Batch = dict[str, torch.Tensor]
@@ -95,10 +96,16 @@ class Selection:
         return best is None or (value > best if self.mode == "max" else value < best)
 
 
+_announced: dict[str, str] = {}  # the precision this process last said it trains in
+
+
 def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False) -> Accelerator:
-    """An Accelerator with the recipe's precision ('auto' = bf16 on GPUs that have it, else full precision)."""
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    """An Accelerator with the recipe's precision ('auto': bf16 autocast where the hardware computes bf16 natively,
+    `training.hardware.resolve_precision`; said once per process when it changes)."""
+    precision, why = resolve_precision(precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if precision != _announced.get("precision") and os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"Training precision: {why}", flush=True)
+    _announced["precision"] = precision
     if precision == "fp16" and not torch.cuda.is_available():
         raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
     _allow_precision(precision)
@@ -210,7 +217,8 @@ class Engine:
             self._restore_best(module)
         acc.wait_for_everyone()
         if acc.is_main_process and self.cfg.tensorboard:
-            acc.end_training()
+            for tracker in acc.trackers:  # not `end_training`: it destroys the process group, still needed after fit
+                tracker.finish()
         seconds = time.perf_counter() - started
         tokens = self.state.tokens_seen - tokens_at_start
         return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),

@@ -18,6 +18,7 @@ from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder
 from biodistil.training.checkpoint import latest_checkpoint
+from biodistil.training.hardware import precision_note
 from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
@@ -87,6 +88,8 @@ class RunFolder:
 
         lines = [f"# {title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|"]
         rows = {**rows, "CPU threads": torch.get_num_threads()}
+        if precision_note() is not None:
+            rows["training precision"] = precision_note()
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]
@@ -178,7 +181,8 @@ def single_process(command: str) -> None:
         raise BiodistilError(
             f"{command} runs in one process, but was started as {processes} (accelerate launch / torchrun): each "
             f"process would repeat every job and write the same files. Run `biodistil {command} ...` directly; "
-            "distill, pretrain and kd are the commands that train across processes")
+            "pretrain, distill, cache-teacher, kd and finetune train across processes, and evaluate and study share "
+            "their runs out over them")
 
 
 def make_folder(path: Path, setting: str) -> None:
