@@ -3,6 +3,7 @@ process running stages under different precisions (a pipeline, a study)."""
 
 import json
 
+import pytest
 import torch
 from kd_fixtures import kd_recipe
 from safetensors.torch import load_file
@@ -58,27 +59,18 @@ def test_task_kd_under_bf16_autocast_learns(kd_models, pair_task, tmp_path, fres
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], "the loss falls under bf16"
 
 
-def test_train_compile_trains_the_same_model_names_and_falls_back_without_a_compiler(tmp_path, teacher_dir,
-                                                                                      corpus_file, monkeypatch,
-                                                                                      capsys):
+@pytest.mark.parametrize("compiler", [True, False], ids=["with-a-compiler", "without"])
+def test_train_compile_trains_in_place_or_says_it_cannot(compiler, tmp_path, teacher_dir, corpus_file, monkeypatch,
+                                                         capsys):
     from biodistil.training import compiling
 
-    settings = _distill_settings(tmp_path, teacher_dir, corpus_file, [{"loss": "mlm"}, {"loss": "hidden_cosine"}],
-                                 compile=True)
-    monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
-    model_dir = run_distill(settings)
-    assert "no C++ compiler found" in capsys.readouterr().out
-    losses = _train_losses(tmp_path / "run")
-    assert losses[-1] < losses[0]
-    names = set(load_file(str(model_dir / "model.safetensors")))
-    assert names and not any("_orig_mod" in name for name in names), "compiling in place keeps the weights' names"
-
-
-def test_train_compile_compiles_the_student_in_place(tmp_path, teacher_dir, corpus_file, capsys):
+    if not compiler:
+        monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
     settings = _distill_settings(tmp_path, teacher_dir, corpus_file, [{"loss": "mlm"}, {"loss": "hidden_cosine"}],
                                  compile=True)
     model_dir = run_distill(settings)
-    assert "compiled the encoders of BertForMaskedLM, BertForMaskedLM" in capsys.readouterr().out
+    said = "compiled the encoders of BertForMaskedLM, BertForMaskedLM" if compiler else "no C++ compiler found"
+    assert said in capsys.readouterr().out
     losses = _train_losses(tmp_path / "run")
     assert losses[-1] < losses[0]
     names = set(load_file(str(model_dir / "model.safetensors")))
