@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
@@ -91,7 +92,7 @@ def pack_blocks(lines: Iterator[str], tokenizer: PreTrainedTokenizerBase, block_
     """Yield {"input_ids": [...]} blocks of exactly `block_size` tokens (the last one may be shorter), in one
     process (the corpus cache builds the same blocks with every core it may use: `build_block_dataset`)."""
     encoder = _LineEncoder(tokenizer.backend_tokenizer.to_str(), _frame_ids(tokenizer)[1])
-    chunks = (encoder(batch) for batch in _batches(lines, LINES_PER_CHUNK))
+    chunks = (encoder(batch) for batch in batched(lines, LINES_PER_CHUNK))
     for blocks in pack_arrays(chunks, *_frame_ids(tokenizer), block_size):
         yield from ({"input_ids": row.tolist()} for row in blocks)
 
@@ -212,9 +213,10 @@ def _framed(rows: np.ndarray, cls_id: int, sep_id: int) -> np.ndarray:
     return framed
 
 
-def _batches(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for line in lines:
+def batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of `size` items (the last one shorter)."""
+    batch: list[Any] = []
+    for line in items:
         batch.append(line)
         if len(batch) == size:
             yield batch
@@ -380,7 +382,7 @@ def _token_arrays(files: list[Path], max_lines: int | None, encoder: _LineEncode
         if max_lines is None:
             yield (encoder(_range_lines(item)) for item in ranges)
         else:
-            yield map(encoder, _batches(iter_lines(files, max_lines), LINES_PER_CHUNK))
+            yield map(encoder, batched(iter_lines(files, max_lines), LINES_PER_CHUNK))
     finally:
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)

@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from biodistil.config import CorpusConfig
 from biodistil.data.corpus import (
     LINES_PER_CHUNK,
+    batched,
     corpus_fingerprint,
     default_cache_dir,
     iter_lines,
@@ -55,7 +56,7 @@ def pack_texts(lines: Iterator[str], tokenizer: PreTrainedTokenizerBase, block_s
     backend = _plain_backend(tokenizer)
     current: list[str] = []
     used = 0
-    for chunk in _chunks(lines, LINES_PER_CHUNK):
+    for chunk in batched(lines, LINES_PER_CHUNK):
         encodings = iter(backend.encode_batch([line for line in chunk if line], add_special_tokens=False))
         for line in chunk:
             if not line:
@@ -104,17 +105,6 @@ def _joined(lines: list[str]) -> Iterator[str]:
         yield " ".join(lines)
 
 
-def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 # ------------------------------------------------------------------------------------------ the cache
 def build_text_dataset(files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
                        max_lines: int | None = None, cache_dir: str | Path | None = None) -> datasets.Dataset:
@@ -145,7 +135,7 @@ def _write_texts(folder: Path, files: list[Path], tokenizer: PreTrainedTokenizer
     blocks = 0
     digest = hashlib.sha256()
     with pa.OSFile(str(folder / TEXTS_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for chunk in _chunks(pack_texts(iter_lines(files, max_lines), tokenizer, block_size), RECORDS_PER_BATCH):
+        for chunk in batched(pack_texts(iter_lines(files, max_lines), tokenizer, block_size), RECORDS_PER_BATCH):
             writer.write_batch(pa.record_batch([pa.array(chunk, pa.large_string())], schema=schema))
             blocks += len(chunk)
             digest.update("\n".join(chunk).encode())

@@ -63,8 +63,11 @@ def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:
     if setting != "auto":
         resolved = setting, f"{_PRECISION_NAMES.get(setting, setting)} (train.precision)"
     else:
-        fast, why = (bf16_fast(device), f"GPU {'with' if bf16_fast(device) else 'without'} bf16") \
-            if device.type == "cuda" else cpu_bf16_fast()
+        if device.type == "cuda":
+            fast = bf16_fast(device)
+            why = f"GPU {'with' if fast else 'without'} bf16"
+        else:
+            fast, why = cpu_bf16_fast()
         resolved = ("bf16" if fast else "no"), f"{_PRECISION_NAMES['bf16' if fast else 'no']} (auto: {why})"
     _last["precision"] = resolved[1]
     return resolved
