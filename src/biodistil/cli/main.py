@@ -148,9 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         print(f"Interrupted; continue with: {continue_advice(args, argv)}", file=sys.stderr)
         return 143 if "SIGTERM" in str(err) else 130
+    finally:
+        _leave_process_group()
     if result is not None and _main_process():
         print(result)
     return 0
+
+
+def _leave_process_group() -> None:
+    """Close a DDP launch's process group before the interpreter exits: left to the exit, gloo's threads can abort a
+    process ("terminate called without an active exception") after the command has finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _main_process() -> bool:
