@@ -43,12 +43,12 @@ def write_pair_task(folder: Path, sizes: dict[str, int] | None = None, seed: int
     return spec
 
 
-def write_token_task(folder: Path, seed: int = 0) -> Path:
+def write_token_task(folder: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
     """A tiny NER task (BioBERT TSV): POSITIVE words are entities (B, and I when two follow each other)."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    for split, size in {"train": 24, "test": 12}.items():
+    for split, size in (sizes or {"train": 24, "test": 12}).items():
         lines = []
         for _ in range(size):
             previous = "O"

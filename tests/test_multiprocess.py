@@ -14,6 +14,7 @@ import pytest
 from kd_fixtures import no_dropout_copy, write_pair_task, write_token_task
 from numerics import free_port
 from recipe_fixtures import RECIPES
+from safetensors.torch import load_file
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TIMING = ("wall_seconds", "seconds", "tokens_per_second")  # what differs between two runs of the same work
@@ -51,23 +52,29 @@ def fine_tuned(output: str) -> Counter:
 @pytest.mark.slow
 def test_finetune_trains_together_under_two_processes_as_one_process_at_the_same_global_batch(tmp_path, teacher_dir):
     model = no_dropout_copy(teacher_dir, tmp_path / "model")  # dropout masks are drawn per process
-    task = write_pair_task(tmp_path / "task")
+    # NER: the tiny model learns it in 16 steps, and entity F1 counts whole tags, which the last bits of float32
+    # cannot flip (AUROC on a barely trained pair classifier could: its scores differed by 1e-5 between examples)
+    task = write_token_task(tmp_path / "task", sizes={"train": 32, "dev": 12, "test": 12})
     argv = ["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={model}", f"task.name={task}",
-            "finetune.epochs=2", "finetune.patience=null", "train.learning_rate=3e-3", "train.eval_every=2",
+            "finetune.epochs=4", "finetune.patience=null", "train.learning_rate=1e-2", "train.eval_every=2",
             "train.log_every=1", "train.progress_bar=false", "train.tensorboard=true",
             "train.precision=no"]  # float32: bf16 autocast rounds batches of 4 and of 8 differently
     run_biodistil([*argv, "train.batch_size=8", "--out", "one"], tmp_path, processes=1)
     two = run_biodistil([*argv, "train.batch_size=4", "--out", "two"], tmp_path, processes=2)
     one, both = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
-    assert both["train"]["steps"] == one["train"]["steps"] == 12 and both["train"]["best_step"] == \
-        one["train"]["best_step"]
+    assert both["train"]["steps"] == one["train"]["steps"] == 16
+    assert both["train"]["best_step"] == one["train"]["best_step"] > 2, "dev selection, the same in both"
+    assert one["dev"]["f1"] > 0.3 and one["test"]["f1"] > 0.3, ("the model learnt the task", one)
     for split in ("dev", "test", "init"):
-        assert set(both[split]) == set(one[split]) == {"accuracy", "auroc"}
+        assert set(both[split]) == set(one[split]) and "f1" in one[split]
         assert all(abs(both[split][key] - one[split][key]) <= 1e-3 for key in one[split]), (split, one, both)
+    weights = [load_file(tmp_path / name / "model" / "model.safetensors") for name in ("one", "two")]
+    assert weights[0].keys() == weights[1].keys()
+    assert max((weights[0][key] - weights[1][key]).abs().max().item() for key in weights[0]) < 1e-5
     # one process wrote the run folder: one record per step, the model and the report once
     records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, 13))
-    assert [r["step"] for r in records if r["split"] == "eval"] == [2, 4, 6, 8, 10, 12]
+    assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, 17))
+    assert [r["step"] for r in records if r["split"] == "eval"] == list(range(2, 17, 2))
     assert sorted(p.name for p in (tmp_path / "two" / "model").iterdir()) == sorted(
         p.name for p in (tmp_path / "one" / "model").iterdir())
     assert two.stdout.count("two/model") == 1, "the main process alone prints the result"

@@ -32,18 +32,51 @@ def collate(items):
 def config(**overrides) -> TrainConfig:
     base = {"max_steps": 8, "batch_size": 8, "learning_rate": 0.05, "warmup_steps": 0, "schedule": "constant",
             "weight_decay": 0.0, "eval_every": 0, "save_every": 0, "tensorboard": False, "progress_bar": False,
-            "max_grad_norm": None}
+            "max_grad_norm": None, "precision": "no"}  # float32: bf16 autocast rounds batches of 4 and 8 apart
     return TrainConfig(**{**base, **overrides})
 
 
 def test_accumulation_matches_one_large_batch(tmp_path):
-    # one optimizer step over the same 8 samples: one batch of 8, or two accumulated micro-batches of 4
+    # optimizer steps over the same 8 samples each: one batch of 8, or two accumulated micro-batches of 4 (3 steps:
+    # a first Adam step moves each weight by ±lr whatever the gradient's scale)
     one, two = Regression(), Regression()
-    data = toy_data(8)
-    Engine(config(max_steps=1, batch_size=8), tmp_path / "c", seed=5).fit(one, data, collate)
-    Engine(config(max_steps=1, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(two, data, collate)
+    data = toy_data(24)
+    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, data, collate)
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(two, data, collate)
     assert not torch.equal(one.linear.weight, Regression().linear.weight), "the step changed the weights"
     assert torch.allclose(one.linear.weight, two.linear.weight, atol=1e-6)
+
+
+class MaskedRegression(Regression):
+    """A loss that is a mean over a varying number of items per batch (like a token task's labelled tokens)."""
+
+    def forward(self, batch):
+        errors = (self.linear(batch["x"]).squeeze(-1) - batch["y"]) ** 2
+        loss = (errors * batch["keep"]).sum() / batch["keep"].sum()
+        return loss, {}
+
+    def loss_items(self, batch):
+        return int(batch["keep"].sum())
+
+
+def test_accumulation_weighs_micro_batches_by_their_items_when_the_module_counts_them(tmp_path):
+    # samples hold 0 or 1 item: micro-batches of 4 hold different numbers of items, and a mean of their means would
+    # weigh a lone item as much as several; each step's loss must be the mean over its 8 samples' items, as in one
+    # batch (3 steps: a first Adam step moves each weight by ±lr whatever the gradient's scale)
+    data = [{**row, "keep": torch.tensor(float(i % 3 != 0))} for i, row in enumerate(toy_data(24))]
+    one, two = MaskedRegression(), MaskedRegression()
+    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, data, collate)
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(two, data, collate)
+    assert not torch.equal(one.linear.weight, Regression().linear.weight), "the step changed the weights"
+    assert torch.allclose(one.linear.weight, two.linear.weight, atol=1e-6)
+    mean_of_means = MeanOfMeans()
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "e", seed=5).fit(mean_of_means, data,
+                                                                                                 collate)
+    assert (mean_of_means.linear.weight - one.linear.weight).abs().max() > 1e-3
+
+
+class MeanOfMeans(MaskedRegression):
+    loss_items = None  # the engine's default: each micro-batch weighs 1 / grad_accumulation
 
 
 def test_selection_restores_best_weights_and_stops_early(tmp_path):

@@ -10,7 +10,8 @@ Under several processes (`accelerate launch` / `torchrun`: DDP through the engin
 every global batch of `train.batch_size` × `train.grad_accumulation` × processes examples; dev selection and the
 final scores are computed once, on the main process, and handed to the others (`training.processes`). The same
 global batch gives the same run as one process, up to float rounding, when the model has no dropout (dropout masks
-are drawn per process) and the loss is a mean over examples (token tasks average over each process's tokens).
+are drawn per process): a token task's loss is the mean over the labelled tokens of the whole global batch
+(`ClassifierModule.loss_items`, weighed by the engine), not a mean of each process's means.
 """
 
 from dataclasses import dataclass, field
@@ -44,6 +45,11 @@ class ClassifierModule(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.model(**model_inputs(self.model, batch, keep=("labels",))).loss, {}
+
+    def loss_items(self, batch: dict[str, torch.Tensor]) -> int:
+        """What the loss averages over: labelled tokens (labels other than -100) in a token task, else examples."""
+        labels = batch["labels"]
+        return int((labels != -100).sum()) if labels.dtype == torch.long and labels.dim() == 2 else len(labels)
 
 
 def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:

@@ -161,6 +161,7 @@ class Engine:
         acc = self.accelerator
         self._check_data(train_data)
         self.pre_step = pre_step
+        self.loss_items = getattr(module, "loss_items", None)
         optimizer = self._optimizer(module, _parameter_ids(pre_step.optimizer) if pre_step else set())
         scheduler = get_scheduler(
             self.cfg.schedule if self.cfg.schedule != "constant" else "constant_with_warmup",
@@ -304,14 +305,14 @@ class Engine:
         micro_batches, tokens = zip(*(next(batches) for _ in range(self.cfg.grad_accumulation)), strict=True)
         if self.pre_step is not None:
             sums.update(self.pre_step(model, list(micro_batches), self.state.step))
-        for micro, batch in enumerate(micro_batches):
+        for micro, (batch, weight) in enumerate(zip(micro_batches, self._loss_weights(micro_batches), strict=True)):
             last = micro == self.cfg.grad_accumulation - 1
             with acc.no_sync(model) if not last and acc.num_processes > 1 else nullcontext():
                 with acc.autocast():
                     loss, logs = model(batch)
-                acc.backward(loss / self.cfg.grad_accumulation)
+                acc.backward(loss * weight)
             for key, value in {"loss": loss, **logs}.items():
-                share = value.detach().float() / self.cfg.grad_accumulation
+                share = value.detach().float() * weight
                 sums[key] = share if key not in sums else sums[key] + share
             self.state.micro_step += 1
         self.state.tokens_seen += sum(tokens) * acc.num_processes
@@ -325,6 +326,21 @@ class Engine:
         self.state.step += 1
         sums["_step"] = self.state.step  # which step a non-finite loss belongs to (see `_window_means`)
         return sums
+
+    def _loss_weights(self, micro_batches: Sequence[Batch]) -> list[float]:
+        """Each micro-batch's weight in the step's loss. By default `1 / grad_accumulation`: the step's loss is the
+        mean of its micro-batches' losses, and DDP averages it over processes. A module whose loss is a mean over a
+        varying number of items (the labelled tokens of a token task) says how many a batch has (`loss_items(batch)`);
+        each micro-batch then weighs its share of the items of the whole step on every process (× processes, which
+        DDP's average divides out), so the step's loss is the mean over the global batch's items however it is split
+        across processes and micro-batches — as Hugging Face's `Trainer` does with `num_items_in_batch`."""
+        if self.loss_items is None:
+            return [1 / self.cfg.grad_accumulation] * len(micro_batches)
+        acc = self.accelerator
+        counts = [float(self.loss_items(batch)) for batch in micro_batches]
+        total = float(acc.reduce(torch.tensor(sum(counts), device=acc.device), reduction="sum")) \
+            if acc.num_processes > 1 else sum(counts)
+        return [count * acc.num_processes / max(total, 1.0) for count in counts]
 
     def _batches(self, data: Dataset, collate: Collate, prepare: PrepareBatch) -> Iterator[tuple[Batch, int]]:
         """Endless stream of this process's prepared batches (on the device) and their token counts, starting at
