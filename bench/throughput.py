@@ -19,7 +19,9 @@ median over the rounds, and a mode's ratio to plain MLM the median over the roun
 MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
 Peak memory: the largest resident set size sampled (every millisecond) during each mode's steps; with --only MODE
 the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to compare with another
-program's. Weights are random: speed does not depend on them. It also prints the CPU's model and the flags that decide
+program's; a cache mode then has its cache built by a child process first, as a run finds it built after
+`biodistil cache-teacher` (the build's own peak, the teacher's logits over whole batches, is not the training's).
+Weights are random: speed does not depend on them. It also prints the CPU's model and the flags that decide
 the dtypes (the teacher's: `teacher.dtype: auto`, said with its reason), the student's precision and compile setting,
 each mode's estimated GFLOP/s (`flops_per_token`) and the machine's own ceiling: a 2048² float32 and bfloat16 matmul
 measured in the same process. The last line is JSON.
@@ -32,6 +34,7 @@ measured in the same process. The last line is JSON.
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -53,6 +56,7 @@ from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, Ma
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 from biodistil.training.provenance import cpu_line
 
+MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
 
 
@@ -124,17 +128,49 @@ def objective_config(positions: str | None) -> ObjectiveConfig:
                                                    TermConfig(loss="hidden_cosine")])
 
 
-def build_teacher_cache(folder: Path, teacher, blocks, vocab, masking, args, logits: str) -> CacheReader:
+def bench_teacher(args) -> BertForMaskedLM:
+    """The random teacher of every mode (the same weights in every process: seeded)."""
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                                      num_hidden_layers=args.teacher_layers, num_attention_heads=args.heads,
+                                      intermediate_size=4 * args.hidden,
+                                      max_position_embeddings=max(512, args.seq)))
+
+
+def teacher_cache(folder: Path, args, logits: str, dtype: torch.dtype, blocks: int) -> Cache:
     spec = CacheSpec(
-        teacher="bench", teacher_dtype=str(next(teacher.parameters()).dtype).removeprefix("torch."),
-        teacher_layers=args.teacher_layers,
-        width=args.hidden, tokenizer="bench", corpus="bench", block_size=args.seq, masking=masking.model_dump(),
+        teacher="bench", teacher_dtype=str(dtype).removeprefix("torch."), teacher_layers=args.teacher_layers,
+        width=args.hidden, tokenizer="bench", corpus="bench", block_size=args.seq, masking=MASKING.model_dump(),
         top_k=args.top_k if logits == "top_k" else 0, tail_samples=args.tail_samples if logits == "top_k" else 0,
-        temperature=2.0, hidden_layers=(args.teacher_layers,), logits=logits, shard_blocks=256, blocks=len(blocks),
+        temperature=2.0, hidden_layers=(args.teacher_layers,), logits=logits, shard_blocks=256, blocks=blocks,
     )
-    cache = Cache(folder, spec)
-    build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, masking, [0], args.batch, 0, progress=False)
-    return CacheReader(cache, [0])
+    return Cache(folder, spec)
+
+
+def build_teacher_cache(folder: Path, args, logits: str) -> None:
+    """Run the teacher over every block once and store what `logits` asks for (the cache a run finds built)."""
+    device = torch.device(args.device)
+    dtype = teacher_dtype(args.teacher_dtype, device)
+    teacher = bench_teacher(args).to(device, dtype=dtype).eval()
+    blocks, vocab = blocks_and_vocab(args)
+    cache = teacher_cache(folder, args, logits, dtype, len(blocks))
+    build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, MASKING, [0], args.batch, 0, progress=False)
+
+
+def cached_signal(folder: Path, args, logits: str, teacher, dtype: torch.dtype, blocks: int,
+                  separate: bool) -> CachedTeacher:
+    """The cached teacher of a cache mode; with `separate` the cache is built by a child process, so that this
+    process's peak memory is that of a run which finds its cache built (as `distill` does after `cache-teacher`)."""
+    if separate:
+        child = multiprocessing.get_context("spawn").Process(target=build_teacher_cache, args=(folder, args, logits))
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise SystemExit(f"building the teacher cache failed (exit code {child.exitcode})")
+    else:
+        build_teacher_cache(folder, args, logits)
+    reader = CacheReader(teacher_cache(folder, args, logits, dtype, blocks), [0])
+    return CachedTeacher(MaskedLMOutputs(reader, teacher if logits == "head" else None))
 
 
 HEAD_ROWS = {"mlm": 0.15, "mlm-fp32": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15,
@@ -195,18 +231,13 @@ def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, re
 
 def main() -> None:
     args = parse()
-    torch.manual_seed(0)
     device = torch.device(args.device)
-    config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.teacher_layers,
-                        num_attention_heads=args.heads, intermediate_size=4 * args.hidden,
-                        max_position_embeddings=max(512, args.seq))
-    teacher = BertForMaskedLM(config)
+    teacher = bench_teacher(args)
     student = student_from_teacher_layers(teacher).to(device)
     dtype = teacher_dtype(args.teacher_dtype, device)
     teacher.to(device, dtype=dtype).eval()
     blocks, vocab = blocks_and_vocab(args)
-    masking = MaskingConfig(duplication=1)
-    masked = StaticMaskedBlocks(blocks, vocab, masking)
+    masked = StaticMaskedBlocks(blocks, vocab, MASKING)
     collate = lambda items: collate_masked_blocks(items, pad_id=0)  # noqa: E731
     modes = [args.only] if args.only else list(MODES)
     if args.student_precision == "bf16" and not args.only:
@@ -218,9 +249,9 @@ def main() -> None:
     data = {mode: (masked, collate) for mode in signals}
     for mode, logits in (("cache-head", "head"), ("cache-top-k", "top_k")):
         if mode in modes:
-            reader = build_teacher_cache(Path(workdir.name), teacher, blocks, vocab, masking, args, logits)
-            cached = CachedTeacher(MaskedLMOutputs(reader, teacher if logits == "head" else None))
-            signals[mode], data[mode] = cached, cached.data(masked, collate)
+            folder = Path(workdir.name) / logits
+            signals[mode] = cached_signal(folder, args, logits, teacher, dtype, len(blocks), args.only is not None)
+            data[mode] = signals[mode].data(masked, collate)
     if args.only == "cache-head":
         head_only(teacher)  # the rest of the teacher leaves memory
     elif args.only == "cache-top-k":

@@ -4,10 +4,10 @@
     python docs/results/tables.py meta-kd    # one
     python docs/results/tables.py --write    # replace the marked tables of docs/results.md
 
-Each record is what its study recipe wrote: `task-agnostic.json` is the `pipeline.json` of
-recipes/studies/task-agnostic.yaml, `transfer-data.json` and `meta-kd.json` the `summary.json` of
-recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is called a finding only when
-it exceeds twice the larger of their seed standard deviations (and both have at least two seeds).
+Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
+of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json` and `meta-kd.json` the
+`summary.json` of recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is called a
+finding only when it exceeds twice the larger of their seed standard deviations (and both have at least two seeds).
 """
 
 from __future__ import annotations
@@ -62,13 +62,30 @@ def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
 
 
 def task_agnostic_tables(record: dict[str, Any]) -> str:
+    return pipeline_tables(record, [("distilbert", "layers-only"), ("tinybert", "layers-only"),
+                                    ("minilmv2", "random-init"), ("layers-only", "random-init"),
+                                    ("distilbert", "tinybert")])
+
+
+def cross_tokenizer_tables(record: dict[str, Any]) -> str:
+    return pipeline_tables(record, [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"),
+                                    ("cross-mlm", "same-layers"), ("same-distil", "same-layers"),
+                                    ("cross-distil", "same-layers")], teacher=None)
+
+
+def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], teacher: str | None = "") -> str:
+    """The tables of a pipeline that distils students and then evaluates them: scores per model and task (with each
+    model's share of `teacher`'s macro average; "" = the evaluation's reference model, None = no such column), seed
+    by seed, AUROC where the tasks have it, wall time and the `comparisons` of macro averages with their verdicts."""
     stages = {stage["name"]: stage for stage in record["stages"]}
     results = next(stage["results"] for stage in record["stages"] if stage["command"] == "evaluate")
     tasks = [task["name"] for task in results["tasks"]]
     summary = results["summary"]
-    teacher = results["reference"]
-    lines = ["| model | start | distillation | " + " | ".join(TASK_TITLES.get(t, t) for t in tasks)
-             + " | macro average | share of teacher |", "|---" * (len(tasks) + 5) + "|"]
+    teacher = results["reference"] if teacher == "" else teacher
+    share = [] if teacher is None else ["share of teacher"]
+    lines = ["| model | start | distillation | " + " | ".join([*(TASK_TITLES.get(t, t) for t in tasks),
+                                                                  "macro average", *share]) + " |",
+             "|---" * (len(tasks) + 4 + len(share)) + "|"]
     macro = {label: statistics.fmean(summary[label][t]["mean"] for t in tasks) for label in summary}
     for model in results["models"]:
         label = model["label"]
@@ -79,7 +96,7 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
             cells.append(pm(entry["mean"], entry["std"]) + flag)
         stage = stages.get(label)
         cells = [_start(label, stage), _distillation(stage), *cells, f"{100 * macro[label]:.1f}",
-                 f"{100 * macro[label] / macro[teacher]:.1f}%"]
+                 *([] if teacher is None else [f"{100 * macro[label] / macro[teacher]:.1f}%"])]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Seed by seed (headline score ×100):", "", "| model | " + " | ".join(
         TASK_TITLES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
@@ -102,8 +119,7 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
               "| comparison | difference | verdict |", "|---|---|---|"]
     per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
                         for s in summary[label][tasks[0]]["seeds"]] for label in summary}
-    for first, second in [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
-                          ("layers-only", "random-init"), ("distilbert", "tinybert")]:
+    for first, second in comparisons:
         if first in per_seed and second in per_seed:
             gain, verdict = compare(per_seed[first], per_seed[second])
             lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
@@ -112,16 +128,22 @@ def task_agnostic_tables(record: dict[str, Any]) -> str:
 
 def _start(label: str, stage: dict[str, Any] | None) -> str:
     if stage is None:
-        return {"layers-only": "teacher layers 0, 2, 4", "random-init": "random"}.get(label, "pre-trained")
+        return {"layers-only": "teacher layers 0, 2, 4", "same-layers": "teacher layers 0, 2, 4",
+                "random-init": "random"}.get(label, "pre-trained")
     student = stage["config"]["student"]
-    return "random" if student["init"] == "architecture" else f"teacher layers {', '.join(map(str, student['layers']))}"
+    start = "random" if student["init"] == "architecture" else \
+        f"teacher layers {', '.join(map(str, student['layers']))}"
+    own = student.get("tokenizer")
+    if own is not None:
+        start += f", a {'un' if own['lowercase'] else ''}cased vocabulary of {own['vocab_size']:,} from the corpus"
+    return start
 
 
 def _distillation(stage: dict[str, Any] | None) -> str:
     if stage is None:
         return "none"
     result, config = stage["summary"]["result"], stage["config"]
-    tokens = result["steps"] * config["train"]["batch_size"] * config["data"]["block_size"]
+    tokens = result.get("tokens_seen") or result["steps"] * config["train"]["batch_size"] * config["data"]["block_size"]
     terms = " + ".join(term["loss"] for term in config["objective"]["terms"])
     return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {result['seconds'] / 60:.1f} min"
 
@@ -218,7 +240,8 @@ def _wall_time(summary: dict[str, Any]) -> str:
             f"{summary['machine']['torch_threads']} torch thread(s).")
 
 
-STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables}
+STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
+           "cross-tokenizer": cross_tokenizer_tables}
 
 
 def block(name: str) -> str:
