@@ -23,8 +23,10 @@ program's; a cache mode then has its cache built by a child process first, as a 
 `biodistil cache-teacher` (the build's own peak, the teacher's logits over whole batches, is not the training's).
 Weights are random: speed does not depend on them. It also prints the CPU's model and the flags that decide
 the dtypes (the teacher's: `teacher.dtype: auto`, said with its reason), the student's precision and compile setting,
-each mode's estimated GFLOP/s (`flops_per_token`) and the machine's own ceiling: a 2048² float32 and bfloat16 matmul
-measured in the same process. The last line is JSON.
+each mode's estimated GFLOP/s (`flops_per_token`) and its FLOP bound (the ratio to plain MLM it would have at plain
+MLM's FLOP/s: above it, a mode computes its extra work more efficiently than the student's own step), the median
+milliseconds of each phase of its step (reading and collating the batch, forward, backward, optimizer) and the
+machine's own ceiling: a 2048² float32 and bfloat16 matmul measured in the same process. The last line is JSON.
 
     --student-precision bf16   every mode's student step under bf16 autocast (`train.precision: bf16`), plus the
                                mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up;
@@ -41,6 +43,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -81,6 +84,20 @@ def parse() -> argparse.Namespace:
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")
     return parser.parse_args()
+
+
+class PhaseClock:
+    """Wall time of the phases of one step (data, forward, backward, optimizer), appended to `record` per phase."""
+
+    def __init__(self, record: dict[str, list[float]], device: torch.device):
+        self.record, self.device, self.last = record, device, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.record[phase].append(now - self.last)
+        self.last = now
 
 
 class PeakRSS:
@@ -265,17 +282,24 @@ def main() -> None:
         optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
         modules[mode] = (module, optimizer)
 
+    phases: dict[str, dict[str, list[float]]] = {mode: defaultdict(list) for mode in modes}
+
     def step(mode: str, index: int) -> int:
         module, optimizer = modules[mode]
         dataset, collate_fn = data[mode]
+        clock = PhaseClock(phases[mode], device)
         batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
         batch = {key: value.to(device) for key, value in batch.items()}
+        clock.lap("data")
         bf16 = args.student_precision == "bf16" and mode != "mlm-fp32"
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module(batch)
+        clock.lap("forward")
         loss.backward()
+        clock.lap("backward")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        clock.lap("optimizer")
         return int(batch["attention_mask"].sum())
 
     sampler = PeakRSS()
@@ -301,6 +325,9 @@ def main() -> None:
                 rates[mode].append(tokens / seconds)
                 peaks[mode] = max(peaks[mode], peak)
 
+    measured = slice(args.warmup, args.warmup + args.repeats)
+    phase_ms = {mode: {phase: round(1000 * statistics.median(times[measured]), 1) for phase, times in laps.items()}
+                for mode, laps in phases.items()}
     if args.profile:
         profile_modes(modes, step, args.warmup + args.repeats, args.profile)
     tokens_per_s = {mode: statistics.median(values) for mode, values in rates.items()}
@@ -321,11 +348,15 @@ def main() -> None:
         result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     flops = {mode: flops_per_token(mode, student.config, teacher.config, args.seq) for mode in modes}
     result["gflops"] = {mode: round(tokens_per_s[mode] * sum(flops[mode].values()) / 1e9, 1) for mode in modes}
+    result["flop_bound_ratio"] = {  # the ratio to plain MLM if every mode ran at plain MLM's FLOP/s
+        mode: round(sum(flops["mlm"].values()) / sum(flops[mode].values()), 3) for mode in modes} \
+        if "mlm" in flops else {}
     result["ceiling_gflops"] = {"float32": round(matmul_gflops(torch.float32, device), 1),
                                 "bfloat16": round(matmul_gflops(torch.bfloat16, device), 1)}
     result["cpu"] = cpu_line() if device.type == "cpu" else str(device)
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
     result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
+    result["phase_ms"] = phase_ms
     result["compile"] = f"on (warm-up rounds with the compile: {warmup_seconds:.0f} s)" if args.compile else "off"
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
@@ -338,9 +369,11 @@ def main() -> None:
           f"(2048²): {result['ceiling_gflops']['float32']:,.0f} GFLOP/s float32, "
           f"{result['ceiling_gflops']['bfloat16']:,.0f} GFLOP/s bfloat16")
     for mode in modes:
-        ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm" if "ratio_to_mlm" in result else ""
+        ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm (FLOP bound {result['flop_bound_ratio'][mode]:.2f})" \
+            if "ratio_to_mlm" in result else ""
         print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}"
-              f"  ~{result['gflops'][mode]:,.0f} GFLOP/s")
+              f"  ~{result['gflops'][mode]:,.0f} GFLOP/s  ms: " + ", ".join(
+                  f"{phase} {ms:,.1f}" for phase, ms in phase_ms[mode].items()))
     if "bf16_speedup" in result:
         print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
     print(json.dumps(result))

@@ -124,6 +124,30 @@ def test_linear_soft_kl_equals_the_kl_of_the_formed_logits_and_its_gradients(mon
         assert torch.allclose(got.grad, want.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_linear_soft_kl_under_bf16_autocast_runs_its_matmuls_in_bf16_and_keeps_the_gradients(monkeypatch):
+    import biodistil.losses.distillation as distillation
+
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 14)  # 2 rows of 7 logits per chunk, 3 chunks
+    monkeypatch.setattr(distillation, "GRAD_WEIGHT_GROUP_ELEMENTS", 28)  # 2 chunks per weight-gradient group
+    generator = torch.Generator().manual_seed(3)
+    inputs, weight, bias = (torch.randn(shape, generator=generator) for shape in ((5, 4), (7, 4), (7,)))
+    teacher = torch.randn(5, 7, generator=generator)
+
+    def gradients(autocast: bool) -> list[torch.Tensor]:
+        leaves = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = linear_soft_kl_loss(*leaves, teacher, temperature=2.0)
+        loss.backward()
+        return [loss.detach(), *(leaf.grad for leaf in leaves)]
+
+    plain, low = gradients(False), gradients(True)
+    assert [g.dtype for g in low[1:]] == [torch.float32] * 3, "float32 gradients for float32 parameters"
+    for got, want in zip(low, plain, strict=True):  # bf16 keeps ~3 significant digits
+        assert torch.allclose(got, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())
+    assert max((got - want).abs().max().item() for got, want in zip(low[1:], plain[1:], strict=True)) > 1e-5, \
+        "the matmuls ran in bf16, not float32"
+
+
 def test_linear_soft_kl_leaves_frozen_parts_without_gradient():
     generator = torch.Generator().manual_seed(2)
     inputs = torch.randn(3, 4, generator=generator, requires_grad=True)

@@ -169,21 +169,77 @@ class _LinearSoftKL(_FusedKL):
         buffer = torch.empty((min(step, rows), vocab), dtype=torch.float32, device=inputs.device)
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
         scale = temperature / rows
+        matmul = _Matmuls(weight, bias, grad_weight, min(step, rows), scale)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
-            student = _scaled((x, weight, bias), slice(None), temperature)
+            student = matmul.logits(x, temperature)
             total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad)  # ∂L/∂z_S = scale·grad
-            if grad_inputs is not None:
-                torch.mm(grad, weight.float(), out=grad_inputs[chunk]).mul_(scale)
-            if grad_weight is not None:
-                grad_weight.addmm_(grad.t(), x.float(), alpha=scale)
+            if grad_inputs is not None or grad_weight is not None:
+                matmul.backward_rows(grad, x, None if grad_inputs is None else grad_inputs[chunk])
             if grad_bias is not None:
                 grad_bias.add_(grad.sum(0), alpha=scale)
+        matmul.flush()
         grads = tuple(None if grad is None else grad.to(tensor.dtype)
                       for grad, tensor in zip(grads, (inputs, weight, bias), strict=True))
         return _FusedKL._keep(ctx, grads, total, temperature, rows)
+
+
+# elements of the 16-bit gradient rows gathered before one matmul adds them to the weight's float32 gradient
+GRAD_WEIGHT_GROUP_ELEMENTS = 1 << 24
+
+
+class _Matmuls:
+    """The three matmuls of `linear_soft_kl_loss` per chunk of rows: the student's logits x·Wᵀ + b, the input
+    gradient G·W and the weight gradient Gᵀ·x. In float32, except under autocast (bf16 / fp16), where they run in its
+    16-bit dtype as autograd would run the unfused loss: W is cast once, not per chunk, and the gradient rows G of
+    several chunks are gathered in a 16-bit buffer (`GRAD_WEIGHT_GROUP_ELEMENTS`, whole chunks) that one matmul adds
+    to the float32 weight gradient (a [V, d] product per chunk would cost more to add than it saves)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, grad_weight: torch.Tensor | None,
+                 chunk_rows: int, scale: float):
+        device = weight.device.type
+        self.low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        self.weight = weight if self.low is None else weight.to(self.low)
+        self.bias, self.grad_weight, self.scale, self.filled = bias, grad_weight, scale, 0
+        if self.low is not None and grad_weight is not None:
+            group = chunk_rows * max(1, GRAD_WEIGHT_GROUP_ELEMENTS // (chunk_rows * weight.size(0)))
+            self.gathered = torch.empty((group, weight.size(0)), dtype=self.low, device=weight.device)
+            self.gathered_inputs = torch.empty((group, weight.size(1)), dtype=self.low, device=weight.device)
+
+    def logits(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
+        """z/T for the chunk's rows x (the 1/T folded into the matmul)."""
+        return _scaled((x if self.low is None else x.to(self.low), self.weight, self.bias), slice(None), temperature)
+
+    def backward_rows(self, grad: torch.Tensor, x: torch.Tensor, grad_inputs: torch.Tensor | None) -> None:
+        """grad_inputs = scale·G·W for the chunk's gradient rows G and inputs x; grad_W += scale·Gᵀ·x (under
+        autocast once the gathered rows fill their buffer, or at `flush`)."""
+        if self.low is None:
+            if grad_inputs is not None:
+                torch.mm(grad, self.weight.float(), out=grad_inputs).mul_(self.scale)
+            if self.grad_weight is not None:
+                self.grad_weight.addmm_(grad.t(), x.float(), alpha=self.scale)
+            return
+        if self.grad_weight is None:
+            low = grad.to(self.low)
+        else:
+            rows = slice(self.filled, self.filled + grad.size(0))
+            low = self.gathered[rows].copy_(grad)
+            self.gathered_inputs[rows].copy_(x)
+            self.filled += grad.size(0)
+        if grad_inputs is not None:
+            grad_inputs.copy_(torch.mm(low, self.weight)).mul_(self.scale)
+        if self.grad_weight is not None and self.filled == self.gathered.size(0):
+            self.flush()
+
+    def flush(self) -> None:
+        """Add the gathered rows' scale·Gᵀ·x to the float32 weight gradient."""
+        if self.filled == 0:
+            return
+        used = slice(0, self.filled)
+        self.grad_weight.add_(torch.mm(self.gathered[used].t(), self.gathered_inputs[used]), alpha=self.scale)
+        self.filled = 0
 
 
 def topk_kl_loss(
