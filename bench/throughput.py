@@ -30,8 +30,9 @@ machine's own ceiling: a 2048² float32 and bfloat16 matmul measured in the same
 
     --student-precision bf16   every mode's student step under bf16 autocast (`train.precision: bf16`), plus the
                                mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up;
-    --compile                  the student's encoder and the live teacher's compiled (`train.compile`); the compile
-                               happens in the unmeasured warm-up rounds and its seconds are printed.
+    --compile auto|true|false  as `train.compile` (default auto: the vocabulary KL's row kernel compiled where a C++
+                               compiler is found; true: the student's encoder and the live teacher's too); the
+                               compile happens in the unmeasured warm-up rounds and its seconds are printed.
 """
 
 import argparse
@@ -51,12 +52,14 @@ from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
+from biodistil.losses.distillation import compile_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.models.families import encoder_of, head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
+from biodistil.training.compiling import compile_kernels
 from biodistil.training.provenance import cpu_line
 
 MASKING = MaskingConfig(duplication=1)
@@ -79,7 +82,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--only", choices=MODES, help="run this mode alone (its peak RSS is the process's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--student-precision", choices=("no", "bf16"), default="no")
-    parser.add_argument("--compile", action="store_true", help="compile the student's encoder and the live teacher")
+    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
+                        help="as `train.compile`: auto = the KL's row kernel where a C++ compiler is found; true = "
+                             "also the student's encoder and the live teacher's; false = nothing")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")
@@ -229,6 +234,7 @@ def compile_models(student, teacher) -> None:
     compile itself happens at the first steps, in the warm-up rounds)."""
     encoder_of(student).compile()
     encoder_of(teacher).compile()
+    compile_kl_rows()
 
 
 def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -259,7 +265,8 @@ def main() -> None:
     modes = [args.only] if args.only else list(MODES)
     if args.student_precision == "bf16" and not args.only:
         modes.append("mlm-fp32")
-    if args.compile:
+    compiled = args.compile == "true" or (args.compile == "auto" and compile_kernels(device) is not None)
+    if args.compile == "true":
         compile_models(student, teacher)
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
@@ -357,7 +364,9 @@ def main() -> None:
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
     result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
     result["phase_ms"] = phase_ms
-    result["compile"] = f"on (warm-up rounds with the compile: {warmup_seconds:.0f} s)" if args.compile else "off"
+    what = "encoders and the KL's row kernel" if args.compile == "true" else "the KL's row kernel"
+    result["compile"] = f"{args.compile}: {what} (warm-up rounds with the compile: {warmup_seconds:.0f} s)" \
+        if compiled else f"{args.compile}: nothing"
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)

@@ -75,3 +75,40 @@ def test_train_compile_trains_in_place_or_says_it_cannot(compiler, tmp_path, tea
     assert losses[-1] < losses[0]
     names = set(load_file(str(model_dir / "model.safetensors")))
     assert names and not any("_orig_mod" in name for name in names), "compiling in place keeps the weights' names"
+
+
+def test_the_fused_kl_row_function_equals_the_eager_rows():
+    from biodistil.losses.distillation import _kl_rows, _kl_rows_fused
+
+    generator = torch.Generator().manual_seed(4)
+    student, teacher = (torch.randn(3, 11, generator=generator) * 2 for _ in range(2))
+    eager_grad = torch.empty(3, 11)
+    eager = _kl_rows(student.clone(), teacher.clone(), 0.5, eager_grad)
+    fused, fused_grad = _kl_rows_fused(student, teacher, 0.5)
+    by_hand = sum(float((torch.softmax(t, -1) * (torch.log_softmax(t, -1) - torch.log_softmax(s, -1))).sum())
+                  for s, t in zip(student, teacher, strict=True))
+    assert fused.item() == pytest.approx(by_hand, rel=1e-5) and eager.item() == pytest.approx(by_hand, rel=1e-5)
+    assert torch.allclose(fused_grad, 0.5 * (torch.softmax(student, -1) - torch.softmax(teacher, -1)), atol=1e-7)
+    assert torch.allclose(fused_grad, eager_grad, atol=1e-7)
+
+
+@pytest.mark.parametrize("compiler", [True, False], ids=["with-a-compiler", "without"])
+def test_train_compile_auto_compiles_the_kl_row_kernel_where_it_can(compiler, monkeypatch):
+    from biodistil.losses import distillation
+    from biodistil.training import compiling
+
+    if not compiler:
+        monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
+    elif compiling._cpp_compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    monkeypatch.setattr(distillation, "_COMPILED_ROWS", [])
+    said = compiling.compile_kernels(torch.device("cpu"))
+    assert (said is not None) == compiler and bool(distillation._COMPILED_ROWS) == compiler
+    student = torch.randn(4, 9, requires_grad=True)
+    teacher = torch.randn(4, 9)
+    loss = distillation.soft_kl_loss(student, teacher, temperature=2.0)  # through the compiled kernel, if any
+    loss.backward()
+    log_s, log_t = torch.log_softmax(student.detach() / 2, -1), torch.log_softmax(teacher / 2, -1)
+    expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(student.grad, 2 * (log_s.exp() - log_t.exp()) / 4, atol=1e-6)

@@ -69,8 +69,10 @@ class TrainConfig(Section):
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     max_grad_norm: float | None = Field(1.0, gt=0)
     precision: Precision = "auto"
-    compile: bool = Field(False, description="torch.compile the student's encoder (and an online teacher's); the "
-                          "first steps include the compile")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="auto: compile the vocabulary KL's row kernel where TorchInductor can (a C++ compiler on "
+        "the CPU), which wins on every CPU measured; true: also torch.compile the student's encoder (and an online "
+        "teacher's), which did not win on CPUs; false: nothing. The first steps include the compile")
     eval_every: int = Field(200, ge=0, description="0 disables held-out evaluation during training")
     eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
     save_every: int = Field(500, ge=0, description="0 saves only at the end")

@@ -106,7 +106,11 @@ def _scaled(logits: torch.Tensor | Linear, rows: slice, temperature: float) -> t
 def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None) -> torch.Tensor:
     """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
     float32) is given, it receives scale·(softmax(student) − softmax(teacher)) (scale 1: left to the caller). Two
-    [rows, V] float32 temporaries."""
+    [rows, V] float32 temporaries; with `compile_kl_rows()`, one fused kernel (`_kl_rows_fused`) instead."""
+    if _COMPILED_ROWS and grad is not None:
+        kl, rows_grad = _COMPILED_ROWS[0](student, teacher, scale)
+        grad.copy_(rows_grad)
+        return kl
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
     log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
     p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
@@ -116,6 +120,27 @@ def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: t
         if scale != 1:
             grad.mul_(scale)
     return kl
+
+
+def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_kl_rows` as one pure function for TorchInductor, which fuses its reductions and pointwise steps into two
+    passes over the rows (the eager version makes ~20): (Σ_rows KL, scale·(softmax(student) − softmax(teacher)))."""
+    student, teacher = student.float(), teacher.float()
+    log_p_student = student - torch.logsumexp(student, -1, keepdim=True)
+    log_p_teacher = teacher - torch.logsumexp(teacher, -1, keepdim=True)
+    p_teacher = log_p_teacher.exp()
+    kl = (p_teacher * (log_p_teacher - log_p_student)).sum()
+    return kl, (log_p_student.exp() - p_teacher) * scale
+
+
+_COMPILED_ROWS: list = []  # the compiled `_kl_rows_fused`, once `compile_kl_rows` has run
+
+
+def compile_kl_rows() -> None:
+    """Compute the vocabulary KL's rows with a TorchInductor kernel from now on (`train.compile`; needs a C++
+    compiler on the CPU). Shapes are dynamic: one compile serves every chunk of rows."""
+    if not _COMPILED_ROWS:
+        _COMPILED_ROWS.append(torch.compile(_kl_rows_fused, dynamic=True))
 
 
 def _chunk_rows(vocab: int) -> int:

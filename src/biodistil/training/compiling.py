@@ -1,9 +1,10 @@
 """`train.compile`: the models a stage runs, compiled with torch.compile (TorchInductor) in place.
 
-Only the encoders are compiled (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not
-change); the losses, with their hand-written fused gradients, stay eager. Inductor needs a C++ compiler on the CPU:
-without one, or where a graph cannot be compiled, the stage says so and runs uncompiled (dynamo falls back to eager
-per graph: `suppress_errors`).
+The encoders are compiled (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not change),
+and the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`: its log-softmaxes, KL and gradient
+fused into one kernel); the rest of the losses, with their hand-written fused gradients, stay eager. Inductor needs
+a C++ compiler on the CPU: without one, or where a graph cannot be compiled, the stage says so and runs uncompiled
+(dynamo falls back to eager per graph: `suppress_errors`).
 """
 
 import os
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from biodistil.losses.distillation import compile_kl_rows
 from biodistil.models.families import encoder_of
 
 
@@ -31,8 +33,19 @@ def compile_models(module: nn.Module, device: torch.device) -> str:
         models.append(teacher)
     for model in models:
         encoder_of(model).compile()
+    compile_kl_rows()
     names = ", ".join(type(model).__name__ for model in models)
-    return f"train.compile: compiled the encoders of {names} (the first steps include the compile)"
+    return (f"train.compile: compiled the encoders of {names} and the vocabulary KL's row kernel (the first steps "
+            "include the compile)")
+
+
+def compile_kernels(device: torch.device) -> str | None:
+    """`train.compile: auto`: the vocabulary KL's row kernel compiled where TorchInductor can compile (a C++ compiler
+    on the CPU); what was done, or None where nothing could be."""
+    if device.type == "cpu" and not _cpp_compiler():
+        return None
+    compile_kl_rows()
+    return "train.compile auto: the vocabulary KL's row kernel is compiled (TorchInductor; the first steps include it)"
 
 
 def _cpp_compiler() -> str | None:
