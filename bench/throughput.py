@@ -59,7 +59,7 @@ from biodistil.models.families import encoder_of, head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
-from biodistil.training.compiling import compile_kernels
+from biodistil.training.compiling import cpp_compiler
 from biodistil.training.provenance import cpu_line
 
 MASKING = MaskingConfig(duplication=1)
@@ -265,9 +265,11 @@ def main() -> None:
     modes = [args.only] if args.only else list(MODES)
     if args.student_precision == "bf16" and not args.only:
         modes.append("mlm-fp32")
-    compiled = args.compile == "true" or (args.compile == "auto" and compile_kernels(device) is not None)
+    compiled = args.compile == "true" or (args.compile == "auto" and (device.type != "cpu" or cpp_compiler()))
     if args.compile == "true":
         compile_models(student, teacher)
+    elif compiled:
+        compile_kl_rows()
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
     data = {mode: (masked, collate) for mode in signals}

@@ -65,12 +65,14 @@ def test_train_compile_trains_in_place_or_says_it_cannot(compiler, tmp_path, tea
     from biodistil.training import compiling
 
     if not compiler:
-        monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
+        monkeypatch.setattr(compiling, "cpp_compiler", lambda: None)
     settings = _distill_settings(tmp_path, teacher_dir, corpus_file, [{"loss": "mlm"}, {"loss": "hidden_cosine"}],
                                  compile=True)
     model_dir = run_distill(settings)
     said = "compiled the encoders of BertForMaskedLM, BertForMaskedLM" if compiler else "no C++ compiler found"
     assert said in capsys.readouterr().out
+    assert f"| train.compile | true: {'compiled the encoders' if compiler else 'no C++ compiler'}" in \
+        (tmp_path / "run" / "report.md").read_text(), "the run's report says what was compiled"
     losses = _train_losses(tmp_path / "run")
     assert losses[-1] < losses[0]
     names = set(load_file(str(model_dir / "model.safetensors")))
@@ -98,12 +100,14 @@ def test_train_compile_auto_compiles_the_kl_row_kernel_where_it_can(compiler, mo
     from biodistil.training import compiling
 
     if not compiler:
-        monkeypatch.setattr(compiling, "_cpp_compiler", lambda: None)
-    elif compiling._cpp_compiler() is None:
+        monkeypatch.setattr(compiling, "cpp_compiler", lambda: None)
+    elif compiling.cpp_compiler() is None:
         pytest.skip("no C++ compiler on this machine")
-    monkeypatch.setattr(distillation, "_COMPILED_ROWS", [])
-    said = compiling.compile_kernels(torch.device("cpu"))
-    assert (said is not None) == compiler and bool(distillation._COMPILED_ROWS) == compiler
+    monkeypatch.setattr(distillation, "_ROWS", {"compiled": None, "on": False})
+    said = compiling.apply_compile("auto", torch.nn.Module(), torch.device("cpu"))
+    assert said == ("auto: the vocabulary KL's row kernel (TorchInductor)" if compiler
+                    else "auto: nothing (no C++ compiler found)")
+    assert compiling.compile_note() == said and distillation._ROWS["on"] == compiler
     student = torch.randn(4, 9, requires_grad=True)
     teacher = torch.randn(4, 9)
     loss = distillation.soft_kl_loss(student, teacher, temperature=2.0)  # through the compiled kernel, if any
@@ -112,3 +116,5 @@ def test_train_compile_auto_compiles_the_kl_row_kernel_where_it_can(compiler, mo
     expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(student.grad, 2 * (log_s.exp() - log_t.exp()) / 4, atol=1e-6)
+    compiling.apply_compile(False, torch.nn.Module(), torch.device("cpu"))
+    assert not distillation._ROWS["on"] and compiling.compile_note() == "false: nothing", "false turns it off again"

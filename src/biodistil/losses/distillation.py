@@ -107,8 +107,8 @@ def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: t
     """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
     float32) is given, it receives scale·(softmax(student) − softmax(teacher)) (scale 1: left to the caller). Two
     [rows, V] float32 temporaries; with `compile_kl_rows()`, one fused kernel (`_kl_rows_fused`) instead."""
-    if _COMPILED_ROWS and grad is not None:
-        kl, rows_grad = _COMPILED_ROWS[0](student, teacher, scale)
+    if _ROWS["on"] and grad is not None:
+        kl, rows_grad = _ROWS["compiled"](student, teacher, scale)
         grad.copy_(rows_grad)
         return kl
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
@@ -133,14 +133,15 @@ def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor, scale: float) -
     return kl, (log_p_student.exp() - p_teacher) * scale
 
 
-_COMPILED_ROWS: list = []  # the compiled `_kl_rows_fused`, once `compile_kl_rows` has run
+_ROWS: dict = {"compiled": None, "on": False}  # the compiled `_kl_rows_fused`, and whether `_kl_rows` uses it
 
 
-def compile_kl_rows() -> None:
-    """Compute the vocabulary KL's rows with a TorchInductor kernel from now on (`train.compile`; needs a C++
-    compiler on the CPU). Shapes are dynamic: one compile serves every chunk of rows."""
-    if not _COMPILED_ROWS:
-        _COMPILED_ROWS.append(torch.compile(_kl_rows_fused, dynamic=True))
+def compile_kl_rows(on: bool = True) -> None:
+    """From now on compute the vocabulary KL's rows with a TorchInductor kernel (`train.compile`; needs a C++ compiler
+    on the CPU), or, with `on=False`, eagerly again. Shapes are dynamic: one compile serves every chunk of rows."""
+    if on and _ROWS["compiled"] is None:
+        _ROWS["compiled"] = torch.compile(_kl_rows_fused, dynamic=True)
+    _ROWS["on"] = on
 
 
 def _chunk_rows(vocab: int) -> int:

@@ -18,10 +18,34 @@ from biodistil.losses.distillation import compile_kl_rows
 from biodistil.models.families import encoder_of
 
 
+def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> str:
+    """Apply `train.compile` to the stage about to train `module`: `auto` compiles the vocabulary KL's row kernel
+    where TorchInductor can (a C++ compiler on the CPU), `true` also the encoders (`compile_models`), `false`
+    nothing. Returns what was done, which the run's report shows (`compile_note`)."""
+    if setting is True:
+        printed = compile_models(module, device)
+        _last["compile"] = "true: " + printed.removeprefix("train.compile: ")
+        return printed
+    if setting == "auto" and (device.type != "cpu" or cpp_compiler()):
+        compile_kl_rows()
+        note = "auto: the vocabulary KL's row kernel (TorchInductor)"
+    else:
+        compile_kl_rows(on=False)
+        note = "auto: nothing (no C++ compiler found)" if setting == "auto" else "false: nothing"
+    _last["compile"] = note
+    return note
+
+
+def compile_note() -> str | None:
+    """What this process last compiled for a stage (`apply_compile`), for a run's report; None before any."""
+    return _last.get("compile")
+
+
 def compile_models(module: nn.Module, device: torch.device) -> str:
     """Compile the encoders of the pre-trained models `module` holds (its student, a trainable teacher) and of the
-    teacher it runs online (`module.teacher`); returns what was done, for the run's log."""
-    if device.type == "cpu" and not _cpp_compiler():
+    teacher it runs online (`module.teacher`), and the KL's row kernel; returns what was done, for the run's log."""
+    if device.type == "cpu" and not cpp_compiler():
+        compile_kl_rows(on=False)
         return ("train.compile: no C++ compiler found (install g++ or set CXX); TorchInductor cannot compile on the "
                 "CPU, so the models run uncompiled")
     import torch._dynamo
@@ -39,14 +63,8 @@ def compile_models(module: nn.Module, device: torch.device) -> str:
             "include the compile)")
 
 
-def compile_kernels(device: torch.device) -> str | None:
-    """`train.compile: auto`: the vocabulary KL's row kernel compiled where TorchInductor can compile (a C++ compiler
-    on the CPU); what was done, or None where nothing could be."""
-    if device.type == "cpu" and not _cpp_compiler():
-        return None
-    compile_kl_rows()
-    return "train.compile auto: the vocabulary KL's row kernel is compiled (TorchInductor; the first steps include it)"
+_last: dict[str, str] = {}
 
 
-def _cpp_compiler() -> str | None:
+def cpp_compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")

@@ -45,7 +45,7 @@ from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
-from biodistil.training.compiling import compile_kernels, compile_models
+from biodistil.training.compiling import apply_compile
 from biodistil.training.hardware import resolve_precision
 from biodistil.training.sampling import length_grouped_order
 
@@ -168,12 +168,9 @@ class Engine:
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
         )
         model, optimizer = acc.prepare(module, optimizer)
-        if self.cfg.compile is True:
-            note = compile_models(module, acc.device)
-            if acc.is_local_main_process:
-                print(note, flush=True)
-        elif self.cfg.compile == "auto":
-            compile_kernels(acc.device)
+        note = apply_compile(self.cfg.compile, module, acc.device)
+        if self.cfg.compile is True and acc.is_local_main_process:
+            print(note, flush=True)
         if resume:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:

@@ -18,6 +18,7 @@ from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder
 from biodistil.training.checkpoint import latest_checkpoint
+from biodistil.training.compiling import compile_note
 from biodistil.training.hardware import precision_note
 from biodistil.training.provenance import provenance
 
@@ -90,6 +91,8 @@ class RunFolder:
         rows = {**rows, "CPU threads": torch.get_num_threads()}
         if precision_note() is not None:
             rows["training precision"] = precision_note()
+        if compile_note() is not None:
+            rows["train.compile"] = compile_note()
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]
