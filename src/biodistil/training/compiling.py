@@ -1,10 +1,11 @@
-"""`train.compile`: the models a stage runs, compiled with torch.compile (TorchInductor) in place.
+"""`train.compile`: what a stage compiles with torch.compile (TorchInductor), decided once per stage (`apply_compile`).
 
-The encoders are compiled (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not change),
-and the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`: its log-softmaxes, KL and gradient
-fused into one kernel); the rest of the losses, with their hand-written fused gradients, stay eager. Inductor needs
-a C++ compiler on the CPU: without one, or where a graph cannot be compiled, the stage says so and runs uncompiled
-(dynamo falls back to eager per graph: `suppress_errors`).
+`auto` (the default) compiles the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`: its
+log-softmaxes, KL and gradient fused into one kernel, which wins on every CPU measured); `true` also compiles the
+encoders in place (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not change; no gain on
+CPUs measured); `false` nothing. The rest of the losses, with their hand-written fused gradients, stay eager.
+Inductor needs a C++ compiler on the CPU: without one the stage runs uncompiled (and `true` says so); a graph that
+cannot be compiled falls back to eager (dynamo's `suppress_errors`). The run's report says what was compiled.
 """
 
 import os
