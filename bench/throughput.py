@@ -48,18 +48,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
-from biodistil.losses.distillation import compile_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
-from biodistil.models.families import encoder_of, head_only
+from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
-from biodistil.training.compiling import cpp_compiler
+from biodistil.training.compiling import apply_compile
 from biodistil.training.provenance import cpu_line
 
 MASKING = MaskingConfig(duplication=1)
@@ -229,14 +229,6 @@ def profile_modes(modes: list[str], step, first: int, rounds: int) -> None:
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=40))
 
 
-def compile_models(student, teacher) -> None:
-    """Compile the student's encoder and the teacher's in place (`nn.Module.compile`: state-dict keys unchanged; the
-    compile itself happens at the first steps, in the warm-up rounds)."""
-    encoder_of(student).compile()
-    encoder_of(teacher).compile()
-    compile_kl_rows()
-
-
 def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
     """The machine's own ceiling: GFLOP/s of a [size × size] matmul in `dtype`, best of `repeats`."""
     a = torch.randn(size, size, device=device).to(dtype)
@@ -265,11 +257,9 @@ def main() -> None:
     modes = [args.only] if args.only else list(MODES)
     if args.student_precision == "bf16" and not args.only:
         modes.append("mlm-fp32")
-    compiled = args.compile == "true" or (args.compile == "auto" and (device.type != "cpu" or cpp_compiler()))
-    if args.compile == "true":
-        compile_models(student, teacher)
-    elif compiled:
-        compile_kl_rows()
+    models = nn.Module()  # what a stage's module holds: the student and the online teacher
+    models.student, models.teacher = student, teacher
+    compiled = apply_compile({"auto": "auto", "true": True, "false": False}[args.compile], models, device)
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
     data = {mode: (masked, collate) for mode in signals}
@@ -366,9 +356,7 @@ def main() -> None:
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
     result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
     result["phase_ms"] = phase_ms
-    what = "encoders and the KL's row kernel" if args.compile == "true" else "the KL's row kernel"
-    result["compile"] = f"{args.compile}: {what} (warm-up rounds with the compile: {warmup_seconds:.0f} s)" \
-        if compiled else f"{args.compile}: nothing"
+    result["compile"] = f"{compiled} (warm-up rounds, the compile included: {warmup_seconds:.0f} s)"
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)

@@ -21,18 +21,19 @@ from biodistil.models.families import encoder_of
 
 def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> str:
     """Apply `train.compile` to the stage about to train `module`: `auto` compiles the vocabulary KL's row kernel
-    where TorchInductor can (a C++ compiler on the CPU), `true` also the encoders (`compile_models`), `false`
+    where TorchInductor can (a C++ compiler on the CPU), `true` also the encoders (`compile_encoders`), `false`
     nothing. Returns what was done, which the run's report shows (`compile_note`)."""
-    if setting is True:
-        printed = compile_models(module, device)
-        _last["compile"] = "true: " + printed.removeprefix("train.compile: ")
-        return printed
-    if setting == "auto" and (device.type != "cpu" or cpp_compiler()):
-        compile_kl_rows()
-        note = "auto: the vocabulary KL's row kernel (TorchInductor)"
-    else:
+    if setting is not False and device.type == "cpu" and not cpp_compiler():
         compile_kl_rows(on=False)
-        note = "auto: nothing (no C++ compiler found)" if setting == "auto" else "false: nothing"
+        note = f"{_SETTING_NAMES[setting]}: nothing, no C++ compiler found (install g++ or set CXX)"
+    elif setting is False:
+        compile_kl_rows(on=False)
+        note = "false: nothing"
+    else:
+        compile_kl_rows()
+        note = f"{_SETTING_NAMES[setting]}: the vocabulary KL's row kernel (TorchInductor)"
+        if setting is True:
+            note = f"true: the encoders of {compile_encoders(module)} and the vocabulary KL's row kernel"
     _last["compile"] = note
     return note
 
@@ -42,13 +43,9 @@ def compile_note() -> str | None:
     return _last.get("compile")
 
 
-def compile_models(module: nn.Module, device: torch.device) -> str:
-    """Compile the encoders of the pre-trained models `module` holds (its student, a trainable teacher) and of the
-    teacher it runs online (`module.teacher`), and the KL's row kernel; returns what was done, for the run's log."""
-    if device.type == "cpu" and not cpp_compiler():
-        compile_kl_rows(on=False)
-        return ("train.compile: no C++ compiler found (install g++ or set CXX); TorchInductor cannot compile on the "
-                "CPU, so the models run uncompiled")
+def compile_encoders(module: nn.Module) -> str:
+    """Compile in place the encoders of the pre-trained models `module` holds (its student, a trainable teacher) and
+    of the teacher it runs online (`module.teacher`); returns their class names."""
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True  # a graph that cannot compile runs eagerly, with a warning
@@ -58,12 +55,10 @@ def compile_models(module: nn.Module, device: torch.device) -> str:
         models.append(teacher)
     for model in models:
         encoder_of(model).compile()
-    compile_kl_rows()
-    names = ", ".join(type(model).__name__ for model in models)
-    return (f"train.compile: compiled the encoders of {names} and the vocabulary KL's row kernel (the first steps "
-            "include the compile)")
+    return ", ".join(type(model).__name__ for model in models)
 
 
+_SETTING_NAMES = {True: "true", "auto": "auto"}
 _last: dict[str, str] = {}
 
 

@@ -170,7 +170,7 @@ class Engine:
         model, optimizer = acc.prepare(module, optimizer)
         note = apply_compile(self.cfg.compile, module, acc.device)
         if self.cfg.compile is True and acc.is_local_main_process:
-            print(note, flush=True)
+            print(f"train.compile {note}", flush=True)
         if resume:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:
@@ -296,15 +296,16 @@ class Engine:
         return {key: float(value / count.clamp(min=1)) for key, value in totals.items()}
 
     # ----------------------------------------------------------------------------------------- steps
-    def _optimizer_step(self, model, optimizer, scheduler, batches: Iterator[tuple[Batch, int]]) -> dict[str, Any]:
+    def _optimizer_step(self, model, optimizer, scheduler,
+                        batches: Iterator[tuple[Batch, int, int | None]]) -> dict[str, Any]:
         """One optimizer step over `grad_accumulation` micro-batches; returns the step's logs as tensors (and the
         pre-step's floats), averaged over the micro-batches, with `grad_norm` (before clipping) when clipping."""
         acc = self.accelerator
         sums: dict[str, Any] = {}
-        micro_batches, tokens = zip(*(next(batches) for _ in range(self.cfg.grad_accumulation)), strict=True)
+        micro_batches, tokens, items = zip(*(next(batches) for _ in range(self.cfg.grad_accumulation)), strict=True)
         if self.pre_step is not None:
             sums.update(self.pre_step(model, list(micro_batches), self.state.step))
-        for micro, (batch, weight) in enumerate(zip(micro_batches, self._loss_weights(micro_batches), strict=True)):
+        for micro, (batch, weight) in enumerate(zip(micro_batches, self._loss_weights(items), strict=True)):
             last = micro == self.cfg.grad_accumulation - 1
             with acc.no_sync(model) if not last and acc.num_processes > 1 else nullcontext():
                 with acc.autocast():
@@ -326,23 +327,26 @@ class Engine:
         sums["_step"] = self.state.step  # which step a non-finite loss belongs to (see `_window_means`)
         return sums
 
-    def _loss_weights(self, micro_batches: Sequence[Batch]) -> list[float]:
+    def _loss_weights(self, items: Sequence[int | None]) -> list[float]:
         """Each micro-batch's weight in the step's loss. By default `1 / grad_accumulation`: the step's loss is the
         mean of its micro-batches' losses, and DDP averages it over processes. A module whose loss is a mean over a
         varying number of items (the labelled tokens of a token task) says how many a batch has (`loss_items(batch)`);
         each micro-batch then weighs its share of the items of the whole step on every process (× processes, which
         DDP's average divides out), so the step's loss is the mean over the global batch's items however it is split
-        across processes and micro-batches — as Hugging Face's `Trainer` does with `num_items_in_batch`."""
+        across processes and micro-batches — as Hugging Face's `Trainer` does with `num_items_in_batch`. `items`:
+        each micro-batch's count (`_batches` takes it from the host copy), None without `loss_items`."""
         if self.loss_items is None:
-            return [1 / self.cfg.grad_accumulation] * len(micro_batches)
+            return [1 / self.cfg.grad_accumulation] * len(items)
         acc = self.accelerator
-        counts = [float(self.loss_items(batch)) for batch in micro_batches]
+        counts = [float(count) for count in items]
         total = float(acc.reduce(torch.tensor(sum(counts), device=acc.device), reduction="sum")) \
             if acc.num_processes > 1 else sum(counts)
         return [count * acc.num_processes / max(total, 1.0) for count in counts]
 
-    def _batches(self, data: Dataset, collate: Collate, prepare: PrepareBatch) -> Iterator[tuple[Batch, int]]:
-        """Endless stream of this process's prepared batches (on the device) and their token counts, starting at
+    def _batches(self, data: Dataset, collate: Collate,
+                 prepare: PrepareBatch) -> Iterator[tuple[Batch, int, int | None]]:
+        """Endless stream of this process's prepared batches (on the device), their token counts and the items their
+        loss averages over (`loss_items`, else None), starting at
         the saved data position. The n-th batch of the stream is micro-step `micro_step + n`: its hook's generator
         is seeded by (seed, that micro-step, process), wherever the hook runs."""
         acc = self.accelerator
@@ -359,7 +363,8 @@ class Engine:
             for batch in self._loader(data, shards, collate, prepare, seeds):
                 self.state.batch_in_epoch += 1
                 tokens = int(batch["attention_mask"].sum())  # counted on the host copy: no device synchronisation
-                yield _to_device(batch, acc.device), tokens
+                items = None if self.loss_items is None else self.loss_items(batch)
+                yield _to_device(batch, acc.device), tokens, items
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
