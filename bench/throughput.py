@@ -53,6 +53,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
+from biodistil.losses.distillation import compile_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.models.families import head_only
@@ -66,7 +67,7 @@ MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher-layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=384)
@@ -80,15 +81,17 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     parser.add_argument("--teacher-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--only", choices=MODES, help="run this mode alone (its peak RSS is the process's)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, help="run these modes (default: all)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--student-precision", choices=("no", "bf16"), default="no")
-    parser.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
+    parser.add_argument("--compile", choices=("auto", "true", "false", "rows"), default="auto",
                         help="as `train.compile`: auto = the KL's row kernel where a C++ compiler is found; true = "
-                             "also the student's encoder and the live teacher's; false = nothing")
+                             "also the student's encoder and the live teacher's; false = nothing; rows = the KL's "
+                             "row kernel alone, on any device")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 class PhaseClock:
@@ -244,8 +247,8 @@ def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, re
     return 2 * size ** 3 / min(times) / 1e9
 
 
-def main() -> None:
-    args = parse()
+def measure(args: argparse.Namespace) -> dict:
+    """Run the measurement `args` describe (see `parse`) in this process; returns the result `main` prints."""
     device = torch.device(args.device)
     teacher = bench_teacher(args)
     student = student_from_teacher_layers(teacher).to(device)
@@ -254,12 +257,16 @@ def main() -> None:
     blocks, vocab = blocks_and_vocab(args)
     masked = StaticMaskedBlocks(blocks, vocab, MASKING)
     collate = lambda items: collate_masked_blocks(items, pad_id=0)  # noqa: E731
-    modes = [args.only] if args.only else list(MODES)
+    modes = [args.only] if args.only else list(args.modes or MODES)
     if args.student_precision == "bf16" and not args.only:
         modes.append("mlm-fp32")
     models = nn.Module()  # what a stage's module holds: the student and the online teacher
     models.student, models.teacher = student, teacher
-    compiled = apply_compile({"auto": "auto", "true": True, "false": False}[args.compile], models, device)
+    if args.compile == "rows":
+        compile_kl_rows()
+        compiled = "rows: the vocabulary KL's row kernel (TorchInductor)"
+    else:
+        compiled = apply_compile({"auto": "auto", "true": True, "false": False}[args.compile], models, device)
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
     data = {mode: (masked, collate) for mode in signals}
@@ -360,6 +367,13 @@ def main() -> None:
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)
+    workdir.cleanup()
+    return result
+
+
+def show(result: dict, args: argparse.Namespace) -> None:
+    """Print a measurement's lines and, last, its JSON."""
+    tokens_per_s, peaks = result["tokens_per_s"], result["peak_memory_mb"]
     print(f"{result['device']} ({result['threads']} threads, load {result['load_1min']:.2f}); teacher "
           f"{result['teacher']}, student {result['student_layers']} layers, vocab {args.vocab}, batch "
           f"{result['batch']}; median of {args.repeats} alternated rounds")
@@ -367,16 +381,20 @@ def main() -> None:
           f"{result['compile']}. Matmul ceiling "
           f"(2048²): {result['ceiling_gflops']['float32']:,.0f} GFLOP/s float32, "
           f"{result['ceiling_gflops']['bfloat16']:,.0f} GFLOP/s bfloat16")
-    for mode in modes:
+    for mode in tokens_per_s:
         ratio = f"  {result['ratio_to_mlm'][mode]:.2f} x mlm (FLOP bound {result['flop_bound_ratio'][mode]:.2f})" \
             if "ratio_to_mlm" in result else ""
-        print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode] / 2**20:8,.0f} MiB{ratio}"
+        print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode]:8,} MiB{ratio}"
               f"  ~{result['gflops'][mode]:,.0f} GFLOP/s  ms: " + ", ".join(
-                  f"{phase} {ms:,.1f}" for phase, ms in phase_ms[mode].items()))
+                  f"{phase} {ms:,.1f}" for phase, ms in result["phase_ms"][mode].items()))
     if "bf16_speedup" in result:
         print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
     print(json.dumps(result))
-    workdir.cleanup()
+
+
+def main() -> None:
+    args = parse()
+    show(measure(args), args)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,12 @@ def test_a_large_file_is_fingerprinted_by_its_size_and_ends(tmp_path, monkeypatc
     assert set(first) == {"path", "bytes", "sha256_first_last_mib"} and first["bytes"] == 3 << 20
     big.write_bytes(b"a" * (3 << 20) + b"b")
     assert module.file_fingerprint(big)["sha256_first_last_mib"] != first["sha256_first_last_mib"]
+
+
+def test_a_model_folder_above_the_full_hash_size_is_named_by_its_full_sha256(tmp_path, teacher_dir, monkeypatch):
+    """A BERT-base teacher's 440 MB of weights are above FULL_HASH_BYTES (a data file's cut-off): the model is still
+    recorded by the full sha256 of its weights (this raised KeyError on the first GPU check)."""
+    monkeypatch.setattr(module, "FULL_HASH_BYTES", 1000)
+    weights = teacher_dir / "model.safetensors"
+    assert weights.stat().st_size > 1000
+    assert module.model_identity(str(teacher_dir))["weights"] == {"model.safetensors": file_sha256(weights)}

@@ -69,6 +69,9 @@ class TrainConfig(Section):
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     max_grad_norm: float | None = Field(1.0, gt=0)
     precision: Precision = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: a CUDA GPU when one is visible, else the CPU; cpu or cuda to insist (cuda without a "
+        "visible GPU is an error before anything runs)")
     compile: bool | Literal["auto"] = Field(
         "auto", description="auto: compile the vocabulary KL's row kernel where TorchInductor can (a C++ compiler on "
         "the CPU), which wins on every CPU measured; true: also torch.compile the student's encoder (and an online "

@@ -36,7 +36,7 @@ def _score_finetuned(args: argparse.Namespace) -> object:
     if not args.task or not args.out:
         raise BiodistilError("evaluate --finetuned needs --task NAME and --out DIR")
     plan = ScoringPlan(task=args.task, split=args.split, fold=args.fold, max_examples=args.max_examples,
-                       data_root=args.data)
+                       data_root=args.data, device=args.device)
     bench = None
     if args.bench:
         bench = validate_recipe(BenchConfig, {"device": "cpu", "threads": args.threads}, source="evaluate --bench")
@@ -104,6 +104,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     scoring.add_argument("--bench", action="store_true", help="also benchmark them on the CPU (bench.json; the "
                          "report plots score against latency)")
     scoring.add_argument("--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: torch's)")
+    scoring.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                         help="where PyTorch models are scored: auto (default) = a CUDA GPU when one is visible; "
+                         "ONNX graphs always run on the CPU (ONNX Runtime's CPU provider)")
     parser.set_defaults(run=_evaluate, continue_flag="--resume")
 
 

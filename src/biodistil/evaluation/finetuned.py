@@ -35,6 +35,7 @@ class ScoringPlan:
     fold: int | None = None
     max_examples: int | None = None
     data_root: str | None = None
+    device: str = "auto"  # PyTorch models: auto = a CUDA GPU when one is visible; ONNX graphs run on the CPU
 
 
 def _record(item: Deployed, task: TaskSpec, plan: ScoringPlan, scored: Scored, examples: int,
@@ -101,7 +102,7 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
 def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Sequence[Any], out: Path,
                 threads: int | None) -> dict[str, Any]:
     """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score."""
-    scored, parameters = score_deployed(item, task, examples, threads)
+    scored, parameters = score_deployed(item, task, examples, threads, plan.device)
     cell = out / "cells" / item.label / task.name / "scored"
     rows = prediction_rows(task, examples, scored.predictions)
     atomic_write_text(cell / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -113,10 +113,15 @@ def parameter_counts(model: Any) -> dict[str, int]:
     return count_parameters(getattr(model, "base_model", model))
 
 
-def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any],
-                   threads: int | None = None) -> tuple[Scored, dict[str, int]]:
-    """Load one deployed variant, check that it fits the task, score it; also its parameter counts."""
+def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any], threads: int | None = None,
+                   device: str = "cpu") -> tuple[Scored, dict[str, int]]:
+    """Load one deployed variant, check that it fits the task, score it (a PyTorch model on `device`, as
+    `train.device` names one; ONNX graphs on the CPU); also its parameter counts."""
     model, tokenizer, head = load_deployed(item, threads)
     check_task_fits(task, head, model.config, item.path)
+    if item.runtime == "pytorch":
+        from biodistil.training.hardware import training_device
+
+        model.to(training_device(device))
     scored = score_model(model, tokenizer, fit_length_to_model(task, item.folder), examples)
     return scored, parameter_counts(model)

@@ -56,7 +56,8 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     if stop_after is not None:
         raise BiodistilError("finetune: --stop-after is not supported (interrupt it and continue with --resume)")
     started = time.perf_counter()
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
+                                   recipe.train.device)
     check_model(recipe.model.name_or_path, "model.name_or_path")
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     with accelerator.main_process_first():

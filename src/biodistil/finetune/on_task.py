@@ -103,7 +103,7 @@ def finetune_on_task(
 
     from biodistil.models.loading import load_tokenizer
 
-    accelerator = accelerator or make_accelerator(cfg.precision, run_dir, cfg.tensorboard)
+    accelerator = accelerator or make_accelerator(cfg.precision, run_dir, cfg.tensorboard, cfg.device)
     set_seed(seed)
     tokenizer = load_tokenizer(str(model_name_or_path))
     task = fit_length_to_model(task, model_name_or_path)

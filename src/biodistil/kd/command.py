@@ -76,7 +76,8 @@ class KDSetup:
 def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
     started = time.perf_counter()
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
+                                   recipe.train.device)
     check_model(recipe.teacher.name_or_path, "teacher.name_or_path")
     check_model(recipe.student.name_or_path, "student.name_or_path")
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)

@@ -88,7 +88,8 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
     """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
     if recipe.model.init == "continual":
         check_model(recipe.model.name_or_path, "model.name_or_path", recipe.model.trust_remote_code)
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
+                                   recipe.train.device)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     if recipe.model.init == "continual":
         tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
@@ -110,7 +111,8 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
         refuse_unsupported(pair_support("different", recipe.objective.terms))
     check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard)
+    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
+                                   recipe.train.device)
     run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
     teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
@@ -214,7 +216,7 @@ def run_cache_teacher(recipe: DistillRecipe) -> Path:
     if recipe.teacher_cache is None:
         raise BiodistilError("cache-teacher needs a recipe with a teacher_cache section (and masking.duplication)")
     check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
-    accelerator = make_accelerator("no")
+    accelerator = make_accelerator("no", device=recipe.train.device)
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
     teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
     student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)

@@ -1,11 +1,13 @@
 """`train.compile`: what a stage compiles with torch.compile (TorchInductor), decided once per stage (`apply_compile`).
 
-`auto` (the default) compiles the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`: its
-log-softmaxes, KL and gradient fused into one kernel, which wins on every CPU measured); `true` also compiles the
+`auto` (the default) compiles, on a CPU, the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`:
+its log-softmaxes, KL and gradient fused into one kernel, which wins on every CPU measured) and nothing on a GPU (on
+an H100 the eager rows were 5-15% faster than Triton's fused kernel: docs/gpu.md); `true` also compiles the
 encoders in place (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not change; no gain on
 CPUs measured); `false` nothing. The rest of the losses, with their hand-written fused gradients, stay eager.
-Inductor needs a C++ compiler on the CPU: without one the stage runs uncompiled (and `true` says so); a graph that
-cannot be compiled falls back to eager (dynamo's `suppress_errors`). The run's report says what was compiled.
+Inductor needs a C++ compiler on the CPU and Triton on a GPU: without them the stage runs uncompiled (and `true`
+says so); a graph that cannot be compiled falls back to eager (dynamo's `suppress_errors`). The run's report says
+what was compiled.
 """
 
 import os
@@ -21,14 +23,21 @@ from biodistil.models.families import encoder_of
 
 def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> str:
     """Apply `train.compile` to the stage about to train `module`: `auto` compiles the vocabulary KL's row kernel
-    where TorchInductor can (a C++ compiler on the CPU), `true` also the encoders (`compile_encoders`), `false`
-    nothing. Returns what was done, which the run's report shows (`compile_note`)."""
+    on a CPU where TorchInductor can (a C++ compiler) and nothing on a GPU (measured slower there), `true` the
+    encoders (`compile_encoders`) and the row kernel on either, `false` nothing. Returns what was done, which the
+    run's report shows (`compile_note`)."""
     if setting is not False and device.type == "cpu" and not cpp_compiler():
         compile_kl_rows(on=False)
         note = f"{_SETTING_NAMES[setting]}: nothing, no C++ compiler found (install g++ or set CXX)"
+    elif setting is not False and device.type == "cuda" and not triton_available():
+        compile_kl_rows(on=False)
+        note = f"{_SETTING_NAMES[setting]}: nothing, Triton is not installed (TorchInductor's GPU code generator)"
     elif setting is False:
         compile_kl_rows(on=False)
         note = "false: nothing"
+    elif setting == "auto" and device.type == "cuda":
+        compile_kl_rows(on=False)
+        note = "auto: nothing on a GPU (the eager KL rows ran faster than Triton's kernel on an H100, docs/gpu.md)"
     else:
         compile_kl_rows()
         note = f"{_SETTING_NAMES[setting]}: the vocabulary KL's row kernel (TorchInductor)"
@@ -60,6 +69,12 @@ def compile_encoders(module: nn.Module) -> str:
 
 _SETTING_NAMES = {True: "true", "auto": "auto"}
 _last: dict[str, str] = {}
+
+
+def triton_available() -> bool:
+    from torch.utils._triton import has_triton
+
+    return has_triton()
 
 
 def cpp_compiler() -> str | None:

@@ -46,7 +46,7 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
-from biodistil.training.hardware import resolve_precision
+from biodistil.training.hardware import prepare_device, resolve_precision, training_device
 from biodistil.training.sampling import length_grouped_order
 
 Batch = dict[str, torch.Tensor]
@@ -78,6 +78,7 @@ class TrainResult:
     final_eval: dict[str, float]
     best_step: int | None = None
     best_score: float | None = None
+    peak_gpu_memory_mb: float | None = None  # on CUDA: torch.cuda.max_memory_allocated during `fit`
 
 
 @dataclass(frozen=True)
@@ -99,22 +100,25 @@ class Selection:
 _announced: dict[str, str] = {}  # the precision this process last said it trains in
 
 
-def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False) -> Accelerator:
-    """An Accelerator with the recipe's precision ('auto': bf16 autocast where the hardware computes bf16 natively,
-    `training.hardware.resolve_precision`; said once per process when it changes)."""
-    precision, why = resolve_precision(precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False,
+                     device: str = "auto") -> Accelerator:
+    """An Accelerator on `train.device` (`training.hardware.training_device`) with the recipe's precision ('auto':
+    bf16 autocast where the hardware computes bf16 natively, `training.hardware.resolve_precision`; said once per
+    process when it changes). On several processes Accelerate's process group is NCCL on GPUs, gloo on CPUs."""
+    target = training_device(device)
+    prepare_device(target)
+    precision, why = resolve_precision(precision, target)
     if precision != _announced.get("precision") and os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"Training precision: {why}", flush=True)
     _announced["precision"] = precision
-    if precision == "fp16" and not torch.cuda.is_available():
+    if precision == "fp16" and target.type != "cuda":
         raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
     _allow_precision(precision)
     log_with = "tensorboard" if tensorboard and run_dir is not None else None
-    # several processes on a machine without CUDA (torchrun / `accelerate launch --multi_gpu`): gloo on CPU
-    cpu_processes = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(
-        mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None, cpu=cpu_processes
-    )
+    # the CPU where a GPU is visible, or several processes without one (torchrun / `accelerate launch`): gloo
+    force_cpu = target.type == "cpu" and (torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) > 1)
+    return Accelerator(mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None,
+                       cpu=force_cpu)
 
 
 def _allow_precision(precision: str) -> None:
@@ -133,7 +137,8 @@ class Engine:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.seed = seed
-        self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard)
+        self.accelerator = accelerator or make_accelerator(cfg.precision, self.run_dir, cfg.tensorboard,
+                                                            cfg.device)
         self.state = ckpt.TrainerState()
         self.pre_step: PreStep | None = None
         self._resumed_at: int | None = None  # the step a resumed run continued from
@@ -168,6 +173,8 @@ class Engine:
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
         )
         model, optimizer = acc.prepare(module, optimizer)
+        if acc.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(acc.device)
         note = apply_compile(self.cfg.compile, module, acc.device)
         if self.cfg.compile is True and acc.is_local_main_process:
             print(f"train.compile {note}", flush=True)
@@ -221,9 +228,10 @@ class Engine:
                 tracker.finish()
         seconds = time.perf_counter() - started
         tokens = self.state.tokens_seen - tokens_at_start
+        peak = round(torch.cuda.max_memory_allocated(acc.device) / 2**20, 1) if acc.device.type == "cuda" else None
         return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),
                            last_train, last_eval, self.state.extra.get("best_step"),
-                           self.state.extra.get("best_score"))
+                           self.state.extra.get("best_score"), peak)
 
     def _evaluate(self, module, model, eval_data, collate, prepare, evaluate_fn,
                   selection: Selection | None) -> tuple[dict[str, float], bool]:
@@ -405,7 +413,10 @@ class Engine:
             raise BiodistilError("Nothing to train: the module has no trainable parameters")
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, betas=self.cfg.adam_betas, eps=self.cfg.adam_eps)
+        # on CUDA one fused kernel for the whole update (no per-tensor launches); on the CPU the default (foreach)
+        fused = self.accelerator.device.type == "cuda" or None
+        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, betas=self.cfg.adam_betas, eps=self.cfg.adam_eps,
+                                 fused=fused)
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0

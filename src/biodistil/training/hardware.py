@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from biodistil.errors import BiodistilError
 from biodistil.training.provenance import cpu_info
 
 BF16_FAST = 1.3  # a bf16 matmul at least this much faster than float32: the CPU computes bf16 natively
@@ -59,15 +60,16 @@ def cpu_bf16_speedup(size: int = 1024, repeats: int = 3) -> float:
 def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:
     """`train.precision` as accelerate takes it ("no", "bf16", "fp16") and a line saying why: "auto" is bf16 autocast
     where `bf16_fast(device)` (a student trained so matched float32's held-out MLM loss and fine-tuned F1 within the
-    seed spread at equal steps: docs/results.md), float32 elsewhere."""
+    seed spread at equal steps: docs/results.md); on a GPU without bf16 (before Ampere) fp16 autocast, whose loss
+    scaling accelerate adds; float32 on a CPU without native bf16."""
     if setting != "auto":
         resolved = setting, f"{_PRECISION_NAMES.get(setting, setting)} (train.precision)"
+    elif device.type == "cuda":
+        chosen = "bf16" if bf16_fast(device) else "fp16"
+        why = "GPU with bf16" if chosen == "bf16" else "GPU without bf16, fp16 with loss scaling"
+        resolved = chosen, f"{_PRECISION_NAMES[chosen]} (auto: {why})"
     else:
-        if device.type == "cuda":
-            fast = bf16_fast(device)
-            why = f"GPU {'with' if fast else 'without'} bf16"
-        else:
-            fast, why = cpu_bf16_fast()
+        fast, why = cpu_bf16_fast()
         resolved = ("bf16" if fast else "no"), f"{_PRECISION_NAMES['bf16' if fast else 'no']} (auto: {why})"
     _last["precision"] = resolved[1]
     return resolved
@@ -76,3 +78,26 @@ def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:
 def precision_note() -> str | None:
     """What this process last resolved `train.precision` to, and why (for a run's report); None before any."""
     return _last.get("precision")
+
+
+def training_device(setting: str = "auto") -> torch.device:
+    """The device `train.device` names: "auto" is the CUDA GPU when one is visible, else the CPU; "cuda" without a
+    visible GPU is an error that says why (a CPU build of PyTorch, or no GPU / driver)."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if setting == "cuda":
+        build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise BiodistilError(f"train.device=cuda: no CUDA GPU is visible to PyTorch {torch.__version__} ({build}; "
+                             "check nvidia-smi and CUDA_VISIBLE_DEVICES); use train.device=auto or cpu")
+    return torch.device("cpu")
+
+
+def prepare_device(device: torch.device) -> None:
+    """Process-wide settings for training on `device`: on CUDA, float32 matmuls and convolutions may use TF32
+    (`torch.set_float32_matmul_precision("high")`, ~8x the float32 rate on Ampere or newer; autocast's bf16 is
+    unaffected)."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True

@@ -106,7 +106,8 @@ def model_identity(name_or_path: str) -> dict[str, Any]:
         return {"embedded": entry.name, "source": entry.description.split(":")[0], "sha256": entry.sha256}
     if folder.is_dir():
         weights = sorted(folder.glob("*.safetensors"))
-        return {"folder": str(folder), "weights": {path.name: file_fingerprint(path)["sha256"] for path in weights}}
+        # the full sha256 whatever the size (a BERT-base teacher's 440 MB take ~1 s): a model is named by its hash
+        return {"folder": str(folder), "weights": {path.name: file_sha256(path) for path in weights}}
     from biodistil.errors import BiodistilError
     from biodistil.models.loading import model_folder
 

@@ -89,6 +89,9 @@ class RunFolder:
 
         lines = [f"# {title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|"]
         rows = {**rows, "CPU threads": torch.get_num_threads()}
+        if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
+            rows["GPU"] = (f"{torch.cuda.get_device_name()}, peak memory "
+                           f"{torch.cuda.max_memory_allocated() / 2**20:,.0f} MiB (torch.cuda.max_memory_allocated)")
         if precision_note() is not None:
             rows["training precision"] = precision_note()
         if compile_note() is not None:

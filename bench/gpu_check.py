@@ -1,0 +1,600 @@
+"""The GPU check: every biodistil command on CUDA, and the distillation figures where the papers trained.
+
+    python bench/gpu_check.py                       # on a GPU: about 5 minutes on one H100
+    python bench/gpu_check.py --device cpu --tiny   # the same script on a CPU, tiny shapes, under a minute
+
+Needs nothing but PyTorch, transformers, tokenizers, safetensors, accelerate, numpy (and biodistil's own dependencies)
+from the machine; downloads nothing. Models are random weights of the real shapes: a BERT-base teacher (12 × 768,
+vocabulary 30,522), its 6 × 768 student (alternate layers) and a 3 × 384 student; the corpus and the NER task are
+synthetic. Sections, each run in a child process (a failure in one never hides the others):
+
+  env        the device, driver, PyTorch build and the chip's bf16 dense peak, measured by a large bf16 matmul;
+  distill    `bench/throughput.py`'s step (plain MLM; live KL at masked positions and everywhere; from the head and
+             top-k caches) at sequence 512 and 128: tokens/s, ratio to plain MLM, MFU (model FLOPs per second over the
+             measured bf16 peak), peak memory; bf16 vs float32 student; the compiled KL rows (Triton) vs eager;
+  commands   the CLI as a user runs it: `distill` (and `--stop-after` + `--resume` against an uninterrupted run, weights
+             compared), `finetune` of the teacher and `kd` into the 3 × 384 student (a few hundred steps),
+             `evaluate --finetuned`, `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with
+             its parity and dev-split checks);
+  modernbert a tiny ModernBERT (local and global attention, byte-level BPE) through `distill`.
+
+Prints one JSON line per measurement (`{"section", "name", "ok", ...}`), then a summary table with the targets of
+docs/gpu.md; `--out FILE` also writes the JSON lines there. Exit status 0 when every measurement ran.
+"""
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+SECTIONS = ("env", "distill", "commands", "modernbert")
+MARK = "GPUCHECK "
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes and few steps (the CPU test's setting)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--out", help="also write the JSON lines to this file")
+    parser.add_argument("--workdir", help="folder for the synthetic data and run folders (default: a temporary one)")
+    parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a child process runs one section
+    parser.add_argument("--section-timeout", type=int, default=420, help="seconds a section may take (420)")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------ shapes
+
+
+class Shapes:
+    """The real shapes (BERT-base teacher, 6 × 768 and 3 × 384 students) or, with --tiny, toy ones."""
+
+    def __init__(self, tiny: bool):
+        self.tiny = tiny
+        self.vocab = 1000 if tiny else 30522
+        self.teacher = (2, 64, 2) if tiny else (12, 768, 12)  # layers, width, heads
+        self.small_student = (1, 32, 2) if tiny else (3, 384, 12)
+        self.seqs = ((64, 4),) if tiny else ((512, 32), (128, 128))  # (sequence, batch) of the distill figures
+        self.rounds = (1, 2) if tiny else (2, 8)  # warm-up, measured
+        self.block = 32 if tiny else 128
+        self.distill_steps = 6 if tiny else 60
+        self.distill_batch = 4 if tiny else 32
+        self.task_sizes = {"train": 32, "dev": 8, "test": 16} if tiny else {"train": 1600, "dev": 200, "test": 400}
+        self.task_batch = 8 if tiny else 16
+        self.task_epochs = 1 if tiny else 2
+        self.corpus_lines = 300 if tiny else 6000
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+def emit(section: str, name: str, ok: bool = True, **figures) -> None:
+    """One measurement: printed as a marked JSON line that the parent process collects."""
+    print(MARK + json.dumps({"section": section, "name": name, "ok": ok, **figures}, default=str), flush=True)
+
+
+def failure(section: str, name: str, began: float) -> None:
+    emit(section, name, ok=False, seconds=round(time.perf_counter() - began, 1),
+         error=traceback.format_exc()[-3000:])
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bf16_peak_tflops(device, size: int) -> float:
+    """The chip's bf16 dense ceiling, measured: TFLOP/s of a [size × size] bf16 matmul, best of 10 after 3 warm-ups."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    best = float("inf")
+    for repeat in range(13):
+        synchronize(device)
+        began = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if repeat >= 3:
+            best = min(best, time.perf_counter() - began)
+    return 2 * size**3 / best / 1e12
+
+
+# ------------------------------------------------------------------------------------------ sections
+
+
+def section_env(args, shapes: Shapes) -> None:
+    import numpy
+    import torch
+    import transformers
+
+    device = torch.device(args.device)
+    facts = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "transformers": transformers.__version__,
+             "numpy": numpy.__version__, "python": sys.version.split()[0], "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts.update(gpu=props.name, capability=f"{props.major}.{props.minor}", memory_gib=round(
+            props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count,
+            bf16=torch.cuda.is_bf16_supported(), driver=_driver())
+        try:
+            import triton
+
+            facts["triton"] = triton.__version__
+        except ImportError:
+            facts["triton"] = None
+    else:
+        from biodistil.training.provenance import cpu_line
+
+        facts["cpu"] = cpu_line()
+    facts["bf16_peak_tflops"] = round(bf16_peak_tflops(device, 512 if shapes.tiny else 8192), 1)
+    emit("env", "machine", **facts)
+
+
+def _driver() -> str | None:
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+        return found.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def section_distill(args, shapes: Shapes) -> None:
+    """`bench/throughput.py`'s measurement in this process, per (sequence, precision, KL rows)."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    import throughput
+
+    from biodistil.training.hardware import prepare_device
+
+    device = torch.device(args.device)
+    prepare_device(device)  # as a run does: TF32 for float32 matmuls on a GPU
+    peak = bf16_peak_tflops(device, 512 if shapes.tiny else 8192)
+    layers, width, heads = shapes.teacher
+    warmup, repeats = shapes.rounds
+    gpu = device.type == "cuda"
+    modes, short = list(throughput.MODES), ["mlm", "live-all", "live-masked", "cache-head"]
+    seq, batch = shapes.seqs[0]
+    variants = [(f"seq{seq}-bf16", seq, batch, "bf16", "auto" if gpu or not shapes.tiny else "false", modes)]
+    if gpu:  # the KL's row kernel compiled by Triton (what `auto` does on a CPU), and the encoders compiled too
+        variants.append((f"seq{seq}-bf16-kl-rows-compiled", seq, batch, "bf16", "rows", short))
+    variants += [(f"seq{s}-bf16", s, b, "bf16", "auto", modes) for s, b in shapes.seqs[1:]]
+    variants.append((f"seq{seq}-fp32", seq, batch, "no", "auto" if gpu or not shapes.tiny else "false",
+                     ["mlm", "live-masked", "cache-head"]))
+    if gpu:
+        variants.append((f"seq{seq}-bf16-compiled", seq, batch, "bf16", "true", ["mlm", "live-masked", "cache-head"]))
+    for name, seq, batch, precision, compile_setting, chosen in variants:
+        began = time.perf_counter()
+        try:
+            argv = ["--device", args.device, "--teacher-layers", str(layers), "--hidden", str(width), "--heads",
+                    str(heads), "--vocab", str(shapes.vocab), "--seq", str(seq), "--batch", str(batch),
+                    "--warmup", str(warmup), "--repeats", str(repeats), "--student-precision", precision,
+                    "--compile", compile_setting, "--modes", *chosen]
+            result = throughput.measure(throughput.parse(argv))
+            device_ms = {mode: sum(ms for phase, ms in phases.items() if phase != "data")
+                         for mode, phases in result["phase_ms"].items()}
+            for mode, rate in result["tokens_per_s"].items():
+                step_ms = sum(result["phase_ms"][mode].values())
+                emit("distill", f"{name}/{mode}", tokens_per_s=rate, ratio_to_mlm=result["ratio_to_mlm"].get(mode),
+                     tflops=round(result["gflops"][mode] / 1000, 2),
+                     mfu=round(result["gflops"][mode] / 1000 / peak, 3), peak_memory_mib=result["peak_memory_mb"][mode],
+                     # without the batch's reading and collation, which a run's loader workers overlap
+                     device_ratio_to_mlm=round(device_ms["mlm"] / device_ms[mode], 3),
+                     device_mfu=round(result["gflops"][mode] / 1000 / peak * step_ms / device_ms[mode], 3),
+                     batch=result["batch"], teacher=result["teacher"], student_layers=result["student_layers"],
+                     student_precision="float32" if mode == "mlm-fp32" else result["student_precision"],
+                     compile=result["compile"],
+                     phase_ms=result["phase_ms"][mode], bf16_peak_tflops=round(peak, 1))
+        except Exception:
+            failure("distill", name, began)
+        finally:
+            if gpu:
+                torch.cuda.empty_cache()
+
+
+def section_commands(args, shapes: Shapes) -> None:
+    """The CLI on synthetic data and random models of the real shapes, each command timed and checked."""
+    work = Path(args.workdir)
+    files = synthetic_world(work, shapes)
+    device_overrides = [f"train.device={args.device}", "train.progress_bar=false", "train.tensorboard=false"]
+    if args.device == "cpu" and shapes.tiny:
+        device_overrides.append("train.compile=false")  # seconds of C++ compile the tiny check need not spend
+    distill = [str(files["distill_recipe"]), *device_overrides]
+    runs = work / "runs"
+    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill", shapes)
+    half = shapes.distill_steps // 2
+    if _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"), "--stop-after",
+                                         str(half)], None, shapes):
+        _command("distill --resume", ["distill", *distill, "--out", str(runs / "resumed"), "--resume"],
+                 runs / "resumed", shapes)
+        compare_weights(runs / "distill" / "model", runs / "resumed" / "model")
+    finetune = ["finetune", str(files["finetune_recipe"]), *device_overrides, "--out", str(runs / "teacher-ner")]
+    if _command("finetune", finetune, runs / "teacher-ner", shapes):
+        kd = ["kd", str(files["kd_recipe"]), *device_overrides, "--out", str(runs / "student-ner")]
+        if _command("kd", kd, runs / "student-ner", shapes):
+            model = runs / "student-ner" / "model"
+            _command("evaluate --finetuned", ["evaluate", "--finetuned", str(model), "--task", str(files["task"]),
+                                              "--out", str(runs / "scored"), "--device", args.device], None, shapes,
+                     results=runs / "scored" / "results.json")
+            _command("export --int8", ["export", str(model), "--out", str(runs / "student-onnx"), "--int8",
+                                       "--task", str(files["task"]), "--split", "dev"], None, shapes,
+                     export=runs / "student-onnx" / "export.json")
+
+
+def _command(name: str, argv: list[str], run_dir: Path | None, shapes: Shapes, results: Path | None = None,
+             export: Path | None = None) -> bool:
+    """Run one `biodistil` command in this process (--debug: a failure keeps its traceback); emit its figures."""
+    from biodistil.cli.main import main
+
+    began = time.perf_counter()
+    try:
+        code = main(["--debug", *argv])
+        if code != 0:
+            raise RuntimeError(f"biodistil {' '.join(argv)} exited with {code}")
+        figures: dict = {"seconds": round(time.perf_counter() - began, 1)}
+        summary = run_dir / "summary.json" if run_dir else None
+        if summary is not None and summary.is_file():
+            figures.update(_summary_figures(json.loads(summary.read_text())))
+        if results is not None:
+            found = json.loads(results.read_text())
+            figures["scores"] = {label: {task: round(cell.get("mean", float("nan")), 4) for task, cell in tasks.items()}
+                                 for label, tasks in found.get("summary", {}).items()}
+        if export is not None:
+            figures["export"] = _export_figures(json.loads(export.read_text()))
+        emit("commands", name, **figures)
+        return True
+    except BaseException:
+        failure("commands", name, began)
+        return False
+
+
+def _summary_figures(summary: dict) -> dict:
+    result = summary.get("result", summary.get("train", {})) or {}
+    wanted = ("steps", "tokens_per_second", "peak_gpu_memory_mb", "best_step", "best_score")
+    figures = {key: result[key] for key in wanted if isinstance(result, dict) and key in result}
+    for key in ("test", "dev", "test_scores"):
+        if isinstance(summary.get(key), dict):
+            figures[key] = {k: round(v, 4) for k, v in summary[key].items() if isinstance(v, float)}
+    return figures
+
+
+def _export_figures(record: dict) -> dict:
+    keep = ("parity", "max_abs_diff", "int8", "int8_scheme", "scores", "fused", "notes", "checks")
+    return {key: record[key] for key in keep if key in record} or {"keys": sorted(record)}
+
+
+def compare_weights(first: Path, second: Path) -> None:
+    """An uninterrupted run and one stopped and resumed: their final weights, tensor by tensor."""
+    import torch
+    from safetensors.torch import load_file
+
+    began = time.perf_counter()
+    try:
+        a, b = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+        if sorted(a) != sorted(b):
+            raise RuntimeError(f"different tensors: {sorted(set(a) ^ set(b))[:5]}")
+        diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+        identical = all(torch.equal(a[k], b[k]) for k in a)
+        emit("commands", "resume equals uninterrupted", ok=diff < 1e-4, bit_identical=identical, max_abs_diff=diff,
+             tensors=len(a))
+    except Exception:
+        failure("commands", "resume equals uninterrupted", began)
+
+
+def section_modernbert(args, shapes: Shapes) -> None:
+    """A tiny ModernBERT teacher (global every 3rd layer, local window 8, byte-level BPE) distilled into its
+    alternate layers on the device."""
+    work = Path(args.workdir)
+    began = time.perf_counter()
+    try:
+        from biodistil.config import ArchitectureConfig
+        from biodistil.models.student import model_from_architecture
+
+        corpus = work / "modernbert-corpus.txt"
+        corpus.write_text(synthetic_corpus(400, seed=5), encoding="utf-8")
+        tokenizer = train_bpe(corpus.read_text().splitlines(), 600, work / "modernbert-tokenizer")
+        import torch
+
+        torch.manual_seed(0)
+        arch = ArchitectureConfig(model_type="modernbert", num_layers=4, hidden_size=64, num_heads=4,
+                                  intermediate_size=128, max_position_embeddings=128, dropout=0.0,
+                                  global_attention_every=3, local_attention=8)
+        teacher = work / "modernbert-teacher"
+        model_from_architecture(arch, tokenizer).save_pretrained(teacher)
+        tokenizer.save_pretrained(teacher)
+        recipe = work / "modernbert-distil.yaml"
+        recipe.write_text(json.dumps({
+            "run": {"output_dir": str(work / "runs" / "modernbert"), "seed": 1},
+            "teacher": {"name_or_path": str(teacher)}, "student": {"init": "teacher_layers"},
+            "data": {"train": [str(corpus)], "block_size": 64, "cache_dir": str(work / "cache"), "eval_fraction": 0},
+            "objective": {"temperature": 2.0, "terms": [{"loss": "mlm", "weight": 2.0},
+                                                        {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
+                                                        {"loss": "hidden_cosine"}]},
+            "train": {"max_steps": 8, "batch_size": 8, "warmup_steps": 0, "eval_every": 0, "save_every": 0,
+                      "log_every": 2, "device": args.device, "progress_bar": False, "tensorboard": False,
+                      **({"compile": False} if args.device == "cpu" else {})}}), encoding="utf-8")
+    except Exception:
+        failure("modernbert", "setup", began)
+        return
+    _command_in("modernbert", "distill (ModernBERT, local + global attention)", ["distill", str(recipe)],
+                work / "runs" / "modernbert", shapes)
+
+
+def _command_in(section: str, name: str, argv: list[str], run_dir: Path, shapes: Shapes) -> None:
+    from biodistil.cli.main import main
+
+    began = time.perf_counter()
+    try:
+        if main(["--debug", *argv]) != 0:
+            raise RuntimeError(f"biodistil {' '.join(argv)} failed")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        emit(section, name, seconds=round(time.perf_counter() - began, 1), **_summary_figures(summary))
+    except BaseException:
+        failure(section, name, began)
+
+
+# ------------------------------------------------------------------------------------------ synthetic world
+
+WORDS = ["the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
+         "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",
+         "activation", "pathway", "signalling", "transcription", "factor", "apoptosis", "therapy", "clinical", "trial",
+         "dose", "response", "antibody", "antigen", "immune", "infection", "virus", "resistance", "cytokine", "liver",
+         "renal"]
+ENTITIES = ("carcinoma", "leukemia", "melanoma", "diabetes", "asthma", "fibrosis", "sarcoma", "glioma")
+
+
+def synthetic_corpus(lines: int, seed: int) -> str:
+    """Sentences of biomedical-looking words (and filler words of the synthetic vocabulary), documents of 5."""
+    rng = random.Random(seed)
+    pool = [*WORDS, *ENTITIES, *(f"w{i}" for i in range(600))]
+    out = []
+    for i in range(lines):
+        out.append(" ".join(rng.choice(pool) for _ in range(rng.randint(8, 40))) + " .")
+        if i % 5 == 4:
+            out.append("")
+    return "\n".join(out) + "\n"
+
+
+def wordpiece_tokenizer(folder: Path, size: int):
+    """An uncased BERT WordPiece tokenizer ([CLS] a [SEP] b [SEP]) of exactly `size` entries: BERT's specials, the
+    synthetic words, letters and their ## forms, then filler entries; saved to `folder`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *letters, *(f"##{c}" for c in letters),
+             *WORDS, *ENTITIES, *(f"w{i}" for i in range(600))]
+    vocab += [f"x{i}" for i in range(size - len(vocab))]
+    backend = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab[:size])}, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", do_lower_case=True,
+                                        model_max_length=512)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def train_bpe(lines: list[str], vocab_size: int, folder: Path):
+    """A ModernBERT-style byte-level BPE tokenizer without token types, trained with the `tokenizers` library."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
+                                                           special_tokens=special,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                        model_input_names=["input_ids", "attention_mask"])
+    tokenizer.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def write_ner_task(folder: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """A disease-NER task in BioBERT TSV: ENTITIES words are diseases (B, then I for a following one)."""
+    rng = random.Random(seed)
+    files = {}
+    for split, size in sizes.items():
+        lines = []
+        for _ in range(size):
+            previous = "O"
+            for _ in range(rng.randint(8, 40)):
+                word = rng.choice(ENTITIES) if rng.random() < 0.12 else rng.choice(WORDS)
+                tag = ("I" if previous != "O" else "B") if word in ENTITIES else "O"
+                lines.append(f"{word}\t{tag}")
+                previous = tag
+            lines.append("")
+        path = folder / f"{split}.tsv"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files[split] = str(path)
+    spec = folder / "synthetic_ner.yaml"
+    spec.write_text(json.dumps({"name": "synthetic_ner", "kind": "token_classification", "format": "biobert_ner_tsv",
+                                "files": files, "labels": ["O", "B", "I"], "metric": "entity_f1",
+                                "max_length": 128, "truncation": "split"}), encoding="utf-8")
+    return spec
+
+
+def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
+    """Tokenizer, BERT-base-shaped teacher and 3 × 384 student (random weights), corpus, NER task and recipes."""
+    import torch
+
+    from biodistil.config import ArchitectureConfig
+    from biodistil.models.student import model_from_architecture
+
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = wordpiece_tokenizer(work / "tokenizer", shapes.vocab)
+    corpus = work / "corpus.txt"
+    corpus.write_text(synthetic_corpus(shapes.corpus_lines, seed=1), encoding="utf-8")
+    models = {}
+    for name, (n, d, h), seed in (("teacher", shapes.teacher, 0), ("student-3x", shapes.small_student, 1)):
+        torch.manual_seed(seed)
+        arch = ArchitectureConfig(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d,
+                                  max_position_embeddings=512)
+        models[name] = work / name
+        model_from_architecture(arch, tokenizer).save_pretrained(models[name])
+        tokenizer.save_pretrained(models[name])
+    task_folder = work / "ner"
+    task_folder.mkdir(exist_ok=True)
+    task = write_ner_task(task_folder, shapes.task_sizes)
+    train = {"batch_size": shapes.distill_batch, "warmup_steps": 0, "eval_every": 0, "log_every": 5}
+    recipes = {
+        "distill_recipe": {
+            "run": {"output_dir": str(work / "runs" / "distill"), "seed": 7},
+            "teacher": {"name_or_path": str(models["teacher"])}, "student": {"init": "teacher_layers"},
+            "data": {"train": [str(corpus)], "block_size": shapes.block, "cache_dir": str(work / "cache"),
+                     "eval_fraction": 0},
+            "objective": {"temperature": 2.0, "terms": [{"loss": "mlm", "weight": 2.0},
+                                                        {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
+                                                        {"loss": "hidden_cosine"}]},
+            "train": {**train, "max_steps": shapes.distill_steps, "save_every": shapes.distill_steps // 2,
+                      "learning_rate": 5e-4}},
+        "finetune_recipe": {
+            "run": {"output_dir": str(work / "runs" / "teacher-ner"), "seed": 1},
+            "model": {"name_or_path": str(models["teacher"])}, "task": {"name": str(task)},
+            "finetune": {"epochs": shapes.task_epochs},
+            "train": {**train, "batch_size": shapes.task_batch, "learning_rate": 5e-5, "warmup_ratio": 0.1,
+                      "save_every": 0}},
+        "kd_recipe": {
+            "run": {"output_dir": str(work / "runs" / "student-ner"), "seed": 1},
+            "teacher": {"name_or_path": str(work / "runs" / "teacher-ner" / "model")},
+            "student": {"name_or_path": str(models["student-3x"])}, "task": {"name": str(task)},
+            "transfer": {"source": {"kind": "in_domain"}, "keep_labels": True},
+            "kd": {"soft_loss": "hinton", "alpha": 0.5, "beta": 0.5, "temperature": 2.0,
+                   "epochs": shapes.task_epochs, "cache_dir": str(work / "teacher-store")},
+            "train": {**train, "batch_size": shapes.task_batch, "learning_rate": 1e-4, "warmup_ratio": 0.1,
+                      "save_every": 0}},
+    }
+    paths = {"task": task, **{name: work / f"{name}.yaml" for name in recipes}}
+    for name, raw in recipes.items():
+        paths[name].write_text(json.dumps(raw, indent=1), encoding="utf-8")
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ the parent
+
+
+def run_section(args, section: str, workdir: Path) -> list[dict]:
+    """One section in a child process (its own CUDA context); its marked lines are the records."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--device", args.device,
+               "--workdir", str(workdir), *(["--tiny"] if args.tiny else [])]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if section == "commands":  # deterministic cuBLAS workspaces: resume compared bit for bit on one GPU
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    began = time.perf_counter()
+    records = []
+    try:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        tail: list[str] = []
+        deadline = began + args.section_timeout
+        for line in child.stdout:
+            if line.startswith(MARK):
+                records.append(json.loads(line[len(MARK):]))
+                print(line[len(MARK):], end="", flush=True)
+            else:
+                tail = [*tail[-40:], line.rstrip()]
+            if time.perf_counter() > deadline:
+                child.kill()
+                raise TimeoutError(f"section {section} ran past {args.section_timeout} s")
+        code = child.wait()
+        if code != 0:
+            records.append({"section": section, "name": "process", "ok": False,
+                            "error": f"exit {code}; last output:\n" + "\n".join(tail[-25:])})
+    except Exception as err:
+        records.append({"section": section, "name": "process", "ok": False, "error": repr(err)})
+    if records and not records[-1]["ok"] and records[-1]["name"] == "process":
+        print(json.dumps(records[-1]), flush=True)
+    print(f"# section {section}: {time.perf_counter() - began:.0f} s", flush=True)
+    return records
+
+
+SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "triton", "cpu", "bf16_peak_tflops",
+         "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu", "peak_memory_mib", "seconds",
+         "steps", "tokens_per_second",
+         "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score")
+
+
+def summary_table(records: list[dict]) -> str:
+    lines = ["| section | measurement | ok | figures |", "|---|---|---|---|"]
+    for record in records:
+        figures = {k: v for k, v in record.items() if k in SHOWN}
+        text = ", ".join(f"{k} {v}" for k, v in figures.items() if not isinstance(v, dict | list))
+        if not record["ok"]:
+            text = (record.get("error") or "").strip().splitlines()[-1][:160] if record.get("error") else "failed"
+        lines.append(f"| {record['section']} | {record['name']} | {'yes' if record['ok'] else 'NO'} | {text} |")
+    return "\n".join(lines)
+
+
+def targets(records: list[dict]) -> list[str]:
+    """The issue's GPU targets, read off the records (only where the records hold them)."""
+    found = {f"{r['section']}/{r['name']}": r for r in records if r["ok"]}
+    lines = []
+    mlm = found.get("distill/seq512-bf16/mlm")
+    if mlm:
+        lines.append(f"plain MLM, 6 x 768, bf16, seq 512: MFU {mlm['mfu']:.1%}, {mlm['device_mfu']:.1%} without the "
+                     "batch's collation (target >= 40%)")
+    compiled = found.get("distill/seq512-bf16-compiled/mlm")
+    if compiled:
+        lines.append(f"the same, encoders compiled (train.compile: true): MFU {compiled['mfu']:.1%}, "
+                     f"{compiled['device_mfu']:.1%} without the collation")
+    for mode, goal in (("live-masked", 0.75), ("cache-head", 0.9)):
+        record = found.get(f"distill/seq512-bf16/{mode}")
+        if record:
+            lines.append(f"{mode}: {record['ratio_to_mlm']:.2f} x plain MLM, {record['device_ratio_to_mlm']:.2f} "
+                         f"without the collation (target >= {goal})")
+    resume = found.get("commands/resume equals uninterrupted")
+    if resume:
+        lines.append(f"resume: bit-identical {resume['bit_identical']} (max |diff| {resume['max_abs_diff']:.2e})")
+    failed = [f"{r['section']}/{r['name']}" for r in records if not r["ok"]]
+    lines.append(f"every measurement ran: {'yes' if not failed else 'NO, failed: ' + ', '.join(failed)}")
+    return lines
+
+
+def main() -> int:
+    args = parse()
+    shapes = Shapes(args.tiny)
+    if args.section:  # a child: one section
+        if args.section == "commands" and args.device == "cuda":
+            import torch
+
+            torch.use_deterministic_algorithms(True, warn_only=True)  # resume compared bit for bit
+        {"env": section_env, "distill": section_distill, "commands": section_commands,
+         "modernbert": section_modernbert}[args.section](args, shapes)
+        return 0
+    import tempfile
+
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        workdir = Path(args.workdir or scratch)
+        records = [record for section in args.sections for record in run_section(args, section, workdir)]
+    print()
+    print(summary_table(records))
+    print()
+    for line in targets(records):
+        print(f"- {line}")
+    print(f"- whole check: {time.perf_counter() - began:.0f} s on {args.device}{' (tiny)' if args.tiny else ''}")
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return 0 if all(record["ok"] for record in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The CUDA paths, checked where no GPU is (issue 34): device choice and its errors, the precision and compile
+decisions a GPU gets, and `bench/gpu_check.py` run on the CPU with tiny shapes so that it cannot rot. The same script
+on a GPU gave docs/results/gpu/ (docs/gpu.md)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from biodistil.cli.main import main
+from biodistil.errors import BiodistilError
+from biodistil.training import compiling, hardware
+
+REPO = Path(__file__).resolve().parents[1]
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without a GPU")
+
+
+@no_gpu
+def test_train_device_cuda_without_a_gpu_is_an_error_that_says_why(tmp_path, teacher_dir, capsys):
+    with pytest.raises(BiodistilError, match=r"train.device=cuda: no CUDA GPU is visible .*use train.device=auto"):
+        hardware.training_device("cuda")
+    assert hardware.training_device("auto") == hardware.training_device("cpu") == torch.device("cpu")
+    code = main(["finetune", str(REPO / "recipes" / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
+                 "train.device=cuda", "--out", str(tmp_path / "run")])
+    assert code == 2 and "train.device=cuda: no CUDA GPU is visible" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists(), "refused before anything ran"
+
+
+@no_gpu
+def test_evaluate_finetuned_on_cuda_without_a_gpu_is_an_error(tmp_path, kd_models, capsys):
+    from kd_fixtures import write_pair_task
+
+    teacher, _ = kd_models
+    task = write_pair_task(tmp_path / "task")
+    code = main(["evaluate", "--finetuned", str(teacher), "--task", str(task), "--device", "cuda",
+                 "--out", str(tmp_path / "scored")])
+    assert code == 2 and "no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_auto_precision_on_a_gpu_is_bf16_where_it_has_bf16_else_fp16_with_loss_scaling(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(hardware, "bf16_fast", lambda device: True)
+    assert hardware.resolve_precision("auto", cuda) == ("bf16", "bf16 autocast (auto: GPU with bf16)")
+    monkeypatch.setattr(hardware, "bf16_fast", lambda device: False)
+    chosen, why = hardware.resolve_precision("auto", cuda)
+    assert chosen == "fp16" and "without bf16" in why and "loss scaling" in why
+    assert hardware.resolve_precision("no", cuda)[0] == "no", "an explicit setting is kept"
+
+
+def test_train_compile_on_a_gpu_auto_keeps_the_eager_rows_and_true_compiles_them(monkeypatch):
+    from biodistil.losses import distillation
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(distillation, "_ROWS", {"compiled": None, "on": True})
+    monkeypatch.setattr(compiling, "triton_available", lambda: True)
+    said = compiling.apply_compile("auto", torch.nn.Module(), cuda)
+    assert said.startswith("auto: nothing on a GPU") and not distillation._ROWS["on"]
+    monkeypatch.setattr(compiling, "compile_encoders", lambda module: "BertForMaskedLM")
+    said = compiling.apply_compile(True, torch.nn.Module(), cuda)
+    assert said == "true: the encoders of BertForMaskedLM and the vocabulary KL's row kernel"
+    assert distillation._ROWS["on"]
+    monkeypatch.setattr(compiling, "triton_available", lambda: False)
+    said = compiling.apply_compile(True, torch.nn.Module(), cuda)
+    assert said.startswith("true: nothing, Triton is not installed") and not distillation._ROWS["on"]
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path):
+    """`bench/gpu_check.py --device cpu --tiny`: every section runs and its records hold what docs/gpu.md reads."""
+    out = tmp_path / "check.jsonl"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                           "--out", str(out), "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = {f"{r['section']}/{r['name']}": r for r in map(json.loads, out.read_text().splitlines())}
+    assert all(record["ok"] for record in records.values())
+    assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "modernbert"}
+    mlm, live = records["distill/seq64-bf16/mlm"], records["distill/seq64-bf16/live-all"]
+    assert mlm["ratio_to_mlm"] == 1.0 and mlm["tokens_per_s"] > 0 and 0 < mlm["mfu"] < 1
+    assert live["ratio_to_mlm"] < 1, "the KL at every position costs the teacher's forward and the vocabulary KL"
+    for command in ("distill", "distill --resume", "finetune", "kd", "evaluate --finetuned", "export --int8"):
+        assert f"commands/{command}" in records, command
+    resume = records["commands/resume equals uninterrupted"]
+    assert resume["bit_identical"] and resume["max_abs_diff"] == 0.0
+    assert records["commands/finetune"]["steps"] > 0 and "f1" in records["commands/kd"]["test"]
+    assert records["commands/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
+    assert "| commands | resume equals uninterrupted | yes |" in done.stdout, "the summary table"
