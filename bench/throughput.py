@@ -219,17 +219,23 @@ def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: in
     return {"student": 3 * (layers(student) + rows * head(student)), "teacher": teacher_flops}
 
 
-def profile_modes(modes: list[str], step, first: int, rounds: int) -> None:
+def profile_modes(modes: list[str], step, first: int, rounds: int, device: torch.device) -> None:
     """Each mode's `rounds` steps (batches from `first` on) under torch.profiler: its most expensive operators by
-    self CPU time, to see where one mode's time goes that another's does not."""
+    self CPU time (on a GPU: by self device time, the kernels), to see where one mode's time goes that another's does
+    not."""
     from torch.profiler import ProfilerActivity, profile
 
+    gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
     for mode in modes:
-        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        with profile(activities=activities) as profiler:
             for index in range(first, first + rounds):
                 step(mode, index)
-        print(f"--- {mode}: {rounds} steps, operators by self CPU time")
-        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=40))
+            if gpu:
+                torch.cuda.synchronize()
+        key = "self_device_time_total" if gpu else "self_cpu_time_total"
+        print(f"--- {mode}: {rounds} steps, operators by {key.removesuffix('_total').replace('_', ' ')}")
+        print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
 
 
 def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> float:
@@ -285,7 +291,8 @@ def measure(args: argparse.Namespace) -> dict:
     for mode in modes:
         objective = Objective(objective_config(positions[mode]), student, None if positions[mode] is None else teacher)
         module = MaskedLMModule(student, objective, signals[mode]).train()
-        optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
+        optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5,
+                                      fused=device.type == "cuda" or None)  # as the engine: fused on a GPU
         modules[mode] = (module, optimizer)
 
     phases: dict[str, dict[str, list[float]]] = {mode: defaultdict(list) for mode in modes}
@@ -335,7 +342,7 @@ def measure(args: argparse.Namespace) -> dict:
     phase_ms = {mode: {phase: round(1000 * statistics.median(times[measured]), 1) for phase, times in laps.items()}
                 for mode, laps in phases.items()}
     if args.profile:
-        profile_modes(modes, step, args.warmup + args.repeats, args.profile)
+        profile_modes(modes, step, args.warmup + args.repeats, args.profile, device)
     tokens_per_s = {mode: statistics.median(values) for mode, values in rates.items()}
     result = {
         "device": str(device), "threads": torch.get_num_threads(), "load_1min": os.getloadavg()[0],
