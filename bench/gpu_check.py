@@ -25,7 +25,6 @@ docs/gpu.md; `--out FILE` also writes the JSON lines there. Exit status 0 when e
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -297,6 +296,7 @@ def section_modernbert(args, shapes: Shapes) -> None:
     began = time.perf_counter()
     try:
         from biodistil.config import ArchitectureConfig
+        from biodistil.data.synthetic import train_bpe
         from biodistil.models.student import model_from_architecture
 
         corpus = work / "modernbert-corpus.txt"
@@ -353,15 +353,10 @@ ENTITIES = ("carcinoma", "leukemia", "melanoma", "diabetes", "asthma", "fibrosis
 
 
 def synthetic_corpus(lines: int, seed: int) -> str:
-    """Sentences of biomedical-looking words (and filler words of the synthetic vocabulary), documents of 5."""
-    rng = random.Random(seed)
-    pool = [*WORDS, *ENTITIES, *(f"w{i}" for i in range(600))]
-    out = []
-    for i in range(lines):
-        out.append(" ".join(rng.choice(pool) for _ in range(rng.randint(8, 40))) + " .")
-        if i % 5 == 4:
-            out.append("")
-    return "\n".join(out) + "\n"
+    """Sentences of biomedical-looking words and filler words of the synthetic vocabulary, documents of 5."""
+    from biodistil.data.synthetic import synthetic_corpus as corpus_of
+
+    return corpus_of([*WORDS, *ENTITIES, *(f"w{i}" for i in range(600))], lines, seed, length=(8, 40))
 
 
 def wordpiece_tokenizer(folder: Path, size: int):
@@ -387,57 +382,12 @@ def wordpiece_tokenizer(folder: Path, size: int):
     return tokenizer
 
 
-def train_bpe(lines: list[str], vocab_size: int, folder: Path):
-    """A ModernBERT-style byte-level BPE tokenizer without token types, trained with the `tokenizers` library."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
-                                                           special_tokens=special,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-                                        model_input_names=["input_ids", "attention_mask"])
-    tokenizer.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
-
-
-def write_ner_task(folder: Path, sizes: dict[str, int], seed: int = 0) -> Path:
-    """A disease-NER task in BioBERT TSV: ENTITIES words are diseases (B, then I for a following one)."""
-    rng = random.Random(seed)
-    files = {}
-    for split, size in sizes.items():
-        lines = []
-        for _ in range(size):
-            previous = "O"
-            for _ in range(rng.randint(8, 40)):
-                word = rng.choice(ENTITIES) if rng.random() < 0.12 else rng.choice(WORDS)
-                tag = ("I" if previous != "O" else "B") if word in ENTITIES else "O"
-                lines.append(f"{word}\t{tag}")
-                previous = tag
-            lines.append("")
-        path = folder / f"{split}.tsv"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        files[split] = str(path)
-    spec = folder / "synthetic_ner.yaml"
-    spec.write_text(json.dumps({"name": "synthetic_ner", "kind": "token_classification", "format": "biobert_ner_tsv",
-                                "files": files, "labels": ["O", "B", "I"], "metric": "entity_f1",
-                                "max_length": 128, "truncation": "split"}), encoding="utf-8")
-    return spec
-
-
 def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
     """Tokenizer, BERT-base-shaped teacher and 3 × 384 student (random weights), corpus, NER task and recipes."""
     import torch
 
     from biodistil.config import ArchitectureConfig
+    from biodistil.data.synthetic import write_ner_task
     from biodistil.models.student import model_from_architecture
 
     work.mkdir(parents=True, exist_ok=True)
@@ -453,8 +403,8 @@ def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
         model_from_architecture(arch, tokenizer).save_pretrained(models[name])
         tokenizer.save_pretrained(models[name])
     task_folder = work / "ner"
-    task_folder.mkdir(exist_ok=True)
-    task = write_ner_task(task_folder, shapes.task_sizes)
+    task = write_ner_task(task_folder, "synthetic_ner", ENTITIES, WORDS, shapes.task_sizes, length=(8, 40),
+                          max_length=128)
     train = {"batch_size": shapes.distill_batch, "warmup_steps": 0, "eval_every": 0, "log_every": 5}
     recipes = {
         "distill_recipe": {

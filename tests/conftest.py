@@ -3,7 +3,6 @@ task with a teacher fine-tuned on it and a student, all offline. Helper function
 `numerics`."""
 
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig
+from biodistil.data.synthetic import synthetic_corpus as corpus_of
 from biodistil.data.vocab import train_wordpiece
 from biodistil.models.student import model_from_architecture
 
@@ -40,13 +40,7 @@ WORDS = [
 
 def synthetic_corpus(lines: int = 400, seed: int = 0) -> str:
     """Sentences of biomedical-looking words, a blank line between documents of 5 sentences."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(lines):
-        out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))) + " .")
-        if i % 5 == 4:
-            out.append("")
-    return "\n".join(out) + "\n"
+    return corpus_of(WORDS, lines, seed)
 
 
 @pytest.fixture(scope="session")

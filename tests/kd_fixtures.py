@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig, validate_recipe
+from biodistil.data.synthetic import write_ner_task
 from biodistil.kd.recipe import KDRecipe
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.student import model_from_architecture
@@ -45,27 +46,7 @@ def write_pair_task(folder: Path, sizes: dict[str, int] | None = None, seed: int
 
 def write_token_task(folder: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> Path:
     """A tiny NER task (BioBERT TSV): POSITIVE words are entities (B, and I when two follow each other)."""
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for split, size in (sizes or {"train": 24, "test": 12}).items():
-        lines = []
-        for _ in range(size):
-            previous = "O"
-            for _ in range(rng.randint(5, 30)):
-                word = rng.choice(POSITIVE + OTHER)
-                tag = ("I" if previous != "O" else "B") if word in POSITIVE else "O"
-                lines.append(f"{word}\t{tag}")
-                previous = tag
-            lines.append("")
-        path = folder / f"{split}.tsv"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        files[split] = str(path)
-    spec = folder / "tiny_ner.yaml"
-    spec.write_text(json.dumps({"name": "tiny_ner", "kind": "token_classification", "format": "biobert_ner_tsv",
-                                "files": files, "labels": ["O", "B", "I"], "metric": "entity_f1",
-                                "max_length": 16, "truncation": "split"}), encoding="utf-8")
-    return spec
+    return write_ner_task(folder, "tiny_ner", POSITIVE, OTHER, sizes or {"train": 24, "test": 12}, seed=seed)
 
 
 def save_teacher(teacher_dir: Path, task: TaskSpec, target: Path, seed: int = 0) -> Path:

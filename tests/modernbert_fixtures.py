@@ -4,32 +4,10 @@ with the `tokenizers` library), tiny ModernBERT models with global and local lay
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from biodistil.config import ArchitectureConfig
+from biodistil.data.synthetic import train_bpe  # noqa: F401 (re-exported for the tests)
 from biodistil.models.student import model_from_architecture
-
-SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def train_bpe(lines: list[str], vocab_size: int, folder: Path) -> PreTrainedTokenizerFast:
-    """A ModernBERT-style tokenizer: byte-level BPE without a prefix space, [CLS] A [SEP] (B [SEP]), and no
-    token_type_ids; saved to `folder` and loaded back as transformers does."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(lines, trainer)
-    cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-                                        model_input_names=["input_ids", "attention_mask"])
-    tokenizer.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
 
 
 def modernbert_arch(layers: int = 4, hidden: int = 32, heads: int = 2, every: int = 3, window: int = 4,
