@@ -374,3 +374,49 @@ def test_the_quick_demo_continues_with_any_spelling_of_its_folder(tmp_path):
             f"demo --quick --out {out} in {cwd} ran a stage again"
         assert json.loads((demo / "report.json").read_text())["rows"] == report["rows"]
     assert not (other / "runs").exists()
+
+
+JOB_STUDY = f"""
+run: {{output_dir: job/study}}
+data_dir: job/data
+seeds: [1]
+student: job/student
+teacher_init: job/teacher
+tasks: [{{name: bioasq, teacher_overrides: {{finetune: {{epochs: 1}}}}}}]
+defaults:
+  finetune: {{task: {{max_length: 48}}, finetune: {{epochs: 1}}, train: {TASK_TRAIN}}}
+  kd: {{task: {{max_length: 48}}, kd: {{epochs: 1, cache_dir: job/cache}}, train: {TASK_TRAIN}}}
+arms:
+  - {{name: finetuned, command: finetune}}
+  - {{name: distilled, command: kd, overrides: {{transfer: {{source: {{kind: saved, path: job/transfer_set}}}}}}}}
+"""
+
+
+@pytest.mark.slow
+def test_a_copied_job_whose_paths_lie_in_its_own_folder_runs_again_from_its_new_place(workspace, tmp_path):
+    """Issue 38, case 1 (as the demo is: a study whose student, cache and transfer set lie in the job's folder): a
+    finished job copied with `cp -r` elsewhere, one arm's record gone, and the command run again from the new place
+    with relative paths (`--resume`, as for any finished study). The arm runs again there; its recorded recipe names
+    the old place, which is no difference."""
+    ws = workspace
+    job = tmp_path / "first" / "job"
+    for source, name in (("models/student", "student"), ("models/teacher", "teacher"), ("data", "data"),
+                         ("runs/transfer/transfer_set", "transfer_set")):
+        shutil.copytree(ws / source, job / name)
+    (tmp_path / "first" / "study.yaml").write_text(JOB_STUDY, encoding="utf-8")
+    biodistil(tmp_path / "first", ["study", "study.yaml"])
+    arm = Path("job/study/bioasq/distilled/seed-1")
+    assert (tmp_path / "first" / arm / "metrics.json").is_file()
+
+    copy = tmp_path / "elsewhere" / "copy"  # `cp -r first ../elsewhere/copy`: the whole job under another name
+    shutil.copytree(tmp_path / "first", copy)
+    (copy / arm / "metrics.json").unlink()  # this arm must run again (from its checkpoint)
+    _, err = biodistil(copy, ["study", "study.yaml"], expected=2)
+    assert FINISHED in err, "a finished study is continued with --resume"
+    _, err = biodistil(copy, ["study", "study.yaml", "--resume"])
+    assert DIFFERS not in err
+    assert (copy / arm / "metrics.json").is_file(), "the arm ran again in the copy"
+    recorded_config = yaml.safe_load((copy / arm / "config.yaml").read_text())
+    assert recorded_config["run"]["output_dir"] == str(copy / arm), "the copy's own run folder"
+    assert not (tmp_path / "first" / arm / "metrics.json").stat().st_mtime_ns > \
+        (copy / arm / "metrics.json").stat().st_mtime_ns, "the original was not touched"

@@ -202,8 +202,8 @@ def test_a_damaged_shard_of_a_complete_cache_is_found_and_rebuilt(tmp_path, teac
     data[len(data) // 2] ^= 0xFF  # same size, same footer: only the checksum sees it
     flipped.write_bytes(bytes(data))
     reader = CacheReader(cache, patterns)
-    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow does not match its checksum.*run the "
-                                             "same command again"):
+    with pytest.raises(BiodistilError, match=r"pattern-1/shard-00000\.arrow does not match its checksum.*found 1 of "
+                                             r".*Run the same command again"):
         reader.entry(0, 1)
     assert not cache.complete(1) and not flipped.exists(), "deleted and marked for rebuilding"
     assert setup.build().built == 1 and shard_bytes(cache, patterns) == complete
@@ -211,6 +211,27 @@ def test_a_damaged_shard_of_a_complete_cache_is_found_and_rebuilt(tmp_path, teac
     assert setup.build().built == 0, "without verification a same-size shard passes the quick checks"
     assert setup.build(verify=True).built == 1, "cache-teacher verifies every checksum and rebuilds"
     assert shard_bytes(cache, patterns) == complete
+
+
+def test_many_damaged_shards_are_all_found_at_the_first_and_rebuilt_in_one_pass(tmp_path, teacher_dir, corpus_file):
+    """Bytes flipped in every shard: the first read checks them all, deletes every damaged one and says how many, so
+    one build (the next run's) repairs the whole cache, not one shard per run."""
+    setup = Setup(cache_recipe(teacher_dir, corpus_file, tmp_path))
+    cache, patterns = setup.caches[0].cache, setup.caches[0].patterns
+    setup.build()
+    complete = shard_bytes(cache, patterns)
+    shards = [cache.shard_path(p, s) for p in patterns for s in range(cache.shards)]
+    assert len(shards) >= 4
+    for path in shards:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    reader = CacheReader(cache, patterns)  # the quick checks (size, footer) pass
+    with pytest.raises(BiodistilError, match=rf"found {len(shards)} of {len(shards)} damaged .*Run the same command "
+                                             r"again: it rebuilds all of them first.*cache-teacher"):
+        reader.entry(0, patterns[0])
+    assert not any(path.exists() for path in shards) and not any(cache.complete(p) for p in patterns)
+    assert setup.build().built == len(shards) and shard_bytes(cache, patterns) == complete, "one pass repairs all"
 
 
 @pytest.mark.parametrize("logits", ["top_k", "head"])

@@ -11,7 +11,6 @@ Every stage is an ordinary run folder under DIR; an interrupted demo continues w
 this small learn little: the scores show that the pipeline runs, not what distillation achieves.
 """
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from biodistil.config import DistillRecipe, PretrainRecipe, TrainConfig, validat
 from biodistil.data.paths import require_file, resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.finetune.on_task import finetune_on_task
-from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.methods.task_agnostic import run_distill, run_pretrain
 from biodistil.models.size import count_parameters
 from biodistil.paths import absolute, recorded
@@ -128,7 +127,7 @@ def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: Quic
     result_file = folder / "result.json"
     run_stage(folder, result_file.is_file, lambda resume: _finetune_row(name, model_dir, task, root, plan, folder),
               resumable=False)
-    return json.loads(result_file.read_text())
+    return read_json(result_file, "quick demo's result row")
 
 
 def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: QuickPlan, folder: Path) -> None:
@@ -139,7 +138,7 @@ def _finetune_row(name: str, model_dir: Path, task, root: Path, plan: QuickPlan,
     outcome = finetune_on_task(model_dir, task, root, cfg, folder, seed=13, epochs=plan.finetune_epochs,
                                max_examples=plan.max_task_examples)
     sizes = count_parameters(outcome.model.base_model)
-    stage = json.loads((model_dir.parent / "summary.json").read_text())["result"]
+    stage = read_json(model_dir.parent / "summary.json", "stage's summary")["result"]
     metrics = outcome.test_scores
     row = {"model": name, "path": recorded(model_dir, folder.parent.parent),  # relative to the demo folder
            "layers": outcome.model.config.num_hidden_layers,

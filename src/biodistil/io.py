@@ -173,24 +173,40 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def read_json(path: Path) -> Any:
-    """The JSON content of `path`; an unreadable or malformed file is an error naming it."""
+def read_text(path: Path, what: str = "file", advice: str = "") -> str:
+    """The text of a file biodistil reads back (a recipe, a run's record, a cache's manifest): the one guarded read.
+    A file that cannot be read, or holds bytes that are not UTF-8 text (a copy cut short, a disk error, another
+    file written over it), is an error naming it, saying what it is and, with `advice`, what to do."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise BiodistilError(f"{path}: cannot read JSON ({err})") from None
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        problem = f"is damaged: byte {err.start} is not UTF-8 text"
+    except OSError as err:
+        problem = f"cannot be read ({err.strerror or err})"
+    raise BiodistilError(f"{path}: the {what} {problem}" + (f"; {advice}" if advice else "")) from None
 
 
-def read_record(path: Path) -> Any | None:
-    """A run's own record (a finished cell's or arm's metrics.json), or None when it is missing or damaged (a disk
-    that filled, a copy cut short): a damaged record says so and counts as unfinished, so its stage runs again."""
+def read_json(path: Path, what: str = "JSON file", advice: str = "") -> Any:
+    """The JSON content of `path` (through `read_text`); a truncated or malformed file is an error naming it."""
+    text = read_text(path, what, advice)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BiodistilError(f"{path}: the {what} is damaged (not JSON: {err})" + (f"; {advice}" if advice else "")) \
+            from None
+
+
+def read_record(path: Path, note: str = "its stage runs again") -> Any | None:
+    """A run's own record (a finished cell's or arm's metrics.json, a summary), or None when it is missing or damaged
+    (a disk that filled, a copy cut short): a damaged record says so (`note`: what follows) and counts as missing, so
+    whatever reads it rebuilds it or treats its run as unfinished."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        print(f"{path}: damaged record ({type(err).__name__}); its stage runs again", flush=True)
+        print(f"{path}: damaged record ({type(err).__name__}); {note}", flush=True)
         return None
 
 
@@ -212,18 +228,22 @@ def number(value: float | None) -> float:
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Drop the JSON-lines records of `path` written after `last_step` (a resumed run writes them again), and a last
-    line left half-written (a process killed, or a full disk, during an append)."""
+    line left half-written (a process killed, or a full disk, during an append). A damaged line elsewhere (garbage,
+    bytes that are not text) is an error naming the file and line."""
     path = Path(path)
     if not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     kept = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
-        except json.JSONDecodeError:
+            if not isinstance(record, dict):
+                raise ValueError("not a record")
+        except ValueError:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
             if number == len(lines):
                 print(f"{path}:{number}: dropped a half-written last record", flush=True)
                 continue
@@ -232,3 +252,17 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
         if record.get("step", 0) <= last_step:
             kept.append(line)
     atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file biodistil wrote (metrics.jsonl), skipping lines that are not records (a
+    damaged line is reported where the file is repaired: `truncate_jsonl`)."""
+    records = []
+    for raw in Path(path).read_bytes().splitlines():
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

@@ -32,7 +32,7 @@ from biodistil.config import (
 )
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import EvaluateRecipe
-from biodistil.io import atomic_write_json, jsonable, read_json
+from biodistil.io import atomic_write_json, jsonable, read_json, read_text
 from biodistil.paths import absolute
 from biodistil.training.provenance import describe_machine
 from biodistil.training.run import run_stage
@@ -129,10 +129,16 @@ def pipeline_record(recipe: PipelineRecipe, root: Path) -> dict[str, Any]:
 
 
 def _config(folder: Path) -> Any:
+    """A stage's recorded recipe, or None when it has none or it cannot be read (the record says so)."""
     import yaml
 
     path = folder / "config.yaml"
-    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    try:
+        return yaml.safe_load(read_text(path, "stage's recipe record")) if path.is_file() else None
+    except (BiodistilError, yaml.YAMLError) as err:
+        print(f"{path}: damaged ({str(err).splitlines()[0]}); pipeline.json records no recipe for the stage",
+              flush=True)
+        return None
 
 
 def stage_recipe_for(

@@ -9,16 +9,24 @@ from typing import Any
 
 import yaml
 
+from biodistil.errors import BiodistilError
 from biodistil.export.fusion import format_fusion
+from biodistil.io import read_text
 
 
 def export_card(source: Path, description: dict[str, Any]) -> str:
     """The README.md of an ONNX export folder: the source model's card header (when it has one) with tags `onnx`
     (and `int8`), then the graphs, their parity with PyTorch and their accuracy side by side."""
     header: dict[str, Any] = {"library_name": "onnx", "tags": ["biodistil", "onnx"]}
-    text = (source / "README.md").read_text(encoding="utf-8") if (source / "README.md").is_file() else ""
-    if text.startswith("---\n"):
-        header = {**(yaml.safe_load(text.split("---\n", 2)[1]) or {}), "library_name": "onnx"}
+    try:
+        text = read_text(source / "README.md", "model card") if (source / "README.md").is_file() else ""
+        found = yaml.safe_load(text.split("---\n", 2)[1]) if text.startswith("---\n") else None
+    except (BiodistilError, yaml.YAMLError, IndexError) as err:
+        print(f"{source / 'README.md'}: its header cannot be read ({str(err).splitlines()[0]}); the export's card "
+              "starts without it", flush=True)
+        found = None
+    if isinstance(found, dict):
+        header = {**found, "library_name": "onnx"}
         header["tags"] = [*header.get("tags", []), "onnx"]
     if "int8" in description.get("files", {}):
         header["tags"].append("int8")

@@ -15,7 +15,6 @@ An export folder (written by `biodistil export`) holds:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 
 from biodistil.errors import BiodistilError
+from biodistil.io import read_json
 
 EXPORT_FORMAT = "biodistil-onnx/1"
 DESCRIPTION_FILE = "export.json"
@@ -52,11 +52,8 @@ def is_export_folder(path: str | Path) -> bool:
 def read_description(folder: str | Path) -> dict[str, Any]:
     """The export.json of an export folder, checked to be one."""
     path = Path(folder) / DESCRIPTION_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise BiodistilError(f"{path}: cannot read the export description ({err}); expected a folder written by "
-                             "`biodistil export`") from None
+    data = read_json(path, "export description", "expected a folder written by `biodistil export` (export the "
+                     "model again)")
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise BiodistilError(f"{path}: not a biodistil ONNX export (expected format {EXPORT_FORMAT})")
     return data

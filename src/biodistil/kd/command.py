@@ -8,7 +8,6 @@ step. After training, the student is scored on the task's test set beside its in
 and the share of the gap it closes, (S − S_init)/(T − S_init), is reported.
 """
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +24,7 @@ from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import steps_for_epochs
 from biodistil.finetune.selection import DevSelection, ScoringSplit, select_on_dev, write_test_results
-from biodistil.io import atomic_write_json, jsonable, number
+from biodistil.io import atomic_write_json, jsonable, number, read_record
 from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
 from biodistil.kd.objective import check_loss_fits_task, kd_terms, pkd_pairs
@@ -160,7 +159,10 @@ def transfer_examples(recipe: KDRecipe, task: TaskSpec, run_dir: Path, is_main: 
     """The run's transfer set: built from the recipe once and kept in `<run>/transfer_set` (reused on resume)."""
     folder = run_dir / "transfer_set"
     if (folder / "transfer.json").is_file():
-        return load_transfer_set(folder)
+        try:
+            return load_transfer_set(folder)
+        except BiodistilError as err:  # the run's own copy, damaged: built again from the recipe
+            print(f"{err}; building the run's transfer set again", flush=True)
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold)
     if is_main:
         save_transfer_set(examples, folder, {"task": task.name, "source": describe_source(recipe.transfer.source),
@@ -242,8 +244,9 @@ def _init_scores(run_dir: Path, student: PreTrainedModel, task: TaskSpec, test: 
                  tokenizer: PreTrainedTokenizerBase, batch_size: int) -> dict[str, float]:
     """S_init: the student's initialisation (fresh head, seeded) scored on the test set before any training."""
     path = run_dir / "init_scores.json"
-    if path.is_file():
-        return {key: number(value) for key, value in json.loads(path.read_text()).items()}
+    found = read_record(path, note="scored again")
+    if isinstance(found, dict):
+        return {key: number(value) for key, value in found.items()}
     scores = score_model(student, tokenizer, task, test, batch_size).scores if test else {}
     atomic_write_json(path, jsonable(scores))
     return scores

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 
 from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_json
+from biodistil.io import atomic_directory, atomic_write_json, read_json
 from biodistil.kd.random_text import UnigramModel, random_pairs, random_passages
 from biodistil.kd.recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
 from biodistil.tasks.recipe import task_spec
@@ -299,7 +300,13 @@ def load_transfer_set(folder: str | Path) -> list[Example]:
     if not (folder / "transfer.json").is_file() or not (folder / "data").is_dir():
         raise BiodistilError(f"{folder} is not a saved transfer set (expected transfer.json and data/ written by "
                              "`biodistil transfer`)")
-    return dataset_to_examples(datasets.load_from_disk(str(folder / "data")))
+    advice = "build the transfer set again (`biodistil transfer` with its recipe, into an empty folder)"
+    read_json(folder / "transfer.json", "transfer set's description", advice)
+    try:
+        return dataset_to_examples(datasets.load_from_disk(str(folder / "data")))
+    except (OSError, ValueError, pa.ArrowException) as err:  # pyarrow's ArrowInvalid is a ValueError too
+        raise BiodistilError(f"{folder / 'data'}: the transfer set is damaged ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}); {advice}") from None
 
 
 # ---------------------------------------------------------------------------------------- command
@@ -315,6 +322,6 @@ def run_transfer(recipe: TransferRecipe) -> Path:
             "transfer": recipe.transfer.model_dump(mode="json")}
     target = save_transfer_set(examples, run.path / "transfer_set", info)
     preview = [examples_to_dataset([e])[0] for e in examples[:5]]
-    atomic_write_json(run.path / "summary.json", {**json.loads((target / "transfer.json").read_text()),
+    atomic_write_json(run.path / "summary.json", {**read_json(target / "transfer.json"),
                                                   "preview": preview})
     return target

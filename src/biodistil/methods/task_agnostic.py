@@ -333,8 +333,7 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
     if finished and run.recipe.export.enabled:
         export_model(module.student, tokenizer, run.model_dir)
         summary["model_dir"] = recorded(run.model_dir, run.path)
-        write_model_card(run.path)
-    run.write_summary(summary)
+        write_model_card(run.path, metrics=summary)  # this run's record, not the one an earlier run left
     rows = {
         "steps": result.steps,
         "parameters (total / non-embedding)": f"{sizes['total']:,} / {sizes['non_embedding']:,}",
@@ -345,4 +344,5 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
         "model": f"`{run.model_dir}`" if finished else "not exported (run stopped early; use --resume)",
     }
     run.write_report(title, rows, list(notes))
+    run.write_summary(summary)  # last: a summary marks the run finished
     return run.model_dir

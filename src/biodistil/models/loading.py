@@ -147,9 +147,12 @@ def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
             raise BiodistilError(f"Could not load {factory.__name__} from folder {local}: {err}") from None
         why = ("the Hugging Face Hub cannot be reached from this machine and its cache does not hold it"
                if kwargs.get("local_files_only") else f"the Hugging Face Hub did not provide it ({_first_line(err)})")
+        where = f"no folder {local.absolute()}" + ("" if local.is_absolute() else
+                                                    f" (a relative path is read from the working folder {Path.cwd()})")
         raise BiodistilError(
-            f"Could not load '{name_or_path}': it is not a local folder, and {why}. If this machine is offline, "
-            f"download the model on a connected machine (`hf download {name_or_path} --local-dir DIR`) and pass "
+            f"Could not load '{name_or_path}': there is {where}, and as a Hub id {why}. If you meant a local folder, "
+            "correct the path (or run from the folder it is relative to); if it is a Hub model and this machine is "
+            f"offline, download it on a connected machine (`hf download {name_or_path} --local-dir DIR`) and pass "
             "DIR instead."
         ) from None
     finally:

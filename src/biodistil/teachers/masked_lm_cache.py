@@ -21,9 +21,10 @@ cached layers: a change of any of them gives another folder (a rebuild). A shard
 `build_cache` writes only the shards that are missing or unreadable (an interrupted build resumes), each process
 taking the shards s ≡ rank (mod processes). A reader refuses
 a pattern without `complete.json` or with a missing, truncated or foreign shard, naming it: a partial cache is never
-used. Every shard's sha256 is checked when a process first reads it; a shard whose bytes changed is deleted and its
-pattern marked incomplete, so the next `distill` or `cache-teacher` rebuilds it (`cache-teacher` checks every
-shard's checksum before anything else, and rebuilds what is damaged).
+used. Every shard's sha256 is checked when a process first reads it; when one's bytes changed, every shard is checked,
+the damaged ones are deleted and their patterns marked incomplete, so that the next `distill` or `cache-teacher`
+rebuilds them all in one pass (`cache-teacher` checks every shard's checksum before anything else, and rebuilds what is
+damaged).
 """
 
 from collections.abc import Callable, Sequence
@@ -305,22 +306,36 @@ class CacheReader:
                 if (why := cache.check_shard(pattern, shard)) is not None:
                     raise BiodistilError(f"Teacher cache {cache.folder} is damaged: {why}; run `biodistil "
                                          "cache-teacher` with the recipe to rebuild the shard")
-        self.cache = cache
+        self.cache, self.patterns = cache, list(patterns)
         self._open: dict[tuple[int, int], MappedTable] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # worker processes open their own memory maps
-        return {"cache": self.cache, "_open": {}}
+        return {"cache": self.cache, "patterns": self.patterns, "_open": {}}
 
     def _shard(self, pattern: int, shard: int) -> MappedTable:
         key = (pattern, shard)
         if key not in self._open:
             if (why := self.cache.check_shard(pattern, shard, verify=True)) is not None:
-                self.cache.discard(pattern, shard)
-                raise BiodistilError(f"Teacher cache {self.cache.folder} is damaged: {why}. The shard was deleted and "
-                                     "its pattern marked incomplete: run the same command again (it rebuilds the "
-                                     "shard first; an interrupted run resumes from its checkpoint)")
+                damaged = self.discard_damaged()
+                raise BiodistilError(
+                    f"Teacher cache {self.cache.folder} is damaged: {why}. A check of all its shards found "
+                    f"{len(damaged)} of {self.cache.shards * len(self.patterns)} damaged ({', '.join(damaged[:3])}"
+                    f"{', …' if len(damaged) > 3 else ''}); they were deleted and their patterns marked incomplete. "
+                    "Run the same command again: it rebuilds all of them first (an interrupted run resumes from its "
+                    "checkpoint); `biodistil cache-teacher` with the recipe rebuilds them without training")
             self._open[key] = map_table(self.cache.shard_path(pattern, shard))
         return self._open[key]
+
+    def discard_damaged(self) -> list[str]:
+        """Check every shard of the reader's patterns against its sha256, delete the damaged ones and mark their
+        patterns incomplete (so that the next build writes them all again); returns their names."""
+        damaged = []
+        for pattern in self.patterns:
+            for shard in range(self.cache.shards):
+                if self.cache.check_shard(pattern, shard, verify=True) is not None:
+                    self.cache.discard(pattern, shard)
+                    damaged.append(f"pattern-{pattern}/shard-{shard:05d}")
+        return damaged
 
     def entry(self, block: int, pattern: int) -> dict[str, np.ndarray]:
         """The stored arrays of one (block, pattern), copied out of the memory map."""

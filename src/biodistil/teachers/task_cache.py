@@ -14,7 +14,6 @@ per word at the student's first sub-word), and `gather` builds a batch's `teache
 straight from the mapped arrays.
 """
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_json, jsonable, number
+from biodistil.io import atomic_directory, atomic_write_json, jsonable, number, read_record
 from biodistil.models.features import FeatureRequest, Features, classifier_features
 from biodistil.models.loading import load_tokenizer, model_folder
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
@@ -291,8 +290,9 @@ def teacher_test_scores(teacher: str, task: TaskSpec, examples: list[Example], c
     key = entry_key({"kind": "scores", "teacher": teacher_fingerprint(teacher), "task": task.name,
                      "examples": fingerprint_examples(examples), "max_length": task.max_length})
     path = store_root(cache_dir) / f"scores-{key}.json"
-    if path.is_file():
-        return {key: number(value) for key, value in json.loads(path.read_text()).items()}
+    found = read_record(path, note="the teacher is scored again")
+    if isinstance(found, dict):
+        return {key: number(value) for key, value in found.items()}
     model = load_teacher_classifier(teacher, task)
     scores = score_model(model, load_tokenizer(teacher), task, examples, batch_size).scores
     atomic_write_json(path, jsonable(scores))

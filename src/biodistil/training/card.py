@@ -17,15 +17,16 @@ from typing import Any
 import yaml
 
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_text
+from biodistil.io import atomic_write_text, read_record, read_text
 
 PIPELINE_TAGS = {"token_classification": "token-classification", "sequence_classification": "text-classification",
                  "multilabel_classification": "text-classification"}
 KNOWN_LICENSES = {"minilm-l6": ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")}
 
 
-def write_model_card(run_dir: str | Path) -> Path:
-    """Write `<run_dir>/model/README.md` from the run's records; returns its path."""
+def write_model_card(run_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
+    """Write `<run_dir>/model/README.md` from the run's records (`metrics`: the run's result, when the run writing the
+    card has it in hand; else its metrics.json or summary.json); returns its path."""
     run_dir = Path(run_dir)
     if (run_dir / "config.yaml").is_file() is False and (run_dir.parent / "config.yaml").is_file():
         run_dir = run_dir.parent  # given the model folder
@@ -34,13 +35,17 @@ def write_model_card(run_dir: str | Path) -> Path:
         raise BiodistilError(f"{run_dir} is not a finished run folder with a model (config.yaml and model/config.json "
                              "expected)")
     path = model_dir / "README.md"
-    atomic_write_text(path, model_card(run_dir))
+    atomic_write_text(path, model_card(run_dir, metrics))
     return path
 
 
-def model_card(run_dir: Path) -> str:
-    recipe = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-    metrics = _first_json(run_dir, ("metrics.json", "summary.json"))
+def model_card(run_dir: Path, metrics: dict[str, Any] | None = None) -> str:
+    try:
+        recipe = yaml.safe_load(read_text(run_dir / "config.yaml", "record of the run's recipe")) or {}
+    except yaml.YAMLError as err:
+        raise BiodistilError(f"{run_dir / 'config.yaml'}: the record of the run's recipe is damaged (not YAML: "
+                             f"{str(err).splitlines()[0]}); the model card cannot say how the model was made") from None
+    metrics = metrics if metrics is not None else _first_json(run_dir, ("metrics.json", "summary.json"))
     provenance = _first_json(run_dir, ("provenance.json",))
     model_config = json.loads((run_dir / "model" / "config.json").read_text(encoding="utf-8"))
     kind, base, task = _what(recipe, metrics)
@@ -52,9 +57,11 @@ def model_card(run_dir: Path) -> str:
 
 
 def _first_json(run_dir: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """The first of the run's records `names` that can be read (a damaged one is said and passed over)."""
     for name in names:
-        if (run_dir / name).is_file():
-            return json.loads((run_dir / name).read_text(encoding="utf-8"))
+        record = read_record(run_dir / name, note="the model card is written without it")
+        if isinstance(record, dict):
+            return record
     return {}
 
 

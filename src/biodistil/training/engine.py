@@ -43,7 +43,7 @@ from transformers import get_scheduler
 
 from biodistil.config import TrainConfig
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, truncate_jsonl
+from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
 from biodistil.training.hardware import prepare_device, resolve_precision, training_device
@@ -460,8 +460,7 @@ class Engine:
         path = self.run_dir / "metrics.jsonl"
         if self.state.step != self._resumed_at or not path.is_file():
             return False
-        records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-        return any(r.get("step") == self.state.step and r.get("split") == split for r in records)
+        return any(r.get("step") == self.state.step and r.get("split") == split for r in read_jsonl(path))
 
     def _log(self, split: str, values: dict[str, float]) -> None:
         acc = self.accelerator

@@ -2,7 +2,7 @@
 a multi-stage job (demo, study, pipeline, evaluate) runs each of its stages in a folder of its own."""
 
 import errno
-import json
+import operator
 import os
 import shutil
 import sys
@@ -16,7 +16,7 @@ from accelerate.utils import set_seed
 
 from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder
+from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder, read_record, read_text
 from biodistil.training.checkpoint import latest_checkpoint
 from biodistil.training.compiling import compile_note
 from biodistil.training.hardware import precision_note
@@ -220,45 +220,97 @@ def output_problem(err: OSError) -> str:
 
 
 def _finished(path: Path) -> bool:
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return not isinstance(summary, dict) or summary.get("finished", True) is not False
+    summary = read_record(path / "summary.json", note="the run counts as unfinished")
+    return summary is not None and (not isinstance(summary, dict) or summary.get("finished", True) is not False)
 
 
 def _step(checkpoint: Path) -> int:
     return int(checkpoint.name.rsplit("-", 1)[-1])
 
 
-def recipe_differences(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf setting that differs between two recipe dictionaries."""
+def recipe_differences(before: dict[str, Any], after: dict[str, Any], prefix: str = "",
+                       same: Callable[[Any, Any], bool] = operator.eq) -> list[str]:
+    """`key: old -> new` for every leaf setting that differs between two recipe dictionaries (`same` says whether two
+    leaves are equal)."""
     lines = []
     for key in sorted(set(before) | set(after), key=str):
         name = f"{prefix}{key}"
         old, new = before.get(key), after.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
-            lines += recipe_differences(old, new, f"{name}.")
-        elif old != new:
+            lines += recipe_differences(old, new, f"{name}.", same)
+        elif not same(old, new):
             lines.append(f"{name}: {old!r} -> {new!r}")
     return lines
 
 
-def _check_same_recipe(saved: Path, recipe: Section) -> None:
+def moved_paths(old_folder: str, new_folder: str) -> Callable[[Any, Any], bool]:
+    """Equality of two recorded settings for a job folder that was moved or copied from `old_folder` to `new_folder`:
+    a path under the folder that moved (what precedes the two folders' common tail of names: `/a/runs` for
+    `/a/runs/demo/study` → `/b/demo/study`) equals the same path under its new place; lists compare item by item.
+    The job's own records (its stages' models, caches, sets) then match from wherever the job is."""
+    old_parts, new_parts = Path(old_folder).parts, Path(new_folder).parts
+    tail = 0
+    while tail < min(len(old_parts), len(new_parts)) - 1 and old_parts[-1 - tail] == new_parts[-1 - tail]:
+        tail += 1
+    old_base, new_base = Path(*old_parts[:len(old_parts) - tail]), Path(*new_parts[:len(new_parts) - tail])
+
+    def same(old: Any, new: Any) -> bool:
+        if old == new:
+            return True
+        if isinstance(old, list) and isinstance(new, list):
+            return len(old) == len(new) and all(same(a, b) for a, b in zip(old, new, strict=True))
+        if isinstance(old, dict) and isinstance(new, dict):
+            return not recipe_differences(old, new, same=same)
+        if isinstance(old, str) and isinstance(new, str) and old.startswith("/") and old_base != new_base:
+            try:
+                return str(new_base / Path(old).relative_to(old_base)) == new
+            except ValueError:
+                return False
+        return False
+
+    return same
+
+
+def _with_new_defaults(before: dict[str, Any], recipe: Section) -> dict[str, Any]:
+    """The saved recipe as this version of biodistil reads it: validated like `recipe`, so a setting added since the
+    run started (absent from its config.yaml) has its default rather than counting as a change. A record that no
+    longer validates (damaged, or naming paths that are gone) is compared as written."""
     try:
-        before = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise BiodistilError(f"--resume: cannot read the run's recipe {saved} ({err})") from None
+        return yaml.safe_load(yaml.safe_dump(type(recipe).model_validate(before).model_dump(mode="json"),
+                                             sort_keys=False))
+    except (ValueError, BiodistilError):  # pydantic's ValidationError is a ValueError
+        return before
+
+
+def _check_same_recipe(saved: Path, recipe: Section) -> None:
+    """Refuse to continue the run of `saved` (its config.yaml) with another recipe, naming each difference; a job
+    folder moved or copied elsewhere compares its own paths by their new place (`moved_paths`)."""
+    advice = ("restore it from a copy, or start the run again in another output folder (run.output_dir, --out): "
+              "without the record of their recipe its checkpoints cannot be continued")
+    text = read_text(saved, "record of the run's recipe", advice)
+    try:
+        before = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise BiodistilError(f"{saved}: the record of the run's recipe is damaged (not YAML: "
+                             f"{str(err).splitlines()[0]}); {advice}") from None
     after = yaml.safe_load(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
-    changed = [line for line in recipe_differences(before, after)
+    if not isinstance(before, dict):
+        raise BiodistilError(f"{saved}: the record of the run's recipe is damaged (not a recipe); {advice}")
+    old_folder = (before.get("run") or {}).get("output_dir") if isinstance(before.get("run"), dict) else None
+    same = moved_paths(old_folder, after["run"]["output_dir"]) if isinstance(old_folder, str) else operator.eq
+    changed = [line for line in recipe_differences(_with_new_defaults(before, recipe), after, same=same)
                if not line.startswith(SAFE_TO_CHANGE_ON_RESUME) and not line.startswith("run.output_dir:")]
-    if changed:
-        raise BiodistilError(
-            f"--resume: the recipe differs from the one the run in {saved.parent} started with:\n  "
-            + "\n  ".join(changed)
-            + "\nA resumed run would mix the two. Resume with the run's settings (they are in " + str(saved)
-            + "), or start a new run in another run.output_dir. Only " + ", ".join(SAFE_TO_CHANGE_ON_RESUME)
-            + " may change on resume.")
+    if not changed:
+        return
+    lost = [key for key in after if key not in before]
+    if lost:
+        raise BiodistilError(f"{saved}: the record of the run's recipe lacks its sections {', '.join(lost)}: it is cut "
+                             f"short or damaged, so this recipe cannot be checked against it; {advice}")
+    raise BiodistilError(
+        f"The recipe differs from the one the run in {saved.parent} started with:\n  " + "\n  ".join(changed)
+        + "\nA continued run would mix the two. Continue it with the run's settings (they are in " + str(saved)
+        + "), or start a new run in another output folder (run.output_dir, --out). Only "
+        + ", ".join(SAFE_TO_CHANGE_ON_RESUME) + " may change when a run is continued.")
 
 
 def run_stage(folder: Path, finished: Callable[[], bool], run: Callable[[bool], object],
