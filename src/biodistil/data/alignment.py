@@ -42,7 +42,11 @@ def words_for_tokenizer(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]
 
 
 def tokenize_words(tokenizer: PreTrainedTokenizerBase, words: Sequence[str], **kwargs: Any) -> BatchEncoding:
-    """`tokenizer` on one sentence given as words (`is_split_into_words=True`); `word_ids()` index `words`."""
+    """`tokenizer` on one sentence given as words (`is_split_into_words=True`); `word_ids()` index `words`. Without
+    truncation the caller windows a long sentence itself, so transformers' "sequence length is longer than the
+    specified maximum" warning is silenced for it (`verbose=False`)."""
+    if not kwargs.get("truncation"):
+        kwargs.setdefault("verbose", False)
     return tokenizer(words_for_tokenizer(tokenizer, words), is_split_into_words=True, **kwargs)
 
 

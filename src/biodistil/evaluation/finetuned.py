@@ -17,7 +17,7 @@ from typing import Any
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
-from biodistil.export.deployed import Deployed, expand_models, score_deployed
+from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
 from biodistil.io import atomic_write_json, atomic_write_text, lock_folder
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
@@ -84,7 +84,8 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)
     items = expand_models(specs)
-    examples = read_split(task, plan.split, plan.data_root, plan.fold, plan.max_examples)
+    examples = read_split(task, plan.split, task_data_root(plan.data_root, [item.path for item in items]), plan.fold,
+                          plan.max_examples)
     if not examples:
         raise BiodistilError(f"Task {task.name} has no {plan.split} split (splits: {sorted(task.files)})")
     threads = bench.threads if bench else None

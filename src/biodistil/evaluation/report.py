@@ -172,8 +172,9 @@ def _blocks(data: ReportData, figures: list[tuple[Path, str]]) -> list[Block]:
               "is each model's macro average as a share of the reference's, over the tasks both have."),
         ("table", scores_table(data)),
         ("h2", "Task families"), ("table", family_table(data)),
-        ("h2", "Medians over seeds"), ("table", scores_table(data, "median")),
     ]
+    if any(summary.get("n", 1) > 1 for model in data.models for summary in model.tasks.values()):
+        blocks += [("h2", "Medians over seeds"), ("table", scores_table(data, "median"))]  # one seed: the same table
     if data.bench:
         info = data.bench_info[0]
         blocks += [("h2", "Efficiency"),

@@ -12,6 +12,7 @@ import yaml
 from biodistil.errors import BiodistilError
 from biodistil.export.fusion import format_fusion
 from biodistil.io import read_text
+from biodistil.training.card import model_index, pipeline_tag
 
 
 def export_card(source: Path, description: dict[str, Any]) -> str:
@@ -25,9 +26,18 @@ def export_card(source: Path, description: dict[str, Any]) -> str:
         print(f"{source / 'README.md'}: its header cannot be read ({str(err).splitlines()[0]}); the export's card "
               "starts without it", flush=True)
         found = None
-    if isinstance(found, dict):
-        header = {**found, "library_name": "onnx"}
+    if isinstance(found, dict):  # its header, less the source run's scores: this card states its own
+        header = {**{k: v for k, v in found.items() if k != "model-index"}, "library_name": "onnx"}
         header["tags"] = [*header.get("tags", []), "onnx"]
+    pipeline = pipeline_tag({"architectures": [description.get("architecture") or ""]})
+    if pipeline:
+        header["pipeline_tag"] = pipeline
+    accuracy = description.get("accuracy")
+    if accuracy and pipeline:
+        shipped = "onnx_int8" if "onnx_int8" in accuracy else "onnx_fp32"
+        args = {"max_examples": accuracy["max_examples"]} if accuracy.get("max_examples") else None
+        header["model-index"] = model_index(f"{source.name} ({shipped.replace('_', ' ')})", pipeline,
+                                            accuracy["task"], accuracy["split"], accuracy[shipped], args)
     if "int8" in description.get("files", {}):
         header["tags"].append("int8")
     checks = description.get("checks", {})
@@ -43,17 +53,31 @@ def export_card(source: Path, description: dict[str, Any]) -> str:
     for scheme, found in ((description.get("quantization") or {}).get("candidates") or {}).items():
         drop = f", drop {found['drop']:+.4f} below PyTorch fp32" if "drop" in found else ""
         lines.append(f"- int8 {scheme} candidate: largest logit difference {found['max_abs_diff']:.3g}{drop}")
-    accuracy = description.get("accuracy")
     if accuracy:
         key = accuracy["headline"]
-        lines += ["", f"## Accuracy ({accuracy['task']}, {accuracy['split']} split, {accuracy['examples']} examples)",
+        cap = f", the first {accuracy['max_examples']} (max_examples)" if accuracy.get("max_examples") else ""
+        lines += ["", f"## Accuracy ({accuracy['task']}, {accuracy['split']} split, {accuracy['examples']} examples"
+                  f"{cap})",
                   "", "| runtime | " + key + " |", "|---|---|"]
         lines += [f"| {name.replace('_', ' ')} | {accuracy[name][key]:.4f} |"
                   for name in ("pytorch_fp32", "onnx_fp32", "onnx_int8") if name in accuracy]
         lines += [f"| int8 {scheme} (candidate) | {scores[key]:.4f} |"
                   for scheme, scores in accuracy.get("int8_candidates", {}).items()]
-    lines += ["", "The source model's card, with its provenance: the `README.md` of the model folder exported.", ""]
+    lines += ["", "## Provenance", "", *_provenance(description.get("provenance") or {}, source), ""]
     return "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(lines)
+
+
+def _provenance(record: dict[str, Any], source: Path) -> list[str]:
+    """Who made the export from what: biodistil's version (and commit) and the source weights' sha256."""
+    code = record.get("biodistil") or {}
+    commit = f", commit {code['git_commit'][:12]}{' (with changes)' if code.get('git_dirty') else ''}" \
+        if code.get("git_commit") else ""
+    weights = (record.get("source") or {}).get("weights") or {}
+    lines = [f"- made by biodistil {code.get('version', '?')}{commit} from `{source}`"]
+    lines += [f"- source weights `{name}`: sha256 `{digest}`" for name, digest in weights.items()]
+    if (source / "README.md").is_file():
+        lines.append("- how the source model was made: the `README.md` of the model folder exported")
+    return lines
 
 
 def _building(description: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from biodistil.errors import BiodistilError
 from biodistil.export.card import export_card
-from biodistil.export.deployed import check_task_fits, parameter_counts
+from biodistil.export.deployed import check_task_fits, parameter_counts, task_data_root
 from biodistil.export.fusion import FUSED_OPSET, export_fused, format_fusion, fusion_note, unfused
 from biodistil.export.onnx import (
     INT8_SCHEMES,
@@ -48,6 +48,7 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import score_model
 from biodistil.tasks.splits import read_split
+from biodistil.training.provenance import code_identity, model_identity
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def _task_data(loaded: LoadedModel, options: ExportOptions) -> tuple[TaskSpec, l
     """The task (length capped at what the model allows) and the examples of its split, checked to fit."""
     task = get_task(options.task)
     check_task_fits(task, loaded.head, loaded.model.config, loaded.folder)
-    examples = read_split(task, options.split, options.data_root, options.fold, options.max_examples)
+    data_root = task_data_root(options.data_root, [loaded.folder])
+    examples = read_split(task, options.split, data_root, options.fold, options.max_examples)
     if not examples:
         raise BiodistilError(f"Task {task.name} has no {options.split} split (splits: {sorted(task.files)})")
     return fit_length_to_model(task, loaded.folder), examples
@@ -233,7 +235,8 @@ def _accuracy(scores: dict[str, dict[str, float]], int8_scores: dict[str, dict[s
     task, examples = task_data
     headline = task.headline_key
     result: dict[str, Any] = {"task": task.name, "split": options.split, "fold": options.fold,
-                              "examples": len(examples), "metric": task.metric, "headline": headline, **scores}
+                              "examples": len(examples), "max_examples": options.max_examples, "metric": task.metric,
+                              "headline": headline, **scores}
     result["onnx_fp32_drop"] = scores["pytorch_fp32"][headline] - scores["onnx_fp32"][headline]
     if quantization is None or int8_scores is None:
         return result
@@ -274,6 +277,7 @@ def _description(loaded: LoadedModel, graph: dict[str, Any], fusion: dict[str, A
         "bytes": {variant: (folder / name).stat().st_size for variant, name in files.items()},
         "parameters": parameter_counts(loaded.model), "quantization": quantization, "checks": checks,
         "accuracy": accuracy, "versions": _versions(),
+        "provenance": {"biodistil": code_identity(), "source": model_identity(str(loaded.folder))},
     }
 
 

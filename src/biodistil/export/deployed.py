@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from biodistil.errors import BiodistilError
 from biodistil.export.runtime import OnnxModel, is_export_folder, read_description, variant_of
+from biodistil.io import load_yaml, read_text
 from biodistil.paths import label_from_path, unique_labels
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.registry import TaskSpec
@@ -74,6 +77,37 @@ def _variants(label: str, path: Path) -> list[Deployed]:
     if path.is_dir() and not (path / "config.json").is_file():
         raise BiodistilError(f"{path} is neither a model folder (config.json) nor an ONNX export (export.json)")
     return [Deployed(label, path, "pytorch", "fp32")]  # a model folder, or a Hub id (which bench can load)
+
+
+def task_data_root(given: str | None, models: Sequence[str | Path]) -> str | None:
+    """The data folder to score a task in: `--data` when given, else the `task.data_dir` that the run which made the
+    first model recorded (the run folder's config.yaml beside its model/; for an ONNX export, its source model's), else
+    the default (None: $BIODISTIL_DATA, else ../shared/data). Says which, and why."""
+    if given is not None:
+        print(f"Data folder: {given} (--data)", flush=True)
+        return given
+    for model in models:
+        config = _run_config_of(Path(model))
+        if config is None:
+            continue
+        try:
+            recorded = ((load_yaml(read_text(config, "run's recipe record")) or {}).get("task") or {}).get("data_dir")
+        except (BiodistilError, yaml.YAMLError, AttributeError):
+            recorded = None
+        if recorded:
+            print(f"Data folder: {recorded} (task.data_dir of {config.resolve()})", flush=True)
+            return str(recorded)
+    print("Data folder: the default ($BIODISTIL_DATA, else ../shared/data; --data chooses another)", flush=True)
+    return None
+
+
+def _run_config_of(model: Path) -> Path | None:
+    """The config.yaml of the run that made `model` (a run's model/ folder, or an ONNX export of one)."""
+    if is_export_folder(model):
+        source = read_description(model).get("source")
+        model = Path(source) if source else model
+    config = model.parent / "config.yaml"
+    return config if model.name == "model" and config.is_file() else None
 
 
 def load_deployed(item: Deployed, threads: int | None = None) -> tuple[Any, Any, str]:

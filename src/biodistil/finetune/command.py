@@ -16,10 +16,11 @@ from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import FinetuneOutcome, finetune_on_task
 from biodistil.finetune.selection import write_test_results
-from biodistil.io import atomic_write_json, jsonable, number
+from biodistil.io import atomic_write_json, jsonable
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.metrics import format_metric
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
@@ -115,7 +116,7 @@ def _report_rows(metrics: dict[str, Any], outcome: FinetuneOutcome, model_dir: P
                                "steps": outcome.train.steps}
     for name in ("dev", "test", "init"):
         if metrics[name]:
-            rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in metrics[name].items())
+            rows[name] = ", ".join(f"{k} {format_metric(k, v)}" for k, v in metrics[name].items())
     if metrics["degenerate"]:
         rows["test"] = f"{rows.get('test', '')} (degenerate: {metrics['degenerate']})"
     rows["model"] = f"`{model_dir}`" if "model_dir" in metrics else "not exported"

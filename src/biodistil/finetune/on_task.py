@@ -39,6 +39,8 @@ from biodistil.training.processes import computed_on_main
 class ClassifierModule(nn.Module):
     """What the engine trains when fine-tuning: a classifier whose forward computes its own loss."""
 
+    uses_kl_rows = False  # no distillation term: `train.compile` has no KL row kernel to compile here
+
     def __init__(self, model: PreTrainedModel):
         super().__init__()
         self.model = model

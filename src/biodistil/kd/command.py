@@ -33,6 +33,7 @@ from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
     fingerprint_examples,
+    is_labelled,
     load_transfer_set,
     map_labels,
     read_source,
@@ -45,6 +46,7 @@ from biodistil.models.saving import export_model
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import fit_length_to_model
+from biodistil.tasks.metrics import format_metric
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
@@ -113,6 +115,11 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     check_loss_fits_task(recipe.kd, task)
     with accelerator.main_process_first():
         transfer = transfer_examples(recipe, task, run_dir, accelerator.is_main_process)
+    if accelerator.is_local_main_process:
+        cap = f", capped at task.max_examples={recipe.task.max_examples}" if recipe.task.max_examples and \
+            recipe.transfer.source.kind == "in_domain" else ""
+        print(f"Transfer set: {len(transfer):,} examples from {describe_source(recipe.transfer.source)}{cap}; "
+              f"{sum(map(is_labelled, transfer)):,} keep a gold label", flush=True)
     train_examples, quiz_examples = split_quiz(recipe, task, transfer)
     tokenizer = load_tokenizer(student_path)
     test = load_task_split(task, recipe.task, "test")
@@ -141,6 +148,7 @@ def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolde
     """metrics.json: the run, its transfer set and, once finished, the scores (and the exported model)."""
     report = {"task": setup.task.name, "metric": setup.task.headline_key, "steps": result.steps, "finished": finished,
               "transfer": {"source": describe_source(recipe.transfer.source), "size": len(setup.transfer),
+                           "labelled": sum(map(is_labelled, setup.transfer)),
                            "randomized": recipe.transfer.random is not None,
                            "fingerprint": fingerprint_examples(setup.transfer)},
               "teacher_outputs": recipe.outputs_mode(), "result": asdict(result)}
@@ -155,6 +163,11 @@ def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolde
     return report
 
 
+def _transfer_row(transfer: dict[str, Any]) -> str:
+    labelled = f", {transfer['labelled']:,} with a gold label" if "labelled" in transfer else ""
+    return f"{transfer['source']} ({transfer['size']:,} examples{labelled})"
+
+
 def transfer_examples(recipe: KDRecipe, task: TaskSpec, run_dir: Path, is_main: bool) -> list[Example]:
     """The run's transfer set: built from the recipe once and kept in `<run>/transfer_set` (reused on resume)."""
     folder = run_dir / "transfer_set"
@@ -163,7 +176,8 @@ def transfer_examples(recipe: KDRecipe, task: TaskSpec, run_dir: Path, is_main: 
             return load_transfer_set(folder)
         except BiodistilError as err:  # the run's own copy, damaged: built again from the recipe
             print(f"{err}; building the run's transfer set again", flush=True)
-    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold)
+    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,
+                                  recipe.task.max_examples)
     if is_main:
         save_transfer_set(examples, folder, {"task": task.name, "source": describe_source(recipe.transfer.source),
                                              "randomized": recipe.transfer.random is not None})
@@ -283,12 +297,11 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
 
 def _report_rows(report: dict[str, Any]) -> dict[str, object]:
     rows: dict[str, object] = {"task / metric": f"{report['task']} / {report['metric']}",
-                               "transfer set": f"{report['transfer']['source']} ({report['transfer']['size']} "
-                                               f"examples)", "teacher outputs": report["teacher_outputs"],
-                               "steps": report["steps"]}
+                               "transfer set": _transfer_row(report["transfer"]),
+                               "teacher outputs": report["teacher_outputs"], "steps": report["steps"]}
     for name in ("test", "init", "teacher", "gap_closed"):
         if name in report:
-            rows[name] = ", ".join(f"{k} {number(v):.4f}" for k, v in report[name].items())
+            rows[name] = ", ".join(f"{k} {format_metric(k, v)}" for k, v in report[name].items())
     if "meta" in report:
         rows["meta"] = ", ".join(f"{k} {number(v):.4g}" for k, v in report["meta"].items())
     if report.get("degenerate"):

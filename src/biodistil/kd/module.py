@@ -72,6 +72,11 @@ class KDModule(nn.Module):
             self.raw_beta = nn.Parameter(torch.tensor(inverse_softplus(cfg.beta)))
 
     @property
+    def uses_kl_rows(self) -> bool:
+        """Hinton KD's soft targets are a KL over logit rows (`train.compile` compiles that kernel only then)."""
+        return self.cfg.soft_loss == "hinton"
+
+    @property
     def teacher(self) -> PreTrainedModel | None:
         """The teacher model when it runs during training (online signal), else None."""
         return self.signal.model if self.signal is not None else None

@@ -47,10 +47,11 @@ TOKEN_FEATURES = datasets.Features({
 
 
 def build_transfer_set(cfg: TransferConfig, task: TaskSpec, data_root: str | Path | None = None,
-                       fold: int | None = None) -> list[Example]:
-    """The transfer examples for `task` described by `cfg`, deterministic for the recipe."""
+                       fold: int | None = None, task_max_examples: int | None = None) -> list[Example]:
+    """The transfer examples for `task` described by `cfg`, deterministic for the recipe. `task_max_examples` (the
+    recipe's `task.max_examples`) caps an in-domain source as it caps every other use of the task's splits."""
     pairs = cfg.pairs if cfg.pairs is not None else is_pair_task(task, data_root, fold)
-    examples = read_source(cfg.source, task, data_root, fold)
+    examples = read_source(cfg.source, task, data_root, fold, task_max_examples)
     if cfg.random is not None:
         return randomize(examples, cfg.random, task, pairs)
     shaped = shape_for_task(examples, task, pairs)
@@ -78,11 +79,13 @@ def labelled_budget(examples: Sequence[Example], task: TaskSpec, cfg: TransferCo
 
 
 def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | None,
-                fold: int | None = None) -> list[Example]:
-    """The raw examples of a source, in file order, capped at `max_examples`."""
+                fold: int | None = None, task_max_examples: int | None = None) -> list[Example]:
+    """The raw examples of a source, in file order, capped at `max_examples` (an in-domain source also at the task's
+    own cap, `task_max_examples`: the same seeded subset fine-tuning reads)."""
     limit = source.max_examples
     if source.kind == "in_domain":
-        examples = read_split(task, source.split, data_root, fold, limit)
+        caps = [cap for cap in (limit, task_max_examples) if cap is not None]
+        examples = read_split(task, source.split, data_root, fold, min(caps) if caps else None)
     elif source.kind == "task":
         examples = read_split(get_task(source.task), source.split, data_root, None, limit)
     elif source.kind == "text":
@@ -316,7 +319,8 @@ def run_transfer(recipe: TransferRecipe) -> Path:
     """`biodistil transfer`: build the recipe's transfer set and save it under `<run>/transfer_set`."""
     run = RunFolder(recipe.run.output_dir, recipe)
     task = task_spec(recipe.task)
-    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold)
+    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,
+                                  recipe.task.max_examples)
     info = {"task": task.name, "source": describe_source(recipe.transfer.source),
             "randomized": recipe.transfer.random is not None,
             "transfer": recipe.transfer.model_dump(mode="json")}

@@ -50,6 +50,11 @@ class MaskedLMModule(nn.Module):
     def teacher(self) -> PreTrainedModel | None:
         return self.signal.model if self.signal is not None else None
 
+    @property
+    def uses_kl_rows(self) -> bool:
+        """Whether a term computes a KL over logit rows (`train.compile` compiles that kernel only then)."""
+        return any(term.loss == "logit_kl" for term in self.objective.cfg.terms)
+
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One student pass and the teacher's outputs from its signal (no gradients). A batch aligned across
         tokenizers (`student_units` ...) gives the terms its shared words, and the teacher its own positions."""

@@ -127,7 +127,7 @@ def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
 def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) -> EncodedSplit:
     encoded = EncodedSplit([], [])
     for index, example in enumerate(examples):
-        full = tokenizer(example.text, example.text_pair, truncation=False)
+        full = tokenizer(example.text, example.text_pair, truncation=False, verbose=False)  # windowed below
         text = example.text
         if len(full["input_ids"]) > task.max_length:
             encoded.truncated_examples += 1

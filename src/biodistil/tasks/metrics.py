@@ -82,10 +82,19 @@ def entity_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[s
         "precision": float(seq_precision(gold_t, pred_t, **options)),
         "recall": float(seq_recall(gold_t, pred_t, **options)),
         "f1": float(seq_f1(gold_t, pred_t, **options)),
-        "n_true": float(len(gold_set)),
-        "n_pred": float(len(pred_set)),
-        "n_correct": float(len(gold_set & pred_set)),
+        "n_true": len(gold_set),
+        "n_pred": len(pred_set),
+        "n_correct": len(gold_set & pred_set),
     }
+
+
+def format_metric(name: str, value: float | int | None) -> str:
+    """A metric as a report prints it: counts (`n_*`, integers) as integers, scores to 4 decimals."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, int) or (name.startswith("n_") and float(value).is_integer()):
+        return f"{int(value):,}"
+    return f"{value:.4f}"
 
 
 def _entity_set(sequences: list[list[str]]) -> set[tuple[int, int, int, str]]:

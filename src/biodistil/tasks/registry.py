@@ -433,13 +433,30 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 def load_task_file(path: str | Path) -> TaskSpec:
     """A task defined in a user's YAML file (all TaskSpec fields, or `extends: <built-in>` plus overrides)."""
     path = Path(path)
-    fields = _yaml_mapping(path)
+    fields = _one_task(_yaml_mapping(path), path)
     fields.setdefault("name", path.stem)
     base_name = fields.pop("extends", None)
     if base_name is not None:
         base = get_task(str(base_name)).model_dump(exclude={"name"})
         fields = _merge(base, fields)
     return _validate(fields, str(path))
+
+
+def _one_task(fields: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A task file's fields. A file written as the built-in registry is (`tasks: {my_task: {...}}`) is read when it
+    holds one task; several are refused with the expected form."""
+    if set(fields) != {"tasks"}:
+        return fields
+    tasks = fields["tasks"]
+    if isinstance(tasks, dict) and len(tasks) == 1:
+        name, body = next(iter(tasks.items()))
+        if isinstance(body, dict):
+            return {"name": str(name), **body}
+    found = f"{len(tasks)} tasks ({', '.join(map(str, tasks))})" if isinstance(tasks, dict) else "no task mapping"
+    raise BiodistilError(f"{path}: a task file defines one task, but its `tasks:` holds {found}.\n"
+                         "Expected at the top level: name: my_task, kind: token_classification, format: "
+                         "biobert_ner_tsv, files: {train: train.tsv, test: test.tsv}, labels: [O, B, I], metric: "
+                         "entity_f1\nor `tasks: {my_task: {...}}` holding that one task (one file per task).")
 
 
 def get_task(name_or_yaml_path: str | Path) -> TaskSpec:

@@ -18,6 +18,7 @@ import yaml
 
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_text, read_record, read_text
+from biodistil.tasks.metrics import format_metric
 
 PIPELINE_TAGS = {"token_classification": "token-classification", "sequence_classification": "text-classification",
                  "multilabel_classification": "text-classification"}
@@ -49,7 +50,10 @@ def model_card(run_dir: Path, metrics: dict[str, Any] | None = None) -> str:
     provenance = _first_json(run_dir, ("provenance.json",))
     model_config = json.loads((run_dir / "model" / "config.json").read_text(encoding="utf-8"))
     kind, base, task = _what(recipe, metrics)
-    header = _header(kind, base, task, metrics, provenance)
+    header = _header(kind, base, task, metrics, provenance, model_config)
+    cap = (recipe.get("task") or {}).get("max_examples") if isinstance(recipe.get("task"), dict) else None
+    if cap and "model-index" in header:  # scores of a capped split: the metadata says so, as the table does
+        header["model-index"][0]["results"][0]["dataset"]["args"] = {"max_examples": cap}
     body = [f"# {run_dir.name}", "", _description(kind, base, task, model_config), "", "## How it was made", "",
             *_recipe_lines(recipe, kind), "", "## Evaluation", "", *_evaluation(task, metrics), "",
             "## Provenance", "", *_provenance_lines(provenance), "", "## Limitations", "", _limitations(kind, task)]
@@ -89,10 +93,10 @@ def _hub_name(base: str | None) -> tuple[str | None, str | None]:
 
 
 def _header(kind: str, base: str | None, task: str | None, metrics: dict[str, Any],
-            provenance: dict[str, Any]) -> dict[str, Any]:
+            provenance: dict[str, Any], model_config: dict[str, Any]) -> dict[str, Any]:
     hub, license_id = _hub_name(base)
-    masked_lm = kind in ("distill", "pretrain")
-    pipeline = "fill-mask" if masked_lm else PIPELINE_TAGS.get(_task_kind(task), "text-classification")
+    pipeline = pipeline_tag(model_config) or ("fill-mask" if kind in ("distill", "pretrain") else
+                                              PIPELINE_TAGS.get(_task_kind(task), "text-classification"))
     distilled = ["knowledge-distillation"] if kind in ("kd", "distill") else []
     header: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": pipeline,
                               "tags": ["biodistil", "biomedical", *distilled]}
@@ -104,11 +108,19 @@ def _header(kind: str, base: str | None, task: str | None, metrics: dict[str, An
         header["datasets"] = [task]
     scores = metrics.get("test") or {}
     if task and scores:
-        header["model-index"] = [{"name": "student" if kind == "kd" else "model", "results": [{
-            "task": {"type": pipeline}, "dataset": {"name": task, "type": task, "split": "test"},
-            "metrics": [{"type": key, "value": round(float(value), 4)} for key, value in scores.items()
-                        if key in ("f1", "precision", "recall", "accuracy", "auroc") and value is not None]}]}]
+        header["model-index"] = model_index("student" if kind == "kd" else "model", pipeline, task, "test", scores)
     return header
+
+
+def pipeline_tag(model_config: dict[str, Any]) -> str | None:
+    """The Hub's pipeline tag of a model, from the head its config names (`architectures`), which a task file of
+    the user's own (unknown to the registry) cannot hide; None when the config names none."""
+    heads = " ".join(model_config.get("architectures") or [])
+    for head, tag in (("ForTokenClassification", "token-classification"), ("ForMaskedLM", "fill-mask"),
+                      ("ForSequenceClassification", "text-classification")):
+        if head in heads:
+            return tag
+    return None
 
 
 def _task_kind(task: str | None) -> str:
@@ -152,10 +164,22 @@ def _evaluation(task: str | None, metrics: dict[str, Any]) -> list[str]:
     if not task or not scores:
         return ["Not evaluated on a task by this run (see `biodistil evaluate`)."]
     rows = ["| metric | test |", "|---|---|"]
-    rows += [f"| {key} | {value:.4f} |" for key, value in scores.items() if isinstance(value, float)]
+    rows += [f"| {key} | {format_metric(key, value)} |" for key, value in scores.items()
+             if isinstance(value, int | float) and not isinstance(value, bool)]
     if metrics.get("degenerate"):
         rows.append(f"\n**Degenerate predictions:** {metrics['degenerate']}")
     return [f"On the {task} test split:", "", *rows]
+
+
+def model_index(name: str, pipeline: str, task: str, split: str, scores: dict[str, Any],
+                args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The Hub's `model-index` of one result: the task's headline-family scores on `split` (with `args`, e.g. a
+    cap on the examples scored)."""
+    dataset: dict[str, Any] = {"name": task, "type": task, "split": split, **({"args": args} if args else {})}
+    return [{"name": name, "results": [{
+        "task": {"type": pipeline}, "dataset": dataset,
+        "metrics": [{"type": key, "value": round(float(value), 4)} for key, value in scores.items()
+                    if key in ("f1", "precision", "recall", "accuracy", "auroc") and value is not None]}]}]
 
 
 def _provenance_lines(provenance: dict[str, Any]) -> list[str]:

@@ -24,8 +24,9 @@ from biodistil.models.families import encoder_of
 def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> str:
     """Apply `train.compile` to the stage about to train `module`: `auto` compiles the vocabulary KL's row kernel
     on a CPU where TorchInductor can (a C++ compiler) and nothing on a GPU (measured slower there), `true` the
-    encoders (`compile_encoders`) and the row kernel on either, `false` nothing. Returns what was done, which the
-    run's report shows (`compile_note`)."""
+    encoders (`compile_encoders`) and the row kernel on either, `false` nothing. A stage whose module says it has no
+    KL term (`uses_kl_rows = False`: fine-tuning, MLM alone) compiles nothing under `auto`. Returns what was done,
+    which the run's report shows (`compile_note`)."""
     if setting is not False and device.type == "cpu" and not cpp_compiler():
         compile_kl_rows(on=False)
         note = f"{_SETTING_NAMES[setting]}: nothing, no C++ compiler found (install g++ or set CXX)"
@@ -35,6 +36,9 @@ def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) 
     elif setting is False:
         compile_kl_rows(on=False)
         note = "false: nothing"
+    elif setting == "auto" and not getattr(module, "uses_kl_rows", True):
+        compile_kl_rows(on=False)
+        note = "auto: nothing (no KL term in this stage)"
     elif setting == "auto" and device.type == "cuda":
         compile_kl_rows(on=False)
         note = "auto: nothing on a GPU (the eager KL rows ran faster than Triton's kernel on an H100, docs/gpu.md)"

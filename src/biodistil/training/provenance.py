@@ -28,12 +28,17 @@ LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "s
 DATA_FIELDS = ("train", "eval", "corpus", "path", "data_dir", "root")  # path fields that name inputs, not outputs
 
 
+def code_identity() -> dict[str, Any]:
+    """biodistil's version and, run from a checkout, its commit (and whether the checkout has changes)."""
+    return {"version": __version__, **_git()}
+
+
 def provenance(recipe: BaseModel) -> dict[str, Any]:
     """The provenance record of a run of `recipe` (resolved: its paths are absolute)."""
     models: dict[str, Any] = {}
     data: dict[str, Any] = {}
     _walk(recipe, "", models, data)
-    return {"biodistil": {"version": __version__, **_git()}, "libraries": _versions(), "machine": describe_machine(),
+    return {"biodistil": code_identity(), "libraries": _versions(), "machine": describe_machine(),
             "seed": getattr(getattr(recipe, "run", None), "seed", None), "models": models, "data": data}
 
 
