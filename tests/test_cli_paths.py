@@ -375,6 +375,19 @@ def test_the_quick_demo_continues_with_any_spelling_of_its_folder(tmp_path):
         assert json.loads((demo / "report.json").read_text())["rows"] == report["rows"]
     assert not (other / "runs").exists()
 
+    # issue 38: `cp -r runs/demo ../other/copied/` with its distillation stage unfinished (its model and summary gone,
+    # its checkpoints kept), then the demo from the new place: the stage continues there, its recorded teacher and
+    # corpus cache (inside the demo's folder) compared by their new place
+    copied = other / "copied" / "demo"
+    shutil.copytree(demo, copied)
+    shutil.rmtree(copied / "student" / "model")
+    (copied / "student" / "summary.json").unlink()
+    _, err = biodistil(other, ["demo", "--quick", "--out", "copied/demo", "--data", str(data)])
+    assert DIFFERS not in err and "--resume" not in err
+    assert (copied / "student" / "model" / "config.json").is_file(), "the stage finished in the copy"
+    assert yaml.safe_load((copied / "student" / "config.yaml").read_text())["teacher"]["name_or_path"] == \
+        str(copied / "teacher" / "model"), "the continued stage records its new place"
+
 
 JOB_STUDY = f"""
 run: {{output_dir: job/study}}
