@@ -27,6 +27,9 @@ def torch_threads() -> int:
 
 
 torch.set_num_threads(torch_threads())
+# the suite's threads are fixed: training stages keep them (no 1-second sample of other work per stage, no re-checks);
+# tests of the thread governor remove it for themselves
+os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads()))
 
 WORDS = [
     "the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",

@@ -61,37 +61,38 @@ def test_the_thread_count_is_chosen_and_said(monkeypatch):
 
     import torch
 
-    from biodistil.training import run
+    from biodistil.training import threads
 
     before = torch.get_num_threads()
-    usable = run.usable_cores()
+    usable = threads.usable_cores()
     try:
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        assert run.choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
+        assert threads.choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
         monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(run, "busy_cores", lambda seconds: float(usable))
-        assert run.choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, "a busy machine"
-        monkeypatch.setattr(run, "busy_cores", lambda seconds: 0.0)
-        line = run.choose_threads()
+        monkeypatch.setattr(threads, "busy_cores", lambda seconds: float(usable))
+        assert threads.choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, \
+            "a busy machine"
+        monkeypatch.setattr(threads, "busy_cores", lambda seconds: 0.0)
+        line = threads.choose_threads()
         assert torch.get_num_threads() == usable and f"({usable} usable cores, 0.0 busy now" in line, "an idle one"
         monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))  # what ran a minute ago does not count
-        assert run.choose_threads() and torch.get_num_threads() == usable
+        assert threads.choose_threads() and torch.get_num_threads() == usable
     finally:
         torch.set_num_threads(before)
 
 
 def test_busy_cores_are_measured_now_from_cpu_counters(monkeypatch):
-    from biodistil.training import run
+    from biodistil.training import threads
 
     readings = iter([("proc", 1000, 4000), ("proc", 1150, 4200)])  # 150 of 200 jiffies busy over the sample
-    monkeypatch.setattr(run, "_cpu_counters", lambda: next(readings))
-    cores = len(run.os.sched_getaffinity(0))
-    assert run.busy_cores(0.0) == pytest.approx(cores * 0.75)
+    monkeypatch.setattr(threads, "cpu_counters", lambda: next(readings))
+    cores = len(threads.os.sched_getaffinity(0))
+    assert threads.busy_cores(0.0) == pytest.approx(cores * 0.75)
     readings = iter([("cgroup", 5_000_000, 10_000_000), ("cgroup", 5_300_000, 10_200_000)])  # 0.3 s CPU in 0.2 s
-    monkeypatch.setattr(run, "_cpu_counters", lambda: next(readings))
-    assert run.busy_cores(0.0) == pytest.approx(1.5)
-    monkeypatch.setattr(run, "_cpu_counters", lambda: None)
-    assert run.busy_cores(0.0) is None
+    monkeypatch.setattr(threads, "cpu_counters", lambda: next(readings))
+    assert threads.busy_cores(0.0) == pytest.approx(1.5)
+    monkeypatch.setattr(threads, "cpu_counters", lambda: None)
+    assert threads.busy_cores(0.0) is None
 
 
 def test_a_study_folder_is_continued_not_emptied(tmp_path):

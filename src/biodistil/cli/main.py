@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
         if args.command not in ("report", "export", "card"):
-            from biodistil.training.run import choose_threads
+            from biodistil.training.threads import choose_threads
 
             threads = choose_threads()
             if os.environ.get("LOCAL_RANK", "0") == "0":

@@ -48,6 +48,7 @@ from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
 from biodistil.training.hardware import prepare_device, resolve_precision, training_device
 from biodistil.training.sampling import length_grouped_order
+from biodistil.training.threads import ThreadGovernor, announce
 
 Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
@@ -173,6 +174,8 @@ class Engine:
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
         )
         model, optimizer = acc.prepare(module, optimizer)
+        threads = ThreadGovernor()  # torch's CPU threads for this stage, re-checked while it trains
+        announce(threads.start(self.state.step, acc.num_processes, self.cfg.num_workers))
         if acc.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(acc.device)
         note = apply_compile(self.cfg.compile, module, acc.device)
@@ -193,6 +196,7 @@ class Engine:
         with StopRequests() as requests:  # Ctrl-C or SIGTERM: stop after this step, with a checkpoint
             while self.state.step < self.cfg.max_steps:
                 logs = self._optimizer_step(model, optimizer, scheduler, batches)
+                announce(threads.after_step(self.state.step))
                 for key, value in logs.items():
                     window[key].append(value)
                 bar.update(1)
@@ -216,6 +220,7 @@ class Engine:
                 if stopping:
                     break
         bar.close()
+        threads.summary()  # for the stage's report (`threads_note`)
         if requests.signal is not None:
             raise KeyboardInterrupt(f"{signal.Signals(requests.signal).name} at step {self.state.step}")
         if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:

@@ -6,7 +6,6 @@ import operator
 import os
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from biodistil.training.checkpoint import latest_checkpoint
 from biodistil.training.compiling import compile_note
 from biodistil.training.hardware import precision_note
 from biodistil.training.provenance import provenance
+from biodistil.training.threads import threads_note
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
 SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
@@ -88,7 +88,7 @@ class RunFolder:
         import torch
 
         lines = [f"# {title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|"]
-        rows = {**rows, "CPU threads": torch.get_num_threads()}
+        rows = {**rows, "CPU threads": threads_note() or torch.get_num_threads()}
         if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
             rows["GPU"] = (f"{torch.cuda.get_device_name()}, peak memory "
                            f"{torch.cuda.max_memory_allocated() / 2**20:,.0f} MiB (torch.cuda.max_memory_allocated)")
@@ -100,84 +100,6 @@ class RunFolder:
         if notes:
             lines += ["", *notes]
         atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
-
-
-def choose_threads(sample_seconds: float = 0.3) -> str:
-    """Set torch's CPU thread count deliberately and return a line saying what was used and why.
-
-    OMP_NUM_THREADS, when set, is kept. Otherwise: the cores this process may use (CPU affinity and the cgroup
-    quota of a container) minus the cores other processes keep busy *now*, measured over `sample_seconds` (not a
-    load average, which still counts a job that ended a minute ago), at least 1. On a shared machine, threads
-    beyond the idle cores wait on each other: a 2-core machine with one busy core ran 4-5x slower with 2 threads
-    than with 1.
-    """
-    import torch
-
-    if os.environ.get("OMP_NUM_THREADS", "").strip():
-        return f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-    usable = usable_cores()
-    busy = busy_cores(sample_seconds)
-    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1))
-    idle = usable if busy is None else usable - busy
-    threads = max(1, min(usable, round(idle)) // processes)
-    torch.set_num_threads(threads)
-    per = f" per process ({processes} processes)" if processes > 1 else ""
-    state = "busy unknown" if busy is None else f"{busy:.1f} busy now"
-    return f"CPU threads: {threads}{per} ({usable} usable cores, {state}; set OMP_NUM_THREADS to choose)"
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a container's cgroup CPU quota."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            usable = max(1, min(usable, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return usable
-
-
-def busy_cores(sample_seconds: float = 0.3) -> float | None:
-    """How many cores other work keeps busy now: CPU time used over a short sample, from the container's cgroup
-    (`cpu.stat`) when there is one, else from /proc/stat for the CPUs this process may use; None where neither can
-    be read. This process sleeps while sampling, so it does not count itself."""
-    first = _cpu_counters()
-    if first is None:
-        return None
-    time.sleep(sample_seconds)
-    second = _cpu_counters()
-    if second is None:
-        return None
-    (kind, busy0, total0), (_, busy1, total1) = first, second
-    if kind == "cgroup":  # microseconds of CPU time over microseconds of wall time
-        return max(0.0, (busy1 - busy0) / max(total1 - total0, 1))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0.0, cores * (busy1 - busy0) / max(total1 - total0, 1))
-
-
-def _cpu_counters() -> tuple[str, int, int] | None:
-    """(source, busy, total): the cgroup's CPU microseconds and the wall clock's, or /proc/stat's busy and total
-    jiffies summed over the CPUs this process may use."""
-    try:
-        for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
-            if line.startswith("usage_usec "):
-                return "cgroup", int(line.split()[1]), time.monotonic_ns() // 1000
-    except (OSError, ValueError):
-        pass
-    try:
-        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        busy = total = 0
-        for line in Path("/proc/stat").read_text().splitlines():
-            name, *values = line.split()
-            if not name.startswith("cpu") or name == "cpu" or (allowed and int(name[3:]) not in allowed):
-                continue
-            jiffies = [int(v) for v in values[:8]]
-            total += sum(jiffies)
-            busy += sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
-        return ("proc", busy, total) if total else None
-    except (OSError, ValueError):
-        return None
 
 
 def single_process(command: str) -> None:
