@@ -20,8 +20,48 @@ def _card(args: argparse.Namespace) -> object:
     return write_model_card(args.folder)
 
 
+def _predict(args: argparse.Namespace) -> object:
+    import sys
+
+    from biodistil.export.predict import Predictor, read_documents, write_predictions
+
+    predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length)
+    documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files)
+    print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
+    return None
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    text = "Run a fine-tuned model or its ONNX export on documents: entities with character offsets, or labels"
+    parser = sub.add_parser(
+        "predict", help=text,
+        description=text + ". Example: biodistil predict runs/ner-student/onnx notes/ --out entities.jsonl. Inputs: "
+        "plain text files (a document per line; --whole-files: a document per file), folders of .txt files, JSON "
+        "lines (.jsonl/.json, --text-field), - for standard input. Output: one JSON line per document with its id: "
+        "token classifiers give {start, end, text, label, score} per entity (character offsets into the document; long "
+        "documents are read in windows of whole words); classifiers give the label and every class's probability "
+        "(multi-label: the labels over --threshold). Written atomically; - writes to standard output.")
+    parser.add_argument("model", help="model folder (a run's model/), ONNX export folder, or one .onnx file of one")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="text file, folder of .txt files, .jsonl, or -")
+    parser.add_argument("--out", required=True, help="JSON-lines output file, or - for standard output")
+    parser.add_argument("--runtime", choices=["auto", "pytorch", "onnx", "onnx-int8"], default="auto",
+                        help="auto (default): the fastest the folder holds (int8, then fp32 ONNX, then PyTorch)")
+    parser.add_argument("--text-field", default="text", help="JSON lines: the field holding the text (text)")
+    parser.add_argument("--pair-field", help="JSON lines: the field holding a pair classifier's second text")
+    parser.add_argument("--id-field", default="id", help="JSON lines: the field holding the record's id (id)")
+    parser.add_argument("--whole-files", action="store_true", help="one document per text file, not per line")
+    parser.add_argument("--batch-size", type=int, default=32, help="windows per batch (32), grouped by length")
+    parser.add_argument("--threshold", type=float, default=0.5, help="multi-label: a label's probability to keep it")
+    parser.add_argument("--max-length", type=int, help="sub-words per window (default: the length the model's run "
+                        "was fine-tuned with, from its run folder; else the model's limit, at most 512)")
+    parser.add_argument("--threads", type=int, help="CPU threads for ONNX Runtime (default: torch's)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_predict)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the `export` subcommand to the `biodistil` parser."""
+    """Add the `export`, `card` and `predict` subcommands to the `biodistil` parser."""
+    _add_predict(sub)
     text = "Export a fine-tuned model (or a masked LM) to ONNX, optionally int8, checked against PyTorch"
     parser = sub.add_parser(
         "export", help=text,

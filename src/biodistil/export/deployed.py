@@ -87,18 +87,26 @@ def task_data_root(given: str | None, models: Sequence[str | Path]) -> str | Non
         print(f"Data folder: {given} (--data)", flush=True)
         return given
     for model in models:
-        config = _run_config_of(Path(model))
-        if config is None:
-            continue
-        try:
-            recorded = ((load_yaml(read_text(config, "run's recipe record")) or {}).get("task") or {}).get("data_dir")
-        except (BiodistilError, yaml.YAMLError, AttributeError):
-            recorded = None
+        recorded = (recorded_task(Path(model)) or {}).get("data_dir")
         if recorded:
-            print(f"Data folder: {recorded} (task.data_dir of {config.resolve()})", flush=True)
+            config = _run_config_of(Path(model))
+            print(f"Data folder: {recorded} (task.data_dir of {config.resolve() if config else model})", flush=True)
             return str(recorded)
     print("Data folder: the default ($BIODISTIL_DATA, else ../shared/data; --data chooses another)", flush=True)
     return None
+
+
+def recorded_task(model: Path) -> dict[str, Any] | None:
+    """The `task:` section the run that made `model` recorded (its config.yaml beside model/; for an ONNX export, its
+    source model's run), or None without a readable record."""
+    config = _run_config_of(model)
+    if config is None:
+        return None
+    try:
+        task = (load_yaml(read_text(config, "run's recipe record")) or {}).get("task")
+    except (BiodistilError, yaml.YAMLError, AttributeError):
+        return None
+    return task if isinstance(task, dict) else None
 
 
 def _run_config_of(model: Path) -> Path | None:

@@ -29,6 +29,7 @@ class Predictions:
     labels: list[Any]  # tag lists (token tasks), label strings, or 0/1 vectors (multi-label)
     scores: list[list[float]]  # class probabilities per example (empty for token tasks)
     filled_words: int = 0  # words with no prediction (truncated away), predicted as O
+    word_scores: list[list[float]] | None = None  # token tasks: each word's probability of its predicted tag
 
 
 @torch.no_grad()
@@ -58,15 +59,21 @@ def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example],
 
 def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[np.ndarray]) -> Predictions:
     tags: list[list[str]] = [["O"] * len(e.tokens) for e in examples]
+    word_scores: list[list[float]] = [[0.0] * len(e.tokens) for e in examples]
     seen: list[set[int]] = [set() for _ in examples]
     for logits, (index, start), word_ids in zip(outputs, encoded.origins, encoded.word_ids, strict=True):
         present = {w for w in word_ids if w is not None}
-        predicted = word_predictions(word_ids, logits[: len(word_ids)].argmax(-1), max(present, default=-1) + 1)
+        rows = logits[: len(word_ids)]
+        probs = np.exp(rows - rows.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        predicted = word_predictions(word_ids, rows.argmax(-1), max(present, default=-1) + 1)
+        first = {word: position for position, word in reversed(list(enumerate(word_ids))) if word is not None}
         for offset in present:
             tags[index][start + offset] = task.labels[predicted[offset]]
+            word_scores[index][start + offset] = float(probs[first[offset], predicted[offset]])
             seen[index].add(start + offset)
     filled = sum(len(e.tokens) - len(s) for e, s in zip(examples, seen, strict=True))
-    return Predictions(tags, [], filled)
+    return Predictions(tags, [], filled, word_scores)
 
 
 def degenerate(task: TaskSpec, predictions: Predictions) -> str:

@@ -1,0 +1,300 @@
+"""Run a student on documents: `Predictor` (the Python API) and the readers and writer of `biodistil predict`.
+
+    from biodistil import Predictor
+    predictor = Predictor("runs/ner-student/onnx")        # a model folder, an ONNX export folder or one .onnx file
+    predictor(["BRCA1 mutations cause breast cancer."])   # -> [{"id": "0", "entities": [{start, end, text, ...}]}]
+
+The same code path as `evaluate --finetuned`: the task is the model's own (its head and labels), documents go through
+the task encoding (token tasks: words, windows of whole words for long documents, the label of each word's first
+sub-word) and `tasks.prediction.predict`, batched by length. Token classifiers return entities with character offsets
+into the original text (strict IOB2: an entity is a B tag and the I tags of its type that follow; its score is the
+mean of its words' tag probabilities); classifiers return the label and every class's probability (multi-label: the
+labels over the threshold).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from biodistil.data.formats import Example, TextExample, TokenExample
+from biodistil.errors import BiodistilError
+from biodistil.export.deployed import Deployed, expand_models, load_deployed
+from biodistil.tasks.encoding import collator_for, encode_split
+from biodistil.tasks.prediction import predict
+from biodistil.tasks.registry import TaskSpec
+
+WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # a word: a run of letters/digits, or one other visible character
+RUNTIMES = ("auto", "pytorch", "onnx", "onnx-int8")
+METRICS = {"token_classification": "entity_f1", "sequence_classification": "accuracy_macro_f1",
+           "multilabel_classification": "hoc_example_f1"}  # a valid task needs one; predicting scores nothing
+
+
+@dataclass(frozen=True)
+class Document:
+    """One input record: its id, its text and, for pair classifiers, the second text."""
+
+    id: str
+    text: str
+    text_pair: str | None = None
+
+
+def choose_variant(path: str | Path, runtime: str = "auto") -> Deployed:
+    """The deployed variant of `path` to run: `auto` is the fastest the folder holds (an export's int8 graph, else
+    its fp32 graph; a model folder's PyTorch weights)."""
+    if runtime not in RUNTIMES:
+        raise BiodistilError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
+    variants = expand_models([(None, str(path))])
+    wanted = {"pytorch": ("pytorch", "fp32"), "onnx": ("onnxruntime", "fp32"), "onnx-int8": ("onnxruntime", "int8")}
+    if runtime == "auto":
+        order = [("onnxruntime", "int8"), ("onnxruntime", "fp32"), ("pytorch", "fp32")]
+        return min(variants, key=lambda v: order.index((v.runtime, v.precision)))
+    for variant in variants:
+        if (variant.runtime, variant.precision) == wanted[runtime]:
+            return variant
+    held = ", ".join(f"{v.runtime} {v.precision}" for v in variants)
+    raise BiodistilError(f"{path} holds no {runtime} model (it holds: {held}); choose --runtime accordingly")
+
+
+class Predictor:
+    """A fine-tuned classifier (PyTorch or ONNX) that labels documents; `predictor(texts)` returns one record each."""
+
+    def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 32, threshold: float = 0.5,
+                 threads: int | None = None, max_length: int | None = None):
+        self.variant = choose_variant(model, runtime)
+        self.model, self.tokenizer, head = load_deployed(self.variant, threads)
+        if head not in METRICS:
+            raise BiodistilError(f"{model}: a {head.replace('_', ' ')} has no task head to predict with; give a model "
+                                 "fine-tuned on a task (`biodistil finetune` or `kd`), or its ONNX export")
+        config = self.model.config
+        labels = [str(config.id2label[i]) for i in range(len(config.id2label))]
+        limit = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512,
+                    int(getattr(config, "max_position_embeddings", 512) or 512))
+        length = min(max_length or recorded_max_length(Path(model)) or limit, limit)
+        self.task = model_task(head, labels, length)
+        self.batch_size, self.threshold = batch_size, threshold
+
+    @property
+    def description(self) -> str:
+        return f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}, {self.task.kind})"
+
+    def __call__(self, texts: Sequence[str | tuple[str, str] | Document]) -> list[dict[str, Any]]:
+        """One record per input: `{"id", "entities": [...]}` for a token classifier, `{"id", "label",
+        "probabilities"}` for a classifier (`"labels"` for a multi-label one)."""
+        documents = [_document(str(index), text) for index, text in enumerate(texts)]
+        if self.task.kind == "token_classification":
+            return self._entities(documents)
+        return self._labels(documents)
+
+    def _entities(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
+        spans = [[(m.start(), m.end()) for m in WORD.finditer(d.text)] for d in documents]
+        examples: list[Example] = [TokenExample(d.id, [d.text[a:b] for a, b in words], ["O"] * len(words))
+                                   for d, words in zip(documents, spans, strict=True)]
+        predictions = self._predict(examples)
+        records = []
+        for document, words, tags, scores in zip(documents, spans, predictions.labels, predictions.word_scores or [],
+                                                 strict=True):
+            entities = [{"start": words[first][0], "end": words[last][1],
+                         "text": document.text[words[first][0]:words[last][1]], "label": label,
+                         "score": round(sum(scores[first:last + 1]) / (last - first + 1), 4)}
+                        for first, last, label in entity_spans(tags)]
+            records.append({"id": document.id, "entities": entities})
+        return records
+
+    def _labels(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
+        unknown = [0.0] * len(self.task.labels) if self.task.kind == "multilabel_classification" else \
+            self.task.labels[0]  # the encoding wants a target; the model never sees it
+        examples: list[Example] = [TextExample(d.id, d.text, d.text_pair, unknown) for d in documents]
+        predictions = self._predict(examples)
+        records = []
+        for document, probabilities in zip(documents, predictions.scores, strict=True):
+            named = {label: round(p, 6) for label, p in zip(self.task.labels, probabilities, strict=True)}
+            if self.task.kind == "multilabel_classification":
+                chosen: dict[str, Any] = {"labels": [label for label, p in named.items() if p > self.threshold]}
+            else:
+                chosen = {"label": max(named, key=named.__getitem__)}
+            records.append({"id": document.id, **chosen, "probabilities": named})
+        return records
+
+    def _predict(self, examples: Sequence[Example]):
+        encoded = encode_split(self.task, examples, self.tokenizer)
+        return predict(self.model, self.task, examples, encoded, collator_for(self.task, self.tokenizer),
+                       self.batch_size)
+
+
+def recorded_max_length(model: Path) -> int | None:
+    """The window length the model was fine-tuned and scored with: its run's `task.max_length`, else its task's (from
+    the run folder's config.yaml beside model/, or an ONNX export's source model's run); None without a record."""
+    from biodistil.export.deployed import recorded_task
+
+    task = recorded_task(model)
+    if not task:
+        return None
+    if task.get("max_length"):
+        return int(task["max_length"])
+    try:
+        from biodistil.tasks.registry import get_task
+
+        return get_task(task["name"]).max_length if task.get("name") else None
+    except BiodistilError:
+        return None
+
+
+def model_task(head: str, labels: list[str], max_length: int) -> TaskSpec:
+    """The task a fine-tuned model embodies (its head and labels): what the task encoding and `predict` read. Its
+    files and metric are never used (predicting reads documents and scores nothing)."""
+    token = head == "token_classification"
+    return TaskSpec(name="predict", kind=head, format="biobert_ner_tsv" if token else "blurb_jsonl",
+                    files={"test": "documents"}, labels=labels, metric=METRICS[head], max_length=max_length,
+                    truncation="split" if token else "truncate")
+
+
+def entity_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(first word, last word, type) of each entity in strict IOB2, as seqeval's strict mode reads the tags: a B
+    starts one, the I tags of its type that follow continue it, an I with no B before it starts none. Untyped tags
+    (`B`, `I`) give the type "entity"."""
+    spans: list[tuple[int, int, str]] = []
+    current: tuple[int, str] | None = None
+    for position, tag in enumerate([*tags, "O"]):
+        prefix, _, kind = tag.partition("-")
+        kind = kind or "entity"
+        if current is not None and not (prefix == "I" and kind == current[1]):
+            spans.append((current[0], position - 1, current[1]))
+            current = None
+        if prefix == "B":
+            current = (position, kind)
+    return spans
+
+
+def _document(default_id: str, value: str | tuple[str, str] | Document) -> Document:
+    if isinstance(value, Document):
+        return value
+    if isinstance(value, tuple):
+        return Document(default_id, value[0], value[1])
+    return Document(default_id, value)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def read_documents(sources: Sequence[str], text_field: str = "text", pair_field: str | None = None,
+                   id_field: str = "id", whole_files: bool = False, stdin: Iterable[str] | None = None
+                   ) -> Iterator[Document]:
+    """The documents of the inputs, in order: plain text files (a document per non-blank line, or the whole file
+    with `whole_files`), folders of .txt files, JSON-lines files (`.jsonl`/`.json`: `text_field`, optionally
+    `pair_field` and `id_field`), or `-` for standard input (lines, or JSON lines when they start with `{`). Ids
+    default to `FILE:LINE` (or the file name for whole files). A bad record is an error naming file and line."""
+    for source in sources:
+        if source == "-":
+            yield from _lines("<stdin>", stdin if stdin is not None else _stdin(), text_field, pair_field, id_field)
+            continue
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(path.rglob("*.txt"))
+            if not files:
+                raise BiodistilError(f"{path}: a folder with no .txt files to predict on")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise BiodistilError(f"{path}: no such file or folder")
+        for file in files:
+            if whole_files and file.suffix not in (".jsonl", ".json"):
+                yield Document(str(file), _read(file))
+                continue
+            with file.open(encoding="utf-8", errors="strict") as handle:
+                yield from _lines(str(file), _decoded(handle, file), text_field, pair_field, id_field,
+                                  json_lines=file.suffix in (".jsonl", ".json"))
+
+
+def _lines(name: str, lines: Iterable[str], text_field: str, pair_field: str | None, id_field: str,
+           json_lines: bool | None = None) -> Iterator[Document]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        is_json = json_lines if json_lines is not None else line.lstrip().startswith("{")
+        if not is_json:
+            yield Document(f"{name}:{number}", line.rstrip("\r\n"))
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BiodistilError(f"{name}:{number}: not a JSON record ({err.msg}); expected one object per line") \
+                from None
+        if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+            raise BiodistilError(f"{name}:{number}: no text field '{text_field}' (a string) in this record; choose "
+                                 "the field with --text-field")
+        pair = None
+        if pair_field is not None:
+            if not isinstance(record.get(pair_field), str):
+                raise BiodistilError(f"{name}:{number}: no pair field '{pair_field}' (a string) in this record")
+            pair = record[pair_field]
+        yield Document(str(record.get(id_field, f"{name}:{number}")), record[text_field], pair)
+
+
+def _decoded(handle, path: Path) -> Iterator[str]:
+    try:
+        yield from handle
+    except UnicodeDecodeError as err:
+        raise BiodistilError(f"{path}: bytes that are not UTF-8 text (byte {err.start} of a line); convert the "
+                             "file to UTF-8") from None
+
+
+def _read(path: Path) -> str:
+    from biodistil.io import read_text
+
+    return read_text(path, "document", "convert the file to UTF-8 text")
+
+
+def _stdin() -> Iterator[str]:
+    import sys
+
+    yield from sys.stdin
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def write_predictions(predictor: Predictor, documents: Iterable[Document], out: str, chunk: int = 1024,
+                      progress: bool = True) -> str:
+    """Predict `documents` a chunk at a time and write one JSON line per record to `out` (`-`: standard output),
+    atomically: a crash or Ctrl-C leaves no half-written file. Memory holds one chunk, whatever the input's size.
+    Returns the closing line (records, seconds, records/s)."""
+    import os
+    import sys
+    import time
+    from itertools import islice
+
+    from tqdm.auto import tqdm
+
+    target = None if out == "-" else Path(out)
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    handle = sys.stdout if target is None else temporary.open("w", encoding="utf-8")
+    bar = tqdm(unit="rec", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    started, count = time.perf_counter(), 0
+    try:
+        iterator = iter(documents)
+        while batch := list(islice(iterator, chunk)):
+            for record in predictor(batch):
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += len(batch)
+            bar.update(len(batch))
+        handle.flush()
+        if target is not None:
+            handle.close()
+            os.replace(temporary, target)
+    except BaseException:
+        if target is not None:
+            handle.close()
+            temporary.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - started
+    return (f"Predicted {count:,} records in {seconds:.1f} s ({count / max(seconds, 1e-9):,.1f} records/s) with "
+            f"{predictor.description}" + (f"; wrote {target}" if target is not None else ""))

@@ -1,0 +1,133 @@
+"""Issue 36, first step: `biodistil predict` and `Predictor` run a fine-tuned model or its ONNX export on documents,
+with the same code path as `evaluate --finetuned`, character offsets into the original text, and atomic output."""
+
+import io
+import json
+import sys
+
+import pytest
+from kd_fixtures import save_teacher, write_token_task
+
+from biodistil import Predictor
+from biodistil.cli.main import main
+from biodistil.errors import BiodistilError
+from biodistil.export.deployed import Deployed, score_deployed
+from biodistil.export.predict import Document, entity_spans, read_documents
+from biodistil.tasks.registry import get_task
+from biodistil.tasks.splits import read_split
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory, teacher_dir):
+    """A token classifier (random head on the tiny teacher: it tags arbitrary but fixed words) and its task."""
+    root = tmp_path_factory.mktemp("predict")
+    task_file = write_token_task(root / "task", sizes={"train": 8, "test": 24})
+    task = get_task(str(task_file))
+    return save_teacher(teacher_dir, task, root / "ner-model", seed=3), task
+
+
+def test_entity_spans_read_strict_iob2():
+    assert entity_spans(["B", "I", "O", "I", "B", "B", "I"]) == [(0, 1, "entity"), (4, 4, "entity"),
+                                                                  (5, 6, "entity")]
+    assert entity_spans(["B-Disease", "I-Disease", "I-Chemical", "B-Chemical"]) == [(0, 1, "Disease"),
+                                                                                   (3, 3, "Chemical")]
+
+
+def test_predict_returns_exactly_the_entities_evaluation_scores(ner):
+    """On the task's test split, written back as plain text, the entities `Predictor` returns are the ones the
+    predictions of `evaluate --finetuned` hold, word for word; offsets point into the text."""
+    model, task = ner
+    examples = read_split(task, "test", None)
+    scored, _ = score_deployed(Deployed("m", model, "pytorch", "fp32"), task, examples)
+    texts = [" ".join(example.tokens) for example in examples]
+    records = Predictor(model, max_length=task.max_length)(texts)  # no run folder records the length here
+    assert [r["id"] for r in records] == [str(i) for i in range(len(texts))]
+    found = 0
+    for text, example, tags, record in zip(texts, examples, scored.predictions.labels, records, strict=True):
+        starts = [len(" ".join(example.tokens[:i])) + (1 if i else 0) for i in range(len(example.tokens))]
+        predicted = [(starts.index(e["start"]), e["end"]) for e in record["entities"]]
+        assert predicted == [(first, starts[last] + len(example.tokens[last])) for first, last, _ in
+                             entity_spans(tags)]
+        for entity in record["entities"]:
+            assert text[entity["start"]:entity["end"]] == entity["text"] and 0 < entity["score"] <= 1
+        found += len(record["entities"])
+    assert found > 0, "the random head tags some words: the comparison is not empty"
+
+
+def test_offsets_survive_odd_whitespace_unicode_and_long_documents(ner):
+    model, _ = ner
+    predictor = Predictor(model)
+    text = "  protein\tkinase  —  α-synuclein\n\nbinding  " + " receptor gene" * 60  # longer than max_length 16
+    (record,) = predictor([text])
+    for entity in record["entities"]:
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+    assert record["entities"] and record["entities"][-1]["start"] > 400, "the last window is predicted too"
+
+
+def test_onnx_exports_predict_as_pytorch_does(ner, tmp_path):
+    model, task = ner
+    assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    texts = [" ".join(example.tokens) for example in read_split(task, "test", None)]
+    pytorch = Predictor(model, runtime="pytorch", max_length=16)(texts)
+    onnx = Predictor(tmp_path / "onnx", runtime="onnx", max_length=16)(texts)
+    assert [[(e["start"], e["end"]) for e in r["entities"]] for r in onnx] == \
+        [[(e["start"], e["end"]) for e in r["entities"]] for r in pytorch]
+    int8 = Predictor(tmp_path / "onnx")  # auto: the fastest the folder holds
+    assert int8.variant.precision == "int8" and "int8" in int8.description
+    with pytest.raises(BiodistilError, match="holds no pytorch model"):
+        Predictor(tmp_path / "onnx", runtime="pytorch")
+
+
+def test_a_pair_classifier_gives_its_label_and_every_probability(kd_models, tmp_path):
+    teacher, _ = kd_models  # fine-tuned on the tiny yes/no pair task
+    records = Predictor(teacher)([("is cell tumour", "protein kinase binding"), ("is mice", "dose levels")])
+    for record in records:
+        assert record["label"] in ("yes", "no") and set(record["probabilities"]) == {"yes", "no"}
+        assert abs(sum(record["probabilities"].values()) - 1) < 1e-4
+        assert record["label"] == max(record["probabilities"], key=record["probabilities"].get)
+
+
+def test_the_command_reads_text_folders_and_json_lines_and_writes_json_lines(ner, tmp_path, monkeypatch, capsys):
+    model, _ = ner
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("protein kinase binding\n\nreceptor gene\n", encoding="utf-8")
+    (tmp_path / "notes" / "b.txt").write_text("cell tumour\n", encoding="utf-8")
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"pmid": "42", "abstract": "gene receptor"}) + "\n")
+    assert main(["predict", str(model), "notes", "--out", "out/entities.jsonl", "--quiet"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out/entities.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["notes/a.txt:1", "notes/a.txt:3", "notes/b.txt:1"]
+    assert "records/s" in capsys.readouterr().err
+    assert main(["predict", str(model), "docs.jsonl", "--text-field", "abstract", "--id-field", "pmid", "--out",
+                 "j.jsonl", "--quiet"]) == 0
+    assert json.loads((tmp_path / "j.jsonl").read_text())["id"] == "42"
+    assert main(["predict", str(model), "notes", "--whole-files", "--out", "w.jsonl", "--quiet"]) == 0
+    assert [json.loads(x)["id"] for x in (tmp_path / "w.jsonl").read_text().splitlines()] == ["notes/a.txt",
+                                                                                               "notes/b.txt"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("protein kinase\n"))
+    assert main(["predict", str(model), "-", "--out", "-", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["id"] == "<stdin>:1"
+
+
+def test_bad_input_names_file_and_line_and_leaves_no_output(ner, tmp_path, teacher_dir, capsys):
+    model, _ = ner
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "gene"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", str(model), str(bad), "--out", str(out), "--quiet"]) == 2
+    assert f"{bad}:2: no text field 'text'" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*")), "nothing half-written"
+    bad.write_text('{"text": "gene"\n')
+    assert main(["predict", str(model), str(bad), "--out", str(out), "--quiet"]) == 2
+    assert f"{bad}:1: not a JSON record" in capsys.readouterr().err
+    assert main(["predict", str(teacher_dir), str(bad), "--out", str(out), "--quiet"]) == 2
+    assert "masked lm has no task head to predict with" in capsys.readouterr().err
+
+
+def test_read_documents_keeps_order_ids_and_pairs(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"q": "is it", "p": "yes it is", "id": 7}) + "\n\n")
+    (document,) = read_documents([str(path)], text_field="q", pair_field="p")
+    assert document == Document("7", "is it", "yes it is")
+    with pytest.raises(BiodistilError, match="no pair field 'x'"):
+        list(read_documents([str(path)], text_field="q", pair_field="x"))
