@@ -128,3 +128,6 @@ def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is
     assert "not a finding" in text.split("The teacher's outputs alone")[1].splitlines()[0], \
         "+0.02 with sd 0.09 is within twice the spread"
     assert "**(one class: O)**" in text and "within 1 point" in text and "-0.0010 F1 (int8" in text
+    ending = render_report(report, tmp_path / "demo").rstrip()
+    assert ending.endswith(f"biodistil predict {tmp_path / 'demo' / 'student-onnx'} YOUR_DOCUMENTS --out "
+                           "entities.jsonl"), "the report ends with the command that runs its student on documents"

@@ -26,6 +26,7 @@ runs the self-contained toy path instead (demo_quick.py: pre-train, distil, fine
 """
 
 import math
+import shlex
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -102,7 +103,7 @@ def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = Fals
     deployed = _deployed(out, models, root)
     report = build_report(plan, summary, deployed, export, root, train_size)
     atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", render_report(report))
+    atomic_write_text(out / "report.md", render_report(report, out))
     return out / "report.md"
 
 
@@ -237,7 +238,7 @@ def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return stages
 
 
-def render_report(report: dict[str, Any]) -> str:
+def render_report(report: dict[str, Any], out: Path | None = None) -> str:
     plan = report["plan"]
     rows = report["models"]
     lines = ["# biodistil demo: what does the teacher add?", "", _setting(report), "",
@@ -259,6 +260,10 @@ def render_report(report: dict[str, Any]) -> str:
               f"untimed; the three PyTorch students share one architecture, so one is timed. CPU: "
               f"{machine.get('cpu')}. F1 mean ± sd over seeds "
               f"{list(plan['seeds'])}; nothing was tuned on the test set.", ""]
+    onnx = shlex.quote(str(out / "student-onnx")) if out is not None else "DIR/student-onnx"
+    lines += ["Run the distilled student (its int8 graph) on your own documents — text files, folders of .txt, JSON "
+              "lines — entities with character offsets, one JSON line per document:", "",
+              f"    biodistil predict {onnx} YOUR_DOCUMENTS --out entities.jsonl", ""]
     return "\n".join(lines)
 
 

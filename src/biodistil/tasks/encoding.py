@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from biodistil.data.alignment import align_labels, chunk_words, tokenize_words
+from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, words_for_tokenizer
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.tasks.registry import TaskSpec
 
@@ -61,8 +61,18 @@ def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) 
     ids = task.label_to_id
     b_to_i = task.b_to_i if task.label_policy == "all" else None
     room = task.max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    # every sentence tokenized whole in one batched call: most fit in one window and are used as they are
+    whole = tokenizer([words_for_tokenizer(tokenizer, e.tokens) for e in examples], is_split_into_words=True,
+                      verbose=False) if examples else None
     for index, example in enumerate(examples):
-        pieces = _pieces_per_word(tokenizer, example.tokens)
+        pieces = _counts(whole.word_ids(index), len(example.tokens))
+        if example.tokens and sum(pieces) <= room:
+            word_ids = whole.word_ids(index)
+            labels = align_labels(word_ids, [ids[t] for t in example.tags], task.label_policy, b_to_i)
+            encoded.features.append({**{k: list(v[index]) for k, v in whole.items()}, "labels": labels})
+            encoded.origins.append((index, 0))
+            encoded.word_ids.append(word_ids)
+            continue
         windows = chunk_words(pieces, room) if task.truncation == "split" else [(0, len(example.tokens))]
         if sum(pieces) > room and task.truncation != "split":  # split keeps every word, in windows
             encoded.truncated_examples += 1
@@ -116,8 +126,12 @@ def _prefixed(feature: dict[str, list]) -> dict[str, list[int]]:
 
 
 def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
-    word_ids = tokenize_words(tokenizer, words, add_special_tokens=False).word_ids()
-    counts = [0] * len(words)
+    return _counts(tokenize_words(tokenizer, words, add_special_tokens=False).word_ids(), len(words))
+
+
+def _counts(word_ids: Sequence[int | None], words: int) -> list[int]:
+    """Sub-word pieces per word, from a tokenization's word ids."""
+    counts = [0] * words
     for word in word_ids:
         if word is not None:
             counts[word] += 1
