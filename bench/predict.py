@@ -33,6 +33,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--runtime", default="auto", choices=("auto", "pytorch", "onnx", "onnx-int8"))
     parser.add_argument("--data", help="data folder (default: $BIODISTIL_DATA, else ../shared/data)")
     parser.add_argument("--no-memory", action="store_true", help="skip the child-process peak memory runs")
+    parser.add_argument("--task", help="also compare on this task's test split (joined back into text): each model's "
+                        "entities against what `evaluate --finetuned` scores, and every model's against the first's")
     return parser.parse_args()
 
 
@@ -119,6 +121,41 @@ def peak_mib(model: str, runtime: str, texts: list[str], threads: int) -> int:
     return int(peak)
 
 
+def task_agreement(models: list[str], runtime: str, task_name: str, data: str | None) -> dict:
+    """On a token task's test split: whether `predict` returns exactly the entities evaluation scores (per model),
+    and the share of the first model's entities (start, end, label) each other model returns too."""
+    from biodistil.export.deployed import expand_models, score_deployed
+    from biodistil.export.predict import Predictor, entity_spans
+    from biodistil.tasks.registry import get_task
+    from biodistil.tasks.splits import read_split
+
+    task = get_task(task_name)
+    examples = read_split(task, "test", data)
+    texts = [" ".join(example.tokens) for example in examples]
+    found, same = [], {}
+    for spec in models:
+        path = spec.rpartition("=")[2]
+        predictor = Predictor(path, runtime=runtime if not Path(path, "config.json").is_file() else "auto",
+                              max_length=task.max_length)
+        records = predictor(texts)
+        variant = next(v for v in expand_models([(None, path)]) if v.path == predictor.variant.path)
+        scored, _ = score_deployed(variant, task, examples)
+        spans = [{(e["start"], e["end"], e["label"]) for e in record["entities"]} for record in records]
+        evaluated = []
+        for example, tags in zip(examples, scored.predictions.labels, strict=True):
+            offsets = [len(" ".join(example.tokens[:i])) + (1 if i else 0) for i in range(len(example.tokens))]
+            evaluated.append({(offsets[a], offsets[b] + len(example.tokens[b]), label)
+                              for a, b, label in entity_spans(tags)})
+        same[spec] = spans == evaluated
+        found.append(spans)
+    first = found[0]
+    total = sum(len(s) for s in first)
+    agreement = {spec: round(sum(len(a & b) for a, b in zip(first, other, strict=True)) / max(total, 1), 4)
+                 for spec, other in zip(models, found, strict=True)}
+    return {"task": task.name, "sentences": len(texts), "entities_of_first": total,
+            "predict_equals_evaluate": same, "share_of_first_entities": agreement}
+
+
 def main() -> None:
     args = parse()
     from biodistil.training.provenance import cpu_line
@@ -141,8 +178,15 @@ def main() -> None:
             if "peak_mib_all" in row else ""
         print(f"  {row['name']:24s} {row['records_per_s']:9,.1f} records/s  {row['speedup']:5.2f}x  overhead "
               f"{100 * row['overhead_share']:4.1f}%  {row['entities']:,} entities{memory}  [{row['model']}]")
-    print(json.dumps({"sentences": len(texts), "threads": args.threads, "cpu": cpu_line(), "rows": rows,
-                      "load_1min": os.getloadavg()[0]}))
+    result = {"sentences": len(texts), "threads": args.threads, "cpu": cpu_line(), "rows": rows,
+              "load_1min": os.getloadavg()[0]}
+    if args.task:
+        result["task_check"] = task_agreement(args.models, args.runtime, args.task, args.data)
+        check = result["task_check"]
+        print(f"{check['task']} test ({check['sentences']:,} sentences): predict == evaluate "
+              f"{check['predict_equals_evaluate']}; share of the first model's {check['entities_of_first']:,} "
+              f"entities found: {check['share_of_first_entities']}")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--pair-field", help="JSON lines: the field holding a pair classifier's second text")
     parser.add_argument("--id-field", default="id", help="JSON lines: the field holding the record's id (id)")
     parser.add_argument("--whole-files", action="store_true", help="one document per text file, not per line")
-    parser.add_argument("--batch-size", type=int, default=32, help="windows per batch (32), grouped by length")
+    parser.add_argument("--batch-size", type=int, default=64, help="windows per batch (64, as evaluation scores), "
+                        "grouped by length")
     parser.add_argument("--threshold", type=float, default=0.5, help="multi-label: a label's probability to keep it")
     parser.add_argument("--max-length", type=int, help="sub-words per window (default: the length the model's run "
                         "was fine-tuned with, from its run folder; else the model's limit, at most 512)")

@@ -63,7 +63,7 @@ def choose_variant(path: str | Path, runtime: str = "auto") -> Deployed:
 class Predictor:
     """A fine-tuned classifier (PyTorch or ONNX) that labels documents; `predictor(texts)` returns one record each."""
 
-    def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 32, threshold: float = 0.5,
+    def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 64, threshold: float = 0.5,
                  threads: int | None = None, max_length: int | None = None):
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads)
