@@ -230,7 +230,7 @@ def section_commands(args, shapes: Shapes) -> None:
 
 
 def _command(name: str, argv: list[str], run_dir: Path | None, shapes: Shapes, results: Path | None = None,
-             export: Path | None = None) -> bool:
+             export: Path | None = None, section: str = "commands") -> bool:
     """Run one `biodistil` command in this process (--debug: a failure keeps its traceback); emit its figures."""
     from biodistil.cli.main import main
 
@@ -249,10 +249,10 @@ def _command(name: str, argv: list[str], run_dir: Path | None, shapes: Shapes, r
                                  for label, tasks in found.get("summary", {}).items()}
         if export is not None:
             figures["export"] = _export_figures(json.loads(export.read_text()))
-        emit("commands", name, **figures)
+        emit(section, name, **figures)
         return True
     except BaseException:
-        failure("commands", name, began)
+        failure(section, name, began)
         return False
 
 
@@ -325,21 +325,8 @@ def section_modernbert(args, shapes: Shapes) -> None:
     except Exception:
         failure("modernbert", "setup", began)
         return
-    _command_in("modernbert", "distill (ModernBERT, local + global attention)", ["distill", str(recipe)],
-                work / "runs" / "modernbert", shapes)
-
-
-def _command_in(section: str, name: str, argv: list[str], run_dir: Path, shapes: Shapes) -> None:
-    from biodistil.cli.main import main
-
-    began = time.perf_counter()
-    try:
-        if main(["--debug", *argv]) != 0:
-            raise RuntimeError(f"biodistil {' '.join(argv)} failed")
-        summary = json.loads((run_dir / "summary.json").read_text())
-        emit(section, name, seconds=round(time.perf_counter() - began, 1), **_summary_figures(summary))
-    except BaseException:
-        failure(section, name, began)
+    _command("distill (ModernBERT, local + global attention)", ["distill", str(recipe)], work / "runs" / "modernbert",
+             shapes, section="modernbert")
 
 
 # ------------------------------------------------------------------------------------------ synthetic world

@@ -68,13 +68,16 @@ def busy_cores(sample_seconds: float = 0.3) -> float | None:
         return None
     time.sleep(sample_seconds)
     second = cpu_counters()
-    if second is None:
-        return None
+    return None if second is None else max(0.0, cores_busy_between(first, second))
+
+
+def cores_busy_between(first: tuple[str, int, int], second: tuple[str, int, int]) -> float:
+    """Cores kept busy between two `cpu_counters` readings of the same source (this process included)."""
     (kind, busy0, total0), (_, busy1, total1) = first, second
     if kind == "cgroup":  # microseconds of CPU time over microseconds of wall time
-        return max(0.0, (busy1 - busy0) / max(total1 - total0, 1))
+        return (busy1 - busy0) / max(total1 - total0, 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0.0, cores * (busy1 - busy0) / max(total1 - total0, 1))
+    return cores * (busy1 - busy0) / max(total1 - total0, 1)
 
 
 def cpu_counters() -> tuple[str, int, int] | None:
@@ -193,13 +196,7 @@ class ThreadGovernor:
             return None
         wall = max(self.clock() - wall_before, 1e-6)
         own = (self.own_cpu() - own_before) / wall
-        (kind, busy0, total0), (_, busy1, total1) = before, now
-        if kind == "cgroup":  # microseconds of CPU time over microseconds of wall time
-            busy = (busy1 - busy0) / max(total1 - total0, 1)
-        else:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            busy = cores * (busy1 - busy0) / max(total1 - total0, 1)
-        return max(0.0, busy - own)
+        return max(0.0, cores_busy_between(before, now) - own)
 
 
 def announce(line: str | None) -> None:
