@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py                       # on a GPU: about 5 minutes on one H100
     python bench/gpu_check.py --device cpu --tiny   # the same script on a CPU, tiny shapes, under a minute
+    python bench/gpu_check.py --device cpu --tiny --in-process   # the CPU test's setting: no child processes
 
 Needs nothing but PyTorch, transformers, tokenizers, safetensors, accelerate, numpy (and biodistil's own dependencies)
 from the machine; downloads nothing. Models are random weights of the real shapes: a BERT-base teacher (12 × 768,
@@ -45,6 +46,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", help="folder for the synthetic data and run folders (default: a temporary one)")
     parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # a child process runs one section
     parser.add_argument("--section-timeout", type=int, default=420, help="seconds a section may take (420)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the sections in this process, not one child each (CPU only: the CPU test's setting)")
     return parser.parse_args(argv)
 
 
@@ -429,8 +432,14 @@ def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
 # ------------------------------------------------------------------------------------------ the parent
 
 
+SECTION_RUNS = {"env": section_env, "distill": section_distill, "commands": section_commands,
+                "modernbert": section_modernbert}
+
+
 def run_section(args, section: str, workdir: Path) -> list[dict]:
     """One section in a child process (its own CUDA context); its marked lines are the records."""
+    if args.in_process:
+        return run_section_here(args, section, workdir)
     command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--device", args.device,
                "--workdir", str(workdir), *(["--tiny"] if args.tiny else [])]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -459,6 +468,27 @@ def run_section(args, section: str, workdir: Path) -> list[dict]:
         records.append({"section": section, "name": "process", "ok": False, "error": repr(err)})
     if records and not records[-1]["ok"] and records[-1]["name"] == "process":
         print(json.dumps(records[-1]), flush=True)
+    print(f"# section {section}: {time.perf_counter() - began:.0f} s", flush=True)
+    return records
+
+
+def run_section_here(args, section: str, workdir: Path) -> list[dict]:
+    """`--in-process`: the section in this process (on a CPU there is no CUDA context to keep apart), its marked lines
+    collected as a child's are."""
+    import contextlib
+    import io
+
+    began, printed = time.perf_counter(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            SECTION_RUNS[section](argparse.Namespace(**{**vars(args), "workdir": str(workdir)}), Shapes(args.tiny))
+        failed = None
+    except Exception:
+        failed = {"section": section, "name": "process", "ok": False, "error": traceback.format_exc()[-3000:]}
+    lines = printed.getvalue().splitlines()
+    records = [json.loads(line[len(MARK):]) for line in lines if line.startswith(MARK)] + ([failed] if failed else [])
+    for record in records:
+        print(json.dumps(record), flush=True)
     print(f"# section {section}: {time.perf_counter() - began:.0f} s", flush=True)
     return records
 
@@ -513,9 +543,11 @@ def main() -> int:
             import torch
 
             torch.use_deterministic_algorithms(True, warn_only=True)  # resume compared bit for bit
-        {"env": section_env, "distill": section_distill, "commands": section_commands,
-         "modernbert": section_modernbert}[args.section](args, shapes)
+        SECTION_RUNS[args.section](args, shapes)
         return 0
+    if args.in_process and args.device != "cpu":
+        print("--in-process is for --device cpu: on a GPU each section needs its own CUDA context", file=sys.stderr)
+        return 2
     import tempfile
 
     began = time.perf_counter()

@@ -5,6 +5,11 @@ task with a teacher fine-tuned on it and a student, all offline. Helper function
 import os
 from pathlib import Path
 
+# Before torch loads OpenMP: threads that wait for work sleep instead of spinning. The suite runs two workers (pytest-
+# xdist) on two cores, and at OMP_NUM_THREADS=2 spinning threads of one worker took the cores the other needed (a 3×
+# slower pass). Subprocesses of the tests inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 from transformers import AutoModelForMaskedLM
@@ -104,3 +109,20 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n`, `--dist loadgroup`, set in pyproject.toml): the tests of a module that share a module
+    fixture run on one worker (`xdist_group`: the fixture is built once), and the slow tests are handed out first so
+    that no long test starts last while the other worker idles."""
+    for item in items:
+        if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per usable core, at most 2 (each worker builds the session's fixtures and holds about
+    1.5 GB; the suite is sized for two)."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))

@@ -105,7 +105,8 @@ data: {root: {ws}data}
 }
 FINISHED = "already holds a finished run"
 DIFFERS = "recipe differs"
-BENCH = ["--lengths", "16", "--warmup", "0", "--repeats", "1", "--throughput-batch", "2", "--device", "cpu"]
+BENCH = ["--lengths", "16", "--warmup", "0", "--repeats", "1", "--throughput-batch", "2", "--device", "cpu",
+         "--memory", "in-process"]  # paths are checked here; the fresh-process measurement in test_evaluation_bench
 
 
 def write_recipes(folder: Path, ws: str) -> None:

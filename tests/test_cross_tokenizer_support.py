@@ -8,7 +8,7 @@ from transformers import BertTokenizerFast, RobertaTokenizerFast
 from biodistil.config import TermConfig
 from biodistil.errors import BiodistilError
 from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, term_support, tokenizer_pair
-from biodistil.methods.objective import TERM_KINDS
+from biodistil.term_specs import TERM_SPECS as TERM_KINDS
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "cell", "##s", "p53", "il", "-", "2"]

@@ -1,39 +1,20 @@
 """The engine end to end on a tiny teacher: loss falls, exact resume, export, run folder, CLI errors."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from numerics import free_port
+from distill_fixtures import distill_recipe
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
 from biodistil.cli.main import main
-from biodistil.config import DistillRecipe, PretrainRecipe, validate_recipe
+from biodistil.config import PretrainRecipe, validate_recipe
 from biodistil.errors import BiodistilError
 from biodistil.methods.task_agnostic import run_distill, run_pretrain
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def distill_recipe(teacher_dir, corpus_file, out, **train) -> DistillRecipe:
-    return validate_recipe(DistillRecipe, {
-        "run": {"output_dir": str(out), "seed": 3},
-        "teacher": {"name_or_path": str(teacher_dir)},
-        "student": {"init": "architecture", "architecture": {
-            "num_layers": 2, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
-            "max_position_embeddings": 64}},
-        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(out.parent / "cache"),
-                 "eval_fraction": 0.05},
-        "objective": {"temperature": 2.0, "terms": [
-            {"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0}, {"loss": "hidden_cosine"}]},
-        "train": {"max_steps": 20, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 10,
-                  "save_every": 10, "log_every": 5, "progress_bar": False, "tensorboard": False, **train},
-    })
 
 
 def records(run: Path, split: str) -> list[dict]:
@@ -144,25 +125,6 @@ def test_cli_reports_recipe_and_corpus_errors_without_traceback(tmp_path, capsys
     assert main(["distill", str(recipe), f"--out={tmp_path / 'o'}"]) == 2
     err = capsys.readouterr().err
     assert "absent.txt' matches no file" in err and "Traceback" not in err
-
-
-@pytest.mark.slow
-def test_two_process_accelerate_launch(tmp_path, teacher_dir, corpus_file):
-    recipe = distill_recipe(teacher_dir, corpus_file, tmp_path / "ddp", max_steps=6, save_every=3, eval_every=3)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(json.dumps(recipe.model_dump(mode="json")))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    # on a CPU-only machine Accelerate's torchrun launcher is `--multi_gpu`; biodistil then uses gloo on CPU
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
-               "--dynamo_backend", "no", "-m", "biodistil", "distill", str(path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert AutoModelForMaskedLM.from_pretrained(tmp_path / "ddp" / "model").config.hidden_size == 16
-    state = json.loads((tmp_path / "ddp" / "checkpoints" / "step-0000006" / "trainer_state.json").read_text())
-    assert state["state"]["step"] == 6
-    # two processes each took batches of 8: tokens seen count both
-    assert state["state"]["tokens_seen"] == 6 * 2 * 8 * 32
 
 
 def test_continual_pretraining_starts_from_the_given_model(tmp_path, teacher_dir, corpus_file):

@@ -3,47 +3,23 @@ partial caches detected and completed, resume mid-cache and mid-training, two pr
 
 import copy
 import json
-import os
-import subprocess
-import sys
 
-import pyarrow as pa
 import pytest
 import torch
-from numerics import CLOSE, free_port, perturbed
+from distill_fixtures import TERMS, cache_recipe
+from numerics import CLOSE, perturbed
 from safetensors.torch import load_file
 
 from biodistil.config import DistillRecipe, validate_recipe
 from biodistil.errors import BiodistilError
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
-from biodistil.methods.task_agnostic import corpus_data, run_cache_teacher, run_distill, teacher_caches
+from biodistil.methods.task_agnostic import corpus_data, run_distill, teacher_caches
 from biodistil.models.families import head_only
 from biodistil.models.loading import load_masked_lm, load_tokenizer
 from biodistil.models.student import build_student
 from biodistil.teachers.masked_lm_cache import CacheReader, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
-
-TERMS = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
-         {"loss": "hidden_cosine"}]
-
-
-def cache_recipe(teacher_dir, corpus_file, tmp_path, out="run", top_k=16, logits="top_k", **train) -> DistillRecipe:
-    """DistilBERT's triple loss (KL at the masked positions) from a cache (of top-k logits unless `logits` says
-    otherwise), static masks with 2 patterns; 339 blocks (322 for training: 40 batches of 8 per epoch), caches of 3
-    shards per pattern."""
-    return validate_recipe(DistillRecipe, {
-        "run": {"output_dir": str(tmp_path / out), "seed": 3},
-        "teacher": {"name_or_path": str(teacher_dir), "dtype": "float32"},
-        "student": {"init": "teacher_layers", "layers": [0, 2]},
-        "data": {"train": [str(corpus_file)], "block_size": 32, "cache_dir": str(tmp_path / "corpus"),
-                 "eval_fraction": 0.05},
-        "masking": {"duplication": 2},
-        "objective": {"temperature": 2.0, "terms": TERMS},
-        "teacher_cache": {"logits": logits, "top_k": top_k, "shard_blocks": 128, "dir": str(tmp_path / "cache")},
-        "train": {"max_steps": 50, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 10,
-                  "save_every": 10, "log_every": 5, "progress_bar": False, "tensorboard": False, **train},
-    })
 
 
 class Setup:
@@ -255,31 +231,6 @@ def test_terms_a_cache_cannot_serve_are_refused(tmp_path, teacher_dir, corpus_fi
                 update={"output_dir": str(tmp_path / message[:5])})}))
     with pytest.raises(BiodistilError, match=r"masking\.duplication"):
         validate_recipe(DistillRecipe, {**recipe.model_dump(mode="json"), "masking": {}})
-
-
-@pytest.mark.slow
-def test_two_processes_write_and_read_disjoint_shards(tmp_path, teacher_dir, corpus_file):
-    recipe = cache_recipe(teacher_dir, corpus_file, tmp_path, out="ddp", max_steps=6, save_every=3, eval_every=3)
-    recipe = recipe.model_copy(update={"teacher_cache": recipe.teacher_cache.model_copy(update={"shard_blocks": 32})})
-    path = tmp_path / "recipe.yaml"
-    path.write_text(json.dumps(recipe.model_dump(mode="json")))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
-              "--dynamo_backend", "no", "-m", "biodistil"]
-    done = subprocess.run([*launch, "cache-teacher", str(path)], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    folder = next((tmp_path / "cache").iterdir())
-    shards = sorted((folder / "pattern-0").glob("shard-*.arrow"))
-    ranks = [pa.ipc.open_file(pa.memory_map(str(s))).schema.metadata[b"rank"].decode() for s in shards]
-    assert ranks == ["0", "1"] * (len(shards) // 2) + ["0"] * (len(shards) % 2), "shard s written by rank s mod 2"
-    done = subprocess.run([*launch, "distill", str(path)], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "0 shards built here" in (tmp_path / "ddp" / "report.md").read_text()
-    assert (tmp_path / "ddp" / "model" / "model.safetensors").is_file()
-    assert run_cache_teacher(recipe) == folder, "complete: the command finds it and builds nothing"
 
 
 def test_the_distilbert_recipe_distils_from_a_cache_on_the_command_line(tmp_path, teacher_dir, corpus_file):

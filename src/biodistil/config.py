@@ -17,6 +17,7 @@ from biodistil.embedded import resolve_model_name
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_text, load_yaml
 from biodistil.paths import absolute, model_reference, task_reference
+from biodistil.term_specs import TASK_TERMS, TERM_NAMES, misplaced_options
 
 Precision = Literal["auto", "no", "bf16", "fp16"]
 
@@ -221,11 +222,6 @@ class StudentConfig(Section):
         return self
 
 
-LAYER_LOSSES = ("hidden_cosine", "hidden_mse", "attention_mse", "attention_kl")
-# Terms on a classifier's outputs: task-specific distillation builds them from its `kd` section (biodistil.kd.objective)
-TASK_LOSSES = ("ce", "sigmoid_kd", "patient_kd")
-
-
 class TermConfig(Section):
     """One weighted loss term of an objective (docs/methods.md gives every loss and its equation).
 
@@ -233,10 +229,7 @@ class TermConfig(Section):
     transformer layer l = 1..M with teacher layer g(l).
     """
 
-    loss: Literal[
-        "mlm", "logit_kl", "uld", "soft_ce", "logit_mse", "hidden_cosine", "hidden_mse", "attention_mse",
-        "attention_kl", "minilm_relations", "ce", "sigmoid_kd", "patient_kd",
-    ]
+    loss: Literal[TERM_NAMES]  # biodistil.term_specs
     weight: float = Field(1.0, ge=0)
     positions: Literal["all", "masked", "known"] = Field(
         "all", description="logit and hidden terms: non-padding, masked, or non-padding tokens the teacher knows "
@@ -271,12 +264,11 @@ class TermConfig(Section):
 
     @model_validator(mode="after")
     def _options_fit_the_loss(self) -> TermConfig:
-        if self.layer_map is not None and self.loss not in LAYER_LOSSES:
-            raise ValueError(f"layer_map applies to {', '.join(LAYER_LOSSES)}; not to loss={self.loss}")
-        if self.vocab_reduction != "mean" and self.loss != "logit_mse":
-            raise ValueError(f"vocab_reduction applies to logit_mse; not to loss={self.loss}")
-        if self.attention_map != "probabilities" and self.loss != "attention_mse":
-            raise ValueError(f"attention_map: scores applies to attention_mse; not to loss={self.loss}")
+        fields = type(self).model_fields
+        defaults = {name: spec.get_default(call_default_factory=True) for name, spec in fields.items()}
+        misplaced = misplaced_options(self.loss, self.model_dump(), defaults)
+        if misplaced:
+            raise ValueError("; ".join(misplaced))
         if self.hinge_weight != 1.0 and self.epsilon is None:
             raise ValueError("hinge_weight needs epsilon (the tolerance hinge is max(hinge_weight·L − epsilon, 0))")
         if not self.relations or len(set(self.relations)) != len(self.relations):
@@ -292,7 +284,7 @@ class ObjectiveConfig(Section):
 
     @model_validator(mode="after")
     def _task_agnostic_terms(self) -> ObjectiveConfig:
-        task = [term.loss for term in self.terms if term.loss in TASK_LOSSES]
+        task = [term.loss for term in self.terms if term.loss in TASK_TERMS]
         if task:
             raise ValueError(f"loss {', '.join(task)} compares classifier outputs: a term of task-specific "
                              "distillation (`biodistil kd`: kd.soft_loss, kd.beta, kd.patient), not of a masked-LM "

@@ -11,6 +11,7 @@ Every reader works on any file of its format, and every malformed line raises `B
 format names in `READERS`.
 """
 
+import functools
 import hashlib
 import inspect
 import json
@@ -464,7 +465,29 @@ def read_examples(
         raise BiodistilError(
             f"Format '{format_name}' has no option(s) {unknown}; it accepts {reader_options(format_name)}"
         )
-    return reader(Path(path), **options)
+    key = tuple(sorted((name, tuple(v) if isinstance(v, list) else v) for name, v in options.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return reader(Path(path), **options)
+    return list(_read_cached(format_name, Path(path).resolve(), _file_stamp(path), key))
+
+
+def _file_stamp(path: str | Path) -> tuple[int, int]:
+    """(modification time, size) of a task file: a file written again is read again."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return (-1, -1)  # the reader names the missing file
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_cached(format_name: str, path: Path, stamp: tuple[int, int],
+                 options: tuple[tuple[str, Any], ...]) -> tuple[TokenExample | TextExample, ...]:
+    """One parse per file version and process: a study or an evaluation reads the same splits for every model, seed
+    and arm. The examples are shared between callers, which only read them (`read_examples` hands out new lists)."""
+    return tuple(_reader(format_name)(path, **dict(options)))
 
 
 EXAMPLES_FINGERPRINT_VERSION = 1

@@ -1,4 +1,4 @@
-"""The loss of task-specific distillation as terms of the objective registry (`biodistil.methods.objective`).
+"""The loss of task-specific distillation as terms of the term registry (`biodistil.term_specs`).
 
     L = α·soft(z_S, z_T) + β·CE(y, z_S) [+ γ·PatientKD]
 
@@ -19,19 +19,18 @@ from biodistil.config import TermConfig
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import KDOptions
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
-from biodistil.methods.objective import TERM_KINDS, Term, TermInputs, Weight, weighted_sum
+from biodistil.methods.objective import Term, TermInputs, Weight, weighted_sum
 from biodistil.models.features import Features
 from biodistil.tasks.registry import TaskSpec
+from biodistil.term_specs import KD_SOFT_TERMS
 from biodistil.training.engine import Batch
-
-SOFT_KINDS = {"hinton": "logit_kl", "logit_mse": "logit_mse", "sigmoid": "sigmoid_kd"}
 
 
 def kd_terms(cfg: KDOptions, pairs: Sequence[tuple[int, int]] = ()) -> list[Term]:
     """The recipe's terms: α·soft (unless soft_loss none), β·CE (when β > 0), γ·PatientKD over `pairs`."""
     terms = []
     if cfg.soft_loss != "none":
-        terms.append(Term(TermConfig(loss=SOFT_KINDS[cfg.soft_loss], weight=cfg.alpha), (), "soft"))
+        terms.append(Term(TermConfig(loss=KD_SOFT_TERMS[cfg.soft_loss], weight=cfg.alpha), (), "soft"))
     if cfg.beta > 0:
         terms.append(Term(TermConfig(loss="ce", weight=cfg.beta), (), "ce"))
     if cfg.patient is not None:
@@ -51,7 +50,7 @@ class KDObjective:
     def __call__(self, student: Features, teacher: Features | None, batch: Batch,
                  weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L and the value of each term; `weights` replaces α (`soft`) and β (`ce`) when they are learned."""
-        terms = [t for t in self.terms if teacher is not None or not TERM_KINDS[t.cfg.loss].needs_teacher]
+        terms = [t for t in self.terms if teacher is not None or not t.spec.needs_teacher]
         return weighted_sum(self, terms, self.inputs(student, teacher, batch), weights)
 
     def task_loss(self, student: Features, batch: Batch) -> torch.Tensor:

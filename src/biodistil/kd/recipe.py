@@ -27,6 +27,7 @@ from biodistil.config import (
 from biodistil.kd.random_text import DEFAULT_STARTERS
 from biodistil.paths import absolute
 from biodistil.tasks.recipe import TaskConfig
+from biodistil.term_specs import KD_SOFT_TERMS
 
 SourceKind = Literal["in_domain", "task", "file", "text", "saved"]
 
@@ -125,7 +126,7 @@ class PatientConfig(Section):
 class KDOptions(Section):
     """The distillation loss: L = α·soft + β·CE(y, z_S) (+ γ·PatientKD)."""
 
-    soft_loss: Literal["hinton", "logit_mse", "sigmoid", "none"] = Field(
+    soft_loss: Literal[(*KD_SOFT_TERMS, "none")] = Field(  # biodistil.term_specs: TermSpec.kd_soft
         "hinton", description="hinton: T²·KL; logit_mse; sigmoid: label-free binary KD; none: gold labels only"
     )
     alpha: float = Field(1.0, ge=0)

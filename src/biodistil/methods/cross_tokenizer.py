@@ -29,13 +29,10 @@ from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import TermConfig
 from biodistil.errors import BiodistilError
-from biodistil.methods.objective import TERM_KINDS
+from biodistil.term_specs import TERM_SPECS
 
 PairKind = Literal["same", "extended", "different"]
 Head = Literal["masked_lm", "sequence", "token"]
-
-_CLASSIFIER_TERMS = ("ce", "sigmoid_kd", "patient_kd")
-_LOGIT_TERMS = ("logit_kl", "soft_ce", "logit_mse", "sigmoid_kd")
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ def term_support(
     terms: Iterable[str | TermConfig],
     head: Head = "masked_lm",
 ) -> list[TermSupport]:
-    """For each term (a kind of `TERM_KINDS`, or a recipe term whose options are checked too), whether it holds for
+    """For each term (a kind of `TERM_SPECS`, or a recipe term whose options are checked too), whether it holds for
     the tokenizer pair on a model with this head: "masked_lm" (task-agnostic distillation), "sequence" or "token"
     (task KD of a sequence or a token classifier)."""
     return pair_support(tokenizer_pair(student_tokenizer, teacher_tokenizer), terms, head)
@@ -89,25 +86,26 @@ def pair_support(pair: PairKind, terms: Iterable[str | TermConfig], head: Head =
 
 def _kind(term: str | TermConfig) -> str:
     kind = term.loss if isinstance(term, TermConfig) else term
-    if kind not in TERM_KINDS:
-        raise BiodistilError(f"unknown objective term {kind!r}; terms are {', '.join(TERM_KINDS)}")
+    if kind not in TERM_SPECS:
+        raise BiodistilError(f"unknown objective term {kind!r}; terms are {', '.join(TERM_SPECS)}")
     return kind
 
 
 def _support(kind: str, cfg: TermConfig | None, pair: PairKind, head: Head) -> TermSupport:
-    if head == "masked_lm" and kind in _CLASSIFIER_TERMS:
+    spec = TERM_SPECS[kind]
+    if head == "masked_lm" and spec.scope == "task":
         return TermSupport(kind, False, "", "a classifier term: it has no place in a masked-LM objective")
     if pair == "same":
         return TermSupport(kind, True, "tokens", "one tokenization: token by token")
     if pair == "extended":
         return _extended(kind, head)
-    if head != "masked_lm" and kind in (*_LOGIT_TERMS, "ce", "patient_kd"):
+    if head != "masked_lm" and spec.scope != "masked_lm":
         return _classifier_across(kind, head)
     return _masked_lm_across(kind, cfg)
 
 
 def _extended(kind: str, head: Head) -> TermSupport:
-    if head == "masked_lm" and kind in _LOGIT_TERMS:
+    if head == "masked_lm" and TERM_SPECS[kind].scope == "both":  # the vocabulary logit terms
         return TermSupport(kind, True, "tokens", "VE-KD: the teacher's |V_T| columns at positions: known (new tokens "
                                                  "are [MASK] for the teacher)")
     return TermSupport(kind, True, "tokens", "VE-KD: the teacher reads the student's ids, new tokens as [MASK]")
@@ -123,40 +121,18 @@ def _classifier_across(kind: str, head: Head) -> TermSupport:
     return TermSupport(kind, True, "words", "class logits at each word's first token on both sides (unit_positions)")
 
 
-_WORD_TERMS = {
-    "mlm": ("words", "the student's own labels; mask_same_words masks the same words on both sides"),
-    "hidden_mse": ("words", "word_hidden_mse_loss on mean-pooled words (a projection where widths differ)"),
-    "hidden_cosine": ("words", "word_hidden_cosine_loss on mean-pooled words"),
-    "attention_kl": ("words", "word_attention_kl_loss on word × word maps (keys summed, queries averaged, rows "
-                              "renormalised); both models need the same number of heads"),
-    "attention_mse": ("words", "word_attention_mse_loss on word × word maps of probabilities; both models need the "
-                               "same number of heads"),
-    "minilm_relations": ("words", "word_relations_loss on word-pooled Q/K/V"),
-    "logit_kl": ("words", "at each whole-word-masked word's first token on both sides: shared_vocab_kl_loss over the "
-                          "strings both vocabularies name (a uld term covers the rest)"),
-    "uld": ("words", "at each whole-word-masked word's first token on both sides: uld_loss on the sorted "
-                     "probabilities, no shared string needed"),
-}
-_REFUSED = {
-    "soft_ce": "a cross-entropy over one vocabulary; use logit_kl (shared strings + ULD)",
-    "logit_mse": "logits over two vocabularies do not correspond entry by entry; use logit_kl (shared strings + ULD)",
-}
-
-
 def _masked_lm_across(kind: str, cfg: TermConfig | None) -> TermSupport:
     """Word-level terms, refused ones, and the options of a recipe term (`cfg`) that do not hold across tokenizers."""
-    if kind in _REFUSED:
-        return TermSupport(kind, False, "", _REFUSED[kind])
-    if kind not in _WORD_TERMS:
-        return TermSupport(kind, False, "", "no form across tokenizers yet; use a tokenizer pair with one vocabulary")
+    spec = TERM_SPECS[kind]
+    if not spec.has_words:
+        return TermSupport(kind, False, "", spec.no_words)
     if cfg is not None and kind == "attention_mse" and cfg.attention_map == "scores":
         return TermSupport(kind, False, "", "attention scores Q·Kᵀ/√d do not pool into words; use attention_map: "
                                             "probabilities")
     if cfg is not None and kind in ("logit_kl", "uld") and cfg.positions != "masked":
         return TermSupport(kind, False, "", f"positions: {cfg.positions}: across vocabularies the logits are "
                                             "compared at whole-word-masked words; use positions: masked")
-    level, reason = _WORD_TERMS[kind]
-    return TermSupport(kind, True, level, reason)
+    return TermSupport(kind, True, "words", spec.words)
 
 
 def refuse_unsupported(rows: Iterable[TermSupport]) -> None:

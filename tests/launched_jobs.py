@@ -1,0 +1,41 @@
+"""Several `biodistil` commands one after another in one process — or, under `accelerate launch`, in each of its
+processes: what test_multiprocess launches once instead of once per command (each launch costs an interpreter,
+torch's import and a process group).
+
+    python tests/launched_jobs.py JOBS.json
+
+JOBS.json lists {"name", "cwd", "argv"}; each job runs `biodistil ARGV` in its folder, its standard output kept in
+CWD/NAME.rankR.out (R: the process's rank). The process group stays open between jobs (each command would close it
+on its way out) and is closed after the last one. Exit status: the first failing job's."""
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from biodistil.cli import main as cli
+
+
+def run(jobs_file: str) -> int:
+    leave_process_group = cli._leave_process_group
+    cli._leave_process_group = lambda: None  # the next job reuses the group
+    rank = os.environ.get("RANK", "0")
+    try:
+        for job in json.loads(Path(jobs_file).read_text()):
+            cwd = Path(job["cwd"])
+            os.chdir(cwd)
+            with open(cwd / f"{job['name']}.rank{rank}.out", "w", encoding="utf-8") as out, \
+                    contextlib.redirect_stdout(out):
+                code = cli.main(job["argv"])
+            if code != 0:
+                print(f"job {job['name']} (rank {rank}): `biodistil {' '.join(job['argv'])}` exited {code}",
+                      file=sys.stderr)
+                return code
+        return 0
+    finally:
+        leave_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1]))
