@@ -53,14 +53,14 @@ from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
-from biodistil.losses.distillation import compile_kl_rows
+from biodistil.losses.distillation import compiled_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
 from biodistil.methods.objective import Objective
 from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
-from biodistil.training.compiling import apply_compile
+from biodistil.training.compiling import CompileChoice, apply_compile
 from biodistil.training.provenance import cpu_line
 
 MASKING = MaskingConfig(duplication=1)
@@ -269,8 +269,7 @@ def measure(args: argparse.Namespace) -> dict:
     models = nn.Module()  # what a stage's module holds: the student and the online teacher
     models.student, models.teacher = student, teacher
     if args.compile == "rows":
-        compile_kl_rows()
-        compiled = "rows: the vocabulary KL's row kernel (TorchInductor)"
+        compiled = CompileChoice("rows: the vocabulary KL's row kernel (TorchInductor)", compiled_kl_rows())
     else:
         compiled = apply_compile({"auto": "auto", "true": True, "false": False}[args.compile], models, device)
     workdir = tempfile.TemporaryDirectory()
@@ -290,6 +289,7 @@ def measure(args: argparse.Namespace) -> dict:
     modules = {}
     for mode in modes:
         objective = Objective(objective_config(positions[mode]), student, None if positions[mode] is None else teacher)
+        objective.kl_rows = compiled.kl_rows  # as the engine hands it to a stage's objective
         module = MaskedLMModule(student, objective, signals[mode]).train()
         optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5,
                                       fused=device.type == "cuda" or None)  # as the engine: fused on a GPU
@@ -370,7 +370,7 @@ def measure(args: argparse.Namespace) -> dict:
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
     result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
     result["phase_ms"] = phase_ms
-    result["compile"] = f"{compiled} (warm-up rounds, the compile included: {warmup_seconds:.0f} s)"
+    result["compile"] = f"{compiled.note} (warm-up rounds, the compile included: {warmup_seconds:.0f} s)"
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)

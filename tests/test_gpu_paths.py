@@ -51,20 +51,17 @@ def test_auto_precision_on_a_gpu_is_bf16_where_it_has_bf16_else_fp16_with_loss_s
 
 
 def test_train_compile_on_a_gpu_auto_keeps_the_eager_rows_and_true_compiles_them(monkeypatch):
-    from biodistil.losses import distillation
-
     cuda = torch.device("cuda")
-    monkeypatch.setattr(distillation, "_ROWS", {"compiled": None, "on": True})
     monkeypatch.setattr(compiling, "triton_available", lambda: True)
-    said = compiling.apply_compile("auto", torch.nn.Module(), cuda)
-    assert said.startswith("auto: nothing on a GPU") and not distillation._ROWS["on"]
+    chosen = compiling.apply_compile("auto", torch.nn.Module(), cuda)
+    assert chosen.note.startswith("auto: nothing on a GPU") and chosen.kl_rows is None
     monkeypatch.setattr(compiling, "compile_encoders", lambda module: "BertForMaskedLM")
-    said = compiling.apply_compile(True, torch.nn.Module(), cuda)
-    assert said == "true: the encoders of BertForMaskedLM and the vocabulary KL's row kernel"
-    assert distillation._ROWS["on"]
+    chosen = compiling.apply_compile(True, torch.nn.Module(), cuda)
+    assert chosen.note == "true: the encoders of BertForMaskedLM and the vocabulary KL's row kernel"
+    assert chosen.kl_rows is not None
     monkeypatch.setattr(compiling, "triton_available", lambda: False)
-    said = compiling.apply_compile(True, torch.nn.Module(), cuda)
-    assert said.startswith("true: nothing, Triton is not installed") and not distillation._ROWS["on"]
+    chosen = compiling.apply_compile(True, torch.nn.Module(), cuda)
+    assert chosen.note.startswith("true: nothing, Triton is not installed") and chosen.kl_rows is None
 
 
 @pytest.mark.slow

@@ -103,18 +103,17 @@ def test_train_compile_auto_compiles_the_kl_row_kernel_where_it_can(compiler, mo
         monkeypatch.setattr(compiling, "cpp_compiler", lambda: None)
     elif compiling.cpp_compiler() is None:
         pytest.skip("no C++ compiler on this machine")
-    monkeypatch.setattr(distillation, "_ROWS", {"compiled": None, "on": False})
-    said = compiling.apply_compile("auto", torch.nn.Module(), torch.device("cpu"))
-    assert said == ("auto: the vocabulary KL's row kernel (TorchInductor)" if compiler
-                    else "auto: nothing, no C++ compiler found (install g++ or set CXX)")
-    assert compiling.compile_note() == said and distillation._ROWS["on"] == compiler
+    chosen = compiling.apply_compile("auto", torch.nn.Module(), torch.device("cpu"))
+    assert chosen.note == ("auto: the vocabulary KL's row kernel (TorchInductor)" if compiler
+                           else "auto: nothing, no C++ compiler found (install g++ or set CXX)")
+    assert (chosen.kl_rows is not None) == compiler
     student = torch.randn(4, 9, requires_grad=True)
     teacher = torch.randn(4, 9)
-    loss = distillation.soft_kl_loss(student, teacher, temperature=2.0)  # through the compiled kernel, if any
+    loss = distillation.soft_kl_loss(student, teacher, temperature=2.0, kernel=chosen.kl_rows)  # compiled, if any
     loss.backward()
     log_s, log_t = torch.log_softmax(student.detach() / 2, -1), torch.log_softmax(teacher / 2, -1)
     expected = 4 * (log_t.exp() * (log_t - log_s)).sum(-1).mean()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(student.grad, 2 * (log_s.exp() - log_t.exp()) / 4, atol=1e-6)
-    compiling.apply_compile(False, torch.nn.Module(), torch.device("cpu"))
-    assert not distillation._ROWS["on"] and compiling.compile_note() == "false: nothing", "false turns it off again"
+    chosen = compiling.apply_compile(False, torch.nn.Module(), torch.device("cpu"))
+    assert chosen.kl_rows is None and chosen.note == "false: nothing", "false turns it off again"

@@ -81,7 +81,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     metrics["notes"] = written["notes"]
     atomic_write_json(run.path / "metrics.json", metrics)
     run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir),
-                     [f"**Warning:** {note}" for note in written["notes"]])
+                     [f"**Warning:** {note}" for note in written["notes"]], outcome.train)
     if (run.model_dir / "config.json").is_file():
         write_model_card(run.path)
     run.write_summary(metrics)  # last: a summary marks the run finished

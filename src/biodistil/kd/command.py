@@ -97,7 +97,7 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     report = jsonable(report)
     atomic_write_json(run.path / "metrics.json", report)
     run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
-                     [f"**Warning:** {note}" for note in report.get("notes", [])])
+                     [f"**Warning:** {note}" for note in report.get("notes", [])], result)
     if (run.model_dir / "config.json").is_file():
         write_model_card(run.path)
     run.write_summary(report)  # last: a summary marks the run finished

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from biodistil.config import TermConfig
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import KDOptions
+from biodistil.losses.distillation import KLRows
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.objective import Term, TermInputs, Weight, weighted_sum
 from biodistil.models.features import Features
@@ -46,6 +47,8 @@ class KDObjective:
         self.temperature = cfg.temperature
         self.multi_label = task.kind == "multilabel_classification"
         self._ce = Term(TermConfig(loss="ce"), (), "ce")
+        self.vocabulary = None  # classifier logits: one label set on both sides
+        self.kl_rows: KLRows | None = None  # Hinton KD's row kernel: set by the engine (`train.compile`)
 
     def __call__(self, student: Features, teacher: Features | None, batch: Batch,
                  weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -1,5 +1,8 @@
 """Token-level distillation losses for masked language models (DistilBERT, bio-lm distill + align)."""
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -24,10 +27,14 @@ KL_CHUNK_ELEMENTS = 1 << 22
 # a linear layer's input and parameters (x [N, d], W [V, d], b [V] or None) standing for the logit rows
 # z = x·Wᵀ + b (an MLM head's decoder): the losses that take them form the logits a chunk of rows at a time
 Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+# a fused row kernel of the chunked KL: (z_S/T, z_T/T, scale) of a chunk of rows -> (Σ_rows KL, scale·(p_S − p_T));
+# `compiled_kl_rows()` makes one; without one (the default) the rows are computed eagerly
+KLRows = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 def soft_kl_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor | Linear, temperature: float = 1.0
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor | Linear, temperature: float = 1.0,
+    kernel: KLRows | None = None,
 ) -> torch.Tensor:
     """Temperature-scaled distillation loss T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) (Hinton et al., 2015).
 
@@ -38,7 +45,8 @@ def soft_kl_loss(
     Computed in chunks of rows (`KL_CHUNK_ELEMENTS` values each), so the float32 temporaries stay bounded at
     large vocabularies and batch sizes: the forward pass also forms the gradient with respect to the student,
     ∂/∂z_S = T·(softmax(z_S/T) − softmax(z_T/T))/N, and keeps only that one [N, V] tensor for the backward pass.
-    A teacher that takes gradients (meta-learning) gets the plain autograd formula instead.
+    A teacher that takes gradients (meta-learning) gets the plain autograd formula instead. `kernel` computes each
+    chunk's KL and gradient in one fused kernel (`compiled_kl_rows`) instead of eagerly.
     """
     if student_logits.numel() == 0:
         return student_logits.sum() * 0.0
@@ -49,12 +57,12 @@ def soft_kl_loss(
         return kl.mean() * temperature * temperature
     if tuple(student_logits.shape) != _shape(teacher_logits):
         raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {_shape(teacher_logits)}")
-    return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature))
+    return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature), kernel)
 
 
 def linear_soft_kl_loss(
     inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: torch.Tensor | Linear,
-    temperature: float = 1.0,
+    temperature: float = 1.0, kernel: KLRows | None = None,
 ) -> torch.Tensor:
     """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b (`inputs` x [N, d], `weight` W [V, d], `bias` b [V] or
     None), formed inside the loss a chunk of rows at a time (teacher logits likewise when they come as `Linear`):
@@ -63,13 +71,13 @@ def linear_soft_kl_loss(
     Neither the [N, V] logits nor their gradient exist whole: per chunk, the forward pass forms G = ∂L/∂z_S =
     T·(softmax(z_S/T) − softmax(z_T/T))/N and accumulates the gradients of x (G·W), W (Gᵀ·x) and b (Σ_rows G),
     which are all it keeps for the backward pass ([N, d] + [V, d] + [V] values instead of [N, V]). The teacher takes
-    no gradient.
+    no gradient. `kernel`: as in `soft_kl_loss`.
     """
     if (inputs.size(0), weight.size(0)) != _shape(teacher):
         raise ValueError(f"student logits {(inputs.size(0), weight.size(0))} != teacher {_shape(teacher)}")
     if inputs.size(0) == 0:
         return inputs.sum() * 0.0
-    return _LinearSoftKL.apply(inputs, weight, bias, teacher, float(temperature))
+    return _LinearSoftKL.apply(inputs, weight, bias, teacher, float(temperature), kernel)
 
 
 def _shape(logits: torch.Tensor | Linear) -> tuple[int, ...]:
@@ -103,12 +111,13 @@ def _scaled(logits: torch.Tensor | Linear, rows: slice, temperature: float) -> t
     return chunk / temperature if chunk.dtype == torch.float32 else chunk.float().div_(temperature)
 
 
-def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None) -> torch.Tensor:
+def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None,
+             kernel: KLRows | None = None) -> torch.Tensor:
     """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
     float32) is given, it receives scale·(softmax(student) − softmax(teacher)) (scale 1: left to the caller). Two
-    [rows, V] float32 temporaries; with `compile_kl_rows()`, one fused kernel (`_kl_rows_fused`) instead."""
-    if _ROWS["on"] and grad is not None:
-        kl, rows_grad = _ROWS["compiled"](student, teacher, scale)
+    [rows, V] float32 temporaries; with a `kernel` (`compiled_kl_rows()`), one fused kernel instead."""
+    if kernel is not None and grad is not None:
+        kl, rows_grad = kernel(student, teacher, scale)
         grad.copy_(rows_grad)
         return kl
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
@@ -133,15 +142,11 @@ def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor, scale: float) -
     return kl, (log_p_student.exp() - p_teacher) * scale
 
 
-_ROWS: dict = {"compiled": None, "on": False}  # the compiled `_kl_rows_fused`, and whether `_kl_rows` uses it
-
-
-def compile_kl_rows(on: bool = True) -> None:
-    """From now on compute the vocabulary KL's rows with a TorchInductor kernel (`train.compile`; needs a C++ compiler
-    on the CPU), or, with `on=False`, eagerly again. Shapes are dynamic: one compile serves every chunk of rows."""
-    if on and _ROWS["compiled"] is None:
-        _ROWS["compiled"] = torch.compile(_kl_rows_fused, dynamic=True)
-    _ROWS["on"] = on
+@functools.cache
+def compiled_kl_rows() -> KLRows:
+    """`_kl_rows_fused` compiled by TorchInductor (needs a C++ compiler on a CPU, Triton on a GPU), for the losses'
+    `kernel` argument; shapes are dynamic, so one compile serves every chunk of rows (made once per process)."""
+    return torch.compile(_kl_rows_fused, dynamic=True)
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -150,7 +155,7 @@ def _chunk_rows(vocab: int) -> int:
 
 class _FusedKL(torch.autograd.Function):
     """A chunked T²·mean-over-rows KL whose forward pass forms the gradients of its first inputs (`_keep`); its last
-    two inputs (the teacher, the temperature) take none."""
+    three inputs (the teacher, the temperature, the row kernel) take none."""
 
     @staticmethod
     def _keep(ctx, grads: tuple[torch.Tensor | None, ...], total: torch.Tensor, temperature: float,
@@ -161,14 +166,15 @@ class _FusedKL(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
-        return *_spend(ctx, grad_output), None, None
+        return *_spend(ctx, grad_output), None, None, None
 
 
 class _ChunkedSoftKL(_FusedKL):
     """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
 
     @staticmethod
-    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor | Linear, temperature: float) -> torch.Tensor:
+    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor | Linear, temperature: float,
+                kernel: KLRows | None) -> torch.Tensor:
         rows = student.size(0)
         step = _chunk_rows(student.size(-1))
         grad = torch.empty(student.shape, dtype=torch.float32, device=student.device) if student.requires_grad \
@@ -177,7 +183,7 @@ class _ChunkedSoftKL(_FusedKL):
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
             total += _kl_rows(_scaled(student, chunk, temperature), _scaled(teacher, chunk, temperature),
-                              temperature / rows, None if grad is None else grad[chunk])
+                              temperature / rows, None if grad is None else grad[chunk], kernel)
         return _FusedKL._keep(ctx, (None if grad is None else grad.to(student.dtype),), total, temperature, rows)
 
 
@@ -186,7 +192,7 @@ class _LinearSoftKL(_FusedKL):
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                teacher: torch.Tensor | Linear, temperature: float) -> torch.Tensor:
+                teacher: torch.Tensor | Linear, temperature: float, kernel: KLRows | None) -> torch.Tensor:
         rows, vocab = inputs.size(0), weight.size(0)
         step = _chunk_rows(vocab)
         grads = [torch.zeros_like(tensor, dtype=torch.float32) if tensor is not None and tensor.requires_grad
@@ -201,7 +207,7 @@ class _LinearSoftKL(_FusedKL):
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
             student = matmul.logits(x, temperature)
-            total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad)  # ∂L/∂z_S = scale·grad
+            total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad, kernel)  # ∂L/∂z_S = scale·grad
             if grad_inputs is not None or grad_weight is not None:
                 matmul.backward_rows(grad, x, None if grad_inputs is None else grad_inputs[chunk])
             if grad_bias is not None:

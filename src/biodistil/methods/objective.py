@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.errors import BiodistilError
+from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, compute, position_masks
@@ -45,6 +46,7 @@ class Objective(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vocabulary = vocabulary  # across tokenizers: the strings both vocabularies share (logit_kl)
+        self.kl_rows: KLRows | None = None  # the vocabulary KL's row kernel: set by the engine (`train.compile`)
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
         if teacher is None and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")

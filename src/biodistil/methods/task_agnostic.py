@@ -343,6 +343,6 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
         **{f"held-out {k}": f"{v:.4f}" for k, v in result.final_eval.items()},
         "model": f"`{run.model_dir}`" if finished else "not exported (run stopped early; use --resume)",
     }
-    run.write_report(title, rows, list(notes))
+    run.write_report(title, rows, list(notes), result)
     run.write_summary(summary)  # last: a summary marks the run finished
     return run.model_dir

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import Linear, linear_soft_kl_loss, soft_kl_loss, topk_kl_loss
+from biodistil.losses.distillation import KLRows, Linear, linear_soft_kl_loss, soft_kl_loss, topk_kl_loss
 
 
 @dataclass(frozen=True)
@@ -156,24 +156,26 @@ class LogitRows:
         return (vocab is None and isinstance(self.source, LinearRows)
                 and not isinstance(teacher.source, TopKLogits))
 
-    def soft_kl(self, teacher: "LogitRows", temperature: float, vocab: int | None = None) -> torch.Tensor:
+    def soft_kl(self, teacher: "LogitRows", temperature: float, vocab: int | None = None,
+                kernel: KLRows | None = None) -> torch.Tensor:
         """T²·(1/N)·Σ_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)) over these N rows (the student's) and `teacher`'s
         at the same positions; with `vocab`, over the first `vocab` columns only (VE-KD's shared vocabulary).
 
         The loss follows what stands for the logits: a cache's top-k → `topk_kl_loss` (the student's whole
         vocabulary); logits, or a shared prefix → `soft_kl_loss`; a student head → `soft_kl_loss` on the formed
         logits at the rows declared formed, `linear_soft_kl_loss` (logits formed a chunk at a time) at the others,
-        and the mean over all rows. A teacher head is formed a chunk at a time inside either loss.
+        and the mean over all rows. A teacher head is formed a chunk at a time inside either loss. `kernel`: the fused
+        row kernel the losses use (`losses.distillation.compiled_kl_rows`), or None for eager rows.
         """
         if isinstance(teacher.source, TopKLogits):
             return _topk_kl(self.logits(), teacher.rows, temperature)
         if not self.fuses_kl(teacher, vocab):
-            return soft_kl_loss(_prefix(self.logits(), vocab), _prefix(teacher.logits(), vocab), temperature)
+            return soft_kl_loss(_prefix(self.logits(), vocab), _prefix(teacher.logits(), vocab), temperature, kernel)
         formed, logits, rest = self._split()
-        plain = None if formed is None else soft_kl_loss(logits, teacher.at(formed)._operand(), temperature)
+        plain = None if formed is None else soft_kl_loss(logits, teacher.at(formed)._operand(), temperature, kernel)
         if rest is None:
             return plain
-        fused = linear_soft_kl_loss(*self.at(rest).rows.linear, teacher.at(rest)._operand(), temperature)
+        fused = linear_soft_kl_loss(*self.at(rest).rows.linear, teacher.at(rest)._operand(), temperature, kernel)
         if formed is None:
             return fused
         counts = formed.sum(), rest.sum()

@@ -1,8 +1,9 @@
 """`train.compile`: what a stage compiles with torch.compile (TorchInductor), decided once per stage (`apply_compile`).
 
-`auto` (the default) compiles, on a CPU, the row function of the vocabulary KL (`losses.distillation.compile_kl_rows`:
-its log-softmaxes, KL and gradient fused into one kernel, which wins on every CPU measured) and nothing on a GPU (on
-an H100 the eager rows were 5-15% faster than Triton's fused kernel: docs/gpu.md); `true` also compiles the
+`auto` (the default) compiles, on a CPU, the row function of the vocabulary KL (`losses.distillation.compiled_kl_rows`:
+its log-softmaxes, KL and gradient fused into one kernel, which wins on every CPU measured; the kernel is handed to the
+stage's objective, `Objective.kl_rows`, which passes it to the losses — they default to eager rows) and nothing on a
+GPU (on an H100 the eager rows were 5-15% faster than Triton's fused kernel: docs/gpu.md); `true` also compiles the
 encoders in place (`nn.Module.compile`, so parameter names, checkpoints and exported weights do not change; no gain on
 CPUs measured); `false` nothing. The rest of the losses, with their hand-written fused gradients, stay eager.
 Inductor needs a C++ compiler on the CPU and Triton on a GPU: without them the stage runs uncompiled (and `true`
@@ -12,48 +13,46 @@ what was compiled.
 
 import os
 import shutil
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from biodistil.losses.distillation import compile_kl_rows
+from biodistil.losses.distillation import KLRows, compiled_kl_rows
 from biodistil.models.families import encoder_of
 
 
-def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> str:
+@dataclass(frozen=True)
+class CompileChoice:
+    """What `train.compile` did for a stage: the note its report shows, and the KL row kernel (None: eager rows)."""
+
+    note: str
+    kl_rows: KLRows | None = None
+
+
+def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) -> CompileChoice:
     """Apply `train.compile` to the stage about to train `module`: `auto` compiles the vocabulary KL's row kernel
     on a CPU where TorchInductor can (a C++ compiler) and nothing on a GPU (measured slower there), `true` the
     encoders (`compile_encoders`) and the row kernel on either, `false` nothing. A stage whose module says it has no
-    KL term (`uses_kl_rows = False`: fine-tuning, MLM alone) compiles nothing under `auto`. Returns what was done,
-    which the run's report shows (`compile_note`)."""
+    KL term (`uses_kl_rows = False`: fine-tuning, MLM alone) compiles nothing under `auto`. Returns what was done and
+    the kernel, which the engine hands to the module's objective."""
     if setting is not False and device.type == "cpu" and not cpp_compiler():
-        compile_kl_rows(on=False)
-        note = f"{_SETTING_NAMES[setting]}: nothing, no C++ compiler found (install g++ or set CXX)"
-    elif setting is not False and device.type == "cuda" and not triton_available():
-        compile_kl_rows(on=False)
-        note = f"{_SETTING_NAMES[setting]}: nothing, Triton is not installed (TorchInductor's GPU code generator)"
-    elif setting is False:
-        compile_kl_rows(on=False)
-        note = "false: nothing"
-    elif setting == "auto" and not getattr(module, "uses_kl_rows", True):
-        compile_kl_rows(on=False)
-        note = "auto: nothing (no KL term in this stage)"
-    elif setting == "auto" and device.type == "cuda":
-        compile_kl_rows(on=False)
-        note = "auto: nothing on a GPU (the eager KL rows ran faster than Triton's kernel on an H100, docs/gpu.md)"
-    else:
-        compile_kl_rows()
-        note = f"{_SETTING_NAMES[setting]}: the vocabulary KL's row kernel (TorchInductor)"
-        if setting is True:
-            note = f"true: the encoders of {compile_encoders(module)} and the vocabulary KL's row kernel"
-    _last["compile"] = note
-    return note
-
-
-def compile_note() -> str | None:
-    """What this process last compiled for a stage (`apply_compile`), for a run's report; None before any."""
-    return _last.get("compile")
+        return CompileChoice(f"{_SETTING_NAMES[setting]}: nothing, no C++ compiler found (install g++ or set CXX)")
+    if setting is not False and device.type == "cuda" and not triton_available():
+        return CompileChoice(f"{_SETTING_NAMES[setting]}: nothing, Triton is not installed (TorchInductor's GPU code "
+                             "generator)")
+    if setting is False:
+        return CompileChoice("false: nothing")
+    if setting == "auto" and not getattr(module, "uses_kl_rows", True):
+        return CompileChoice("auto: nothing (no KL term in this stage)")
+    if setting == "auto" and device.type == "cuda":
+        return CompileChoice("auto: nothing on a GPU (the eager KL rows ran faster than Triton's kernel on an H100, "
+                             "docs/gpu.md)")
+    if setting is True:
+        return CompileChoice(f"true: the encoders of {compile_encoders(module)} and the vocabulary KL's row kernel",
+                             compiled_kl_rows())
+    return CompileChoice("auto: the vocabulary KL's row kernel (TorchInductor)", compiled_kl_rows())
 
 
 def compile_encoders(module: nn.Module) -> str:
@@ -72,7 +71,6 @@ def compile_encoders(module: nn.Module) -> str:
 
 
 _SETTING_NAMES = {True: "true", "auto": "auto"}
-_last: dict[str, str] = {}
 
 
 def triton_available() -> bool:

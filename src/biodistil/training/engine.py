@@ -17,6 +17,7 @@ logs stay tensors until they are logged, so a step needs no host synchronisation
 non-finite values at every log, evaluation and checkpoint, before anything is written.
 """
 
+import functools
 import json
 import math
 import os
@@ -80,6 +81,11 @@ class TrainResult:
     best_step: int | None = None
     best_score: float | None = None
     peak_gpu_memory_mb: float | None = None  # on CUDA: torch.cuda.max_memory_allocated during `fit`
+    # what the machine decided for the stage, for its report: `train.precision` and why, what `train.compile` compiled,
+    # torch's CPU threads (the first count and each change)
+    precision: str | None = None
+    compiled: str | None = None
+    threads: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,6 @@ class Selection:
         return best is None or (value > best if self.mode == "max" else value < best)
 
 
-_announced: dict[str, str] = {}  # the precision this process last said it trains in
-
-
 def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False,
                      device: str = "auto") -> Accelerator:
     """An Accelerator on `train.device` (`training.hardware.training_device`) with the recipe's precision ('auto':
@@ -109,9 +112,8 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
     target = training_device(device)
     prepare_device(target)
     precision, why = resolve_precision(precision, target)
-    if precision != _announced.get("precision") and os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"Training precision: {why}", flush=True)
-    _announced["precision"] = precision
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        _say_precision(why)
     if precision == "fp16" and target.type != "cuda":
         raise BiodistilError("train.precision=fp16 needs a GPU; use bf16 or no on CPU")
     _allow_precision(precision)
@@ -120,6 +122,12 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
     force_cpu = target.type == "cpu" and (torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) > 1)
     return Accelerator(mixed_precision=precision, log_with=log_with, project_dir=str(run_dir) if run_dir else None,
                        cpu=force_cpu)
+
+
+@functools.cache
+def _say_precision(why: str) -> None:
+    """Print the training precision once per process and setting (a pipeline's stages mostly share one)."""
+    print(f"Training precision: {why}", flush=True)
 
 
 def _allow_precision(precision: str) -> None:
@@ -178,9 +186,12 @@ class Engine:
         announce(threads.start(self.state.step, acc.num_processes, self.cfg.num_workers))
         if acc.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(acc.device)
-        note = apply_compile(self.cfg.compile, module, acc.device)
+        compiled = apply_compile(self.cfg.compile, module, acc.device)
+        objective = getattr(module, "objective", None)
+        if objective is not None:  # the objective owns the KL row kernel and hands it to its losses
+            objective.kl_rows = compiled.kl_rows
         if self.cfg.compile is True and acc.is_local_main_process:
-            print(f"train.compile {note}", flush=True)
+            print(f"train.compile {compiled.note}", flush=True)
         if resume:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:
@@ -220,7 +231,6 @@ class Engine:
                 if stopping:
                     break
         bar.close()
-        threads.summary()  # for the stage's report (`threads_note`)
         if requests.signal is not None:
             raise KeyboardInterrupt(f"{signal.Signals(requests.signal).name} at step {self.state.step}")
         if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:
@@ -236,7 +246,9 @@ class Engine:
         peak = round(torch.cuda.max_memory_allocated(acc.device) / 2**20, 1) if acc.device.type == "cuda" else None
         return TrainResult(self.state.step, self.state.tokens_seen, seconds, tokens / max(seconds, 1e-9),
                            last_train, last_eval, self.state.extra.get("best_step"),
-                           self.state.extra.get("best_score"), peak)
+                           self.state.extra.get("best_score"), peak,
+                           precision=resolve_precision(self.cfg.precision, acc.device)[1], compiled=compiled.note,
+                           threads=threads.summary())
 
     def _evaluate(self, module, model, eval_data, collate, prepare, evaluate_fn,
                   selection: Selection | None) -> tuple[dict[str, float], bool]:

@@ -16,7 +16,6 @@ from biodistil.training.provenance import cpu_info
 BF16_FAST = 1.3  # a bf16 matmul at least this much faster than float32: the CPU computes bf16 natively
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of native bf16 matrix instructions (Linux /proc/cpuinfo)
 _PRECISION_NAMES = {"no": "float32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}
-_last: dict[str, str] = {}
 
 
 def bf16_fast(device: torch.device) -> bool:
@@ -71,13 +70,7 @@ def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:
     else:
         fast, why = cpu_bf16_fast()
         resolved = ("bf16" if fast else "no"), f"{_PRECISION_NAMES['bf16' if fast else 'no']} (auto: {why})"
-    _last["precision"] = resolved[1]
     return resolved
-
-
-def precision_note() -> str | None:
-    """What this process last resolved `train.precision` to, and why (for a run's report); None before any."""
-    return _last.get("precision")
 
 
 def training_device(setting: str = "auto") -> torch.device:

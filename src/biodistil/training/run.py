@@ -17,10 +17,8 @@ from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder, read_record, read_text
 from biodistil.training.checkpoint import latest_checkpoint
-from biodistil.training.compiling import compile_note
-from biodistil.training.hardware import precision_note
+from biodistil.training.engine import TrainResult
 from biodistil.training.provenance import provenance
-from biodistil.training.threads import threads_note
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
 SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
@@ -84,18 +82,21 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.path / "summary.json", summary)
 
-    def write_report(self, title: str, rows: dict[str, object], notes: list[str] = ()) -> None:
+    def write_report(self, title: str, rows: dict[str, object], notes: list[str] = (),
+                     trained: TrainResult | None = None) -> None:
+        """report.md: the command, the rows, what the machine decided for the training (`trained`: threads,
+        precision, compile, the GPU's peak memory) and the notes."""
         import torch
 
         lines = [f"# {title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|"]
-        rows = {**rows, "CPU threads": threads_note() or torch.get_num_threads()}
-        if torch.cuda.is_available() and torch.cuda.max_memory_allocated() > 0:
-            rows["GPU"] = (f"{torch.cuda.get_device_name()}, peak memory "
-                           f"{torch.cuda.max_memory_allocated() / 2**20:,.0f} MiB (torch.cuda.max_memory_allocated)")
-        if precision_note() is not None:
-            rows["training precision"] = precision_note()
-        if compile_note() is not None:
-            rows["train.compile"] = compile_note()
+        rows = {**rows, "CPU threads": (trained and trained.threads) or torch.get_num_threads()}
+        if trained is not None and trained.peak_gpu_memory_mb is not None:
+            rows["GPU"] = (f"{torch.cuda.get_device_name()}, peak memory {trained.peak_gpu_memory_mb:,.0f} MiB "
+                           "(torch.cuda.max_memory_allocated)")
+        if trained is not None and trained.precision is not None:
+            rows["training precision"] = trained.precision
+        if trained is not None and trained.compiled is not None:
+            rows["train.compile"] = trained.compiled
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]

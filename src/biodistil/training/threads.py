@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 Counters = Callable[[], tuple[str, int, int] | None]
-_LAST: dict[str, str] = {}  # the last stage's thread summary, for its report (`threads_note`)
 _PROCESS_MARK: list = []  # the process's last CPU-counter snapshot: the next stage measures other work since then
 
 
@@ -165,12 +164,8 @@ class ThreadGovernor:
                 f"{self.usable()} cores busy over the last {self.every_seconds:g} s)")
 
     def summary(self) -> str:
-        """The stage's thread counts for its report: the first, then each change with its step (also kept for
-        `threads_note`)."""
-        _LAST["threads"] = self._summary()
-        return _LAST["threads"]
-
-    def _summary(self) -> str:
+        """The stage's thread counts for its report (`TrainResult.threads`): the first, then each change with its
+        step."""
         if self.fixed == "OMP_NUM_THREADS" or not self.changes:
             return f"{torch.get_num_threads()} (OMP_NUM_THREADS)" if self.fixed else str(torch.get_num_threads())
         first, *later = self.changes
@@ -203,8 +198,3 @@ def announce(line: str | None) -> None:
     """Print a thread decision once, from the main process of a launch."""
     if line and os.environ.get("LOCAL_RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
-
-
-def threads_note() -> str | None:
-    """The thread counts of the last stage this process trained (`ThreadGovernor.summary`), for its report."""
-    return _LAST.get("threads")

@@ -10,6 +10,7 @@ import torch
 from biodistil.config import TermConfig
 from biodistil.data.masking import IGNORE_INDEX
 from biodistil.data.shared_vocabulary import SharedVocabulary
+from biodistil.losses.distillation import KLRows
 from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import Features
 from biodistil.term_specs import TERM_SPECS, TermSpec
@@ -65,9 +66,11 @@ class TermInputs:
 
 
 class TermOwner(Protocol):
-    """The objective a term belongs to: it owns the learned projections and, across tokenizers, the shared strings."""
+    """The objective a term belongs to: it owns the learned projections, across tokenizers the shared strings, and the
+    vocabulary KL's row kernel (`kl_rows`: compiled by `train.compile`, or None for eager rows)."""
 
     vocabulary: SharedVocabulary | None
+    kl_rows: KLRows | None
 
     def project(self, term: Term, student_layer: int, teacher_layer: int, hidden: torch.Tensor) -> torch.Tensor: ...
 

@@ -31,9 +31,9 @@ def logit_kl_tokens(owner: TermOwner, term: Term, x: TermInputs) -> torch.Tensor
     """T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions over the shared vocabulary; from a teacher
     cache, the KL over the teacher's top-k tokens and the tail (`topk_kl_loss`). `LogitRows.soft_kl` chooses the
     loss: on a student head it forms the logits inside the loss (`linear_soft_kl_loss`) except at the rows other
-    terms read formed (the MLM targets), whose formed logits it reads."""
+    terms read formed (the MLM targets), whose formed logits it reads; its rows with the owner's kernel (`kl_rows`)."""
     rows = x.masks[term.cfg.positions]
-    return x.student.logits.at(rows).soft_kl(x.teacher.logits.at(rows), x.temperature, x.shared_vocab)
+    return x.student.logits.at(rows).soft_kl(x.teacher.logits.at(rows), x.temperature, x.shared_vocab, owner.kl_rows)
 
 
 def logit_kl_words(owner: TermOwner, term: Term, x: TermInputs) -> torch.Tensor:
