@@ -19,7 +19,7 @@ from biodistil.data.corpus import build_block_dataset
 from biodistil.data.paths import resolve_data_root
 from biodistil.embedded import resolve_model_name
 from biodistil.models.loading import load_tokenizer
-from biodistil.training.provenance import cpu_line
+from biodistil.training.machine import cpu_line
 
 
 def main() -> None:

@@ -133,7 +133,7 @@ def section_env(args, shapes: Shapes) -> None:
         except ImportError:
             facts["triton"] = None
     else:
-        from biodistil.training.provenance import cpu_line
+        from biodistil.training.machine import cpu_line
 
         facts["cpu"] = cpu_line()
     facts["bf16_peak_tflops"] = round(bf16_peak_tflops(device, 512 if shapes.tiny else 8192), 1)
@@ -156,7 +156,7 @@ def section_distill(args, shapes: Shapes) -> None:
     sys.path.insert(0, str(BENCH))
     import throughput
 
-    from biodistil.training.hardware import prepare_device
+    from biodistil.training.machine import prepare_device
 
     device = torch.device(args.device)
     prepare_device(device)  # as a run does: TF32 for float32 matmuls on a GPU

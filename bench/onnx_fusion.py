@@ -26,7 +26,7 @@ from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.command import ExportOptions, run_export
 from biodistil.export.fusion import format_fusion
 from biodistil.export.runtime import VARIANT_FILES, is_export_folder, read_description
-from biodistil.training.provenance import cpu_info
+from biodistil.training.machine import cpu_info
 
 SHOWN_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
 

@@ -26,7 +26,7 @@ from biodistil.io import atomic_write_json, jsonable
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.methods.task_agnostic import run_distill
-from biodistil.training.provenance import describe_machine
+from biodistil.training.machine import describe_machine
 from biodistil.training.run import run_stage
 
 PRECISIONS = {"fp32": "no", "bf16": "bf16"}

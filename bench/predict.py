@@ -158,7 +158,7 @@ def task_agreement(models: list[str], runtime: str, task_name: str, data: str | 
 
 def main() -> None:
     args = parse()
-    from biodistil.training.provenance import cpu_line
+    from biodistil.training.machine import cpu_line
 
     texts = sentences(args.data, args.sentences)
     rows = []

@@ -54,14 +54,14 @@ from transformers import BertConfig, BertForMaskedLM
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.losses.distillation import compiled_kl_rows
-from biodistil.methods.masked_lm import MaskedLMModule, dtype_note, teacher_dtype
+from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
 from biodistil.models.families import head_only
 from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 from biodistil.training.compiling import CompileChoice, apply_compile
-from biodistil.training.provenance import cpu_line
+from biodistil.training.machine import cpu_line, dtype_note, teacher_dtype
 
 MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")

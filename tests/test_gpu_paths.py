@@ -12,7 +12,8 @@ import torch
 
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
-from biodistil.training import compiling, hardware
+from biodistil.training import compiling
+from biodistil.training import machine as hardware
 
 REPO = Path(__file__).resolve().parents[1]
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without a GPU")

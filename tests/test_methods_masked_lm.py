@@ -99,12 +99,11 @@ def test_teacher_terms_without_teacher_fail(tokenizer):
 
 
 def test_the_automatic_teacher_dtype_and_precision_follow_what_the_cpu_can_do(monkeypatch):
-    from biodistil.methods import masked_lm
-    from biodistil.training import hardware
+    from biodistil.training import machine as hardware
+    from biodistil.training import machine as masked_lm  # the teacher's dtype is a machine decision too
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(hardware, "cpu_bf16_fast", lambda: (True, "CPU flags avx512_bf16"))
-    monkeypatch.setattr(masked_lm, "cpu_bf16_fast", hardware.cpu_bf16_fast)
     assert masked_lm.teacher_dtype("auto", cpu) == torch.bfloat16
     assert masked_lm.dtype_note("auto", torch.bfloat16, cpu) == "Teacher dtype: bfloat16 (auto: CPU flags avx512_bf16)."
     assert hardware.resolve_precision("auto", cpu) == ("bf16", "bf16 autocast (auto: CPU flags avx512_bf16)")
@@ -119,7 +118,7 @@ def test_the_automatic_teacher_dtype_and_precision_follow_what_the_cpu_can_do(mo
 def test_without_readable_flags_the_cpu_is_measured(monkeypatch):
     from pathlib import Path
 
-    from biodistil.training import hardware
+    from biodistil.training import machine as hardware
 
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (_ for _ in ()).throw(OSError("no /proc"))
@@ -133,7 +132,7 @@ def test_without_readable_flags_the_cpu_is_measured(monkeypatch):
 
 
 def test_the_bf16_speedup_is_a_measurement():
-    from biodistil.training.hardware import cpu_bf16_speedup
+    from biodistil.training.machine import cpu_bf16_speedup
 
     speedup = cpu_bf16_speedup(size=256, repeats=2)
     assert 0.01 < speedup < 100

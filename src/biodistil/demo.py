@@ -46,7 +46,7 @@ from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
-from biodistil.training.provenance import describe_machine
+from biodistil.training.machine import describe_machine
 
 TASK = "ncbi_disease"
 ARMS = {"fine-tuned": "fine-tuned on the labelled budget", "distilled": "distilled (KD on text + CE on budget)",

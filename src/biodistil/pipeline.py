@@ -34,7 +34,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import EvaluateRecipe
 from biodistil.io import atomic_write_json, jsonable, read_json, read_text
 from biodistil.paths import absolute
-from biodistil.training.provenance import describe_machine
+from biodistil.training.machine import describe_machine
 from biodistil.training.run import run_stage
 
 COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe}

@@ -162,7 +162,7 @@ def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any], thre
     model, tokenizer, head = load_deployed(item, threads)
     check_task_fits(task, head, model.config, item.path)
     if item.runtime == "pytorch":
-        from biodistil.training.hardware import training_device
+        from biodistil.training.machine import training_device
 
         model.to(training_device(device))
     scored = score_model(model, tokenizer, fit_length_to_model(task, item.folder), examples)

@@ -30,8 +30,8 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
 from biodistil.teachers.task_cache import teacher_test_scores
+from biodistil.training.machine import describe_machine
 from biodistil.training.processes import Launch
-from biodistil.training.provenance import describe_machine
 from biodistil.training.run import RunFolder, run_stage
 
 

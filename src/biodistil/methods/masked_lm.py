@@ -18,7 +18,6 @@ from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import extract_features
 from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import OnlineTeacher, TeacherSignal
-from biodistil.training.hardware import bf16_fast, cpu_bf16_fast
 
 
 class MaskedLMModule(nn.Module):
@@ -82,25 +81,6 @@ def teacher_position_masks(batch: dict[str, torch.Tensor], units: WordUnits) -> 
     the first token of each masked word — where its logits are compared with the student's."""
     real = batch["teacher_attention_mask"].bool()
     return {"all": real, "known": real, "masked": units.first_masked("teacher")}
-
-
-def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The teacher's dtype for `teacher.dtype`: "auto" is bfloat16 where the hardware computes it fast
-    (`training.hardware.bf16_fast`: a GPU with bf16, a CPU with native bf16 instructions), else float32.
-    `dtype_note` says which and why."""
-    if setting == "auto":
-        setting = "bfloat16" if bf16_fast(device) else "float32"
-    return torch.bfloat16 if setting == "bfloat16" else torch.float32
-
-
-def dtype_note(setting: str, dtype: torch.dtype, device: torch.device) -> str:
-    """A line for the run's report: the teacher's dtype and, for `auto`, what decided it."""
-    name = str(dtype).removeprefix("torch.")
-    if setting != "auto":
-        return f"Teacher dtype: {name} (teacher.dtype)."
-    if device.type != "cpu":
-        return f"Teacher dtype: {name} (auto: {device.type} {'with' if name == 'bfloat16' else 'without'} fast bf16)."
-    return f"Teacher dtype: {name} (auto: {cpu_bf16_fast()[1]})."
 
 
 class MaskBatch:

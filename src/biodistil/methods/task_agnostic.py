@@ -26,7 +26,7 @@ from biodistil.data.vocab import train_wordpiece
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
 from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, term_support, tokenizer_pair
-from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, MaskSameWords, dtype_note, teacher_dtype
+from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, MaskSameWords
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.families import head_only
@@ -49,6 +49,7 @@ from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSigna
 from biodistil.teachers.store import store_root
 from biodistil.training.card import write_model_card
 from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult, make_accelerator
+from biodistil.training.machine import dtype_note, teacher_dtype
 from biodistil.training.run import RunFolder
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])

@@ -11,8 +11,6 @@ says so); a graph that cannot be compiled falls back to eager (dynamo's `suppres
 what was compiled.
 """
 
-import os
-import shutil
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +19,7 @@ from transformers import PreTrainedModel
 
 from biodistil.losses.distillation import KLRows, compiled_kl_rows
 from biodistil.models.families import encoder_of
+from biodistil.training.machine import cpp_compiler, triton_available
 
 
 @dataclass(frozen=True)
@@ -71,13 +70,3 @@ def compile_encoders(module: nn.Module) -> str:
 
 
 _SETTING_NAMES = {True: "true", "auto": "auto"}
-
-
-def triton_available() -> bool:
-    from torch.utils._triton import has_triton
-
-    return has_triton()
-
-
-def cpp_compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")

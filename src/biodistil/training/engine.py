@@ -47,7 +47,7 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
-from biodistil.training.hardware import prepare_device, resolve_precision, training_device
+from biodistil.training.machine import prepare_device, resolve_precision, training_device
 from biodistil.training.sampling import length_grouped_order
 from biodistil.training.threads import ThreadGovernor, announce
 
@@ -106,8 +106,8 @@ class Selection:
 
 def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False,
                      device: str = "auto") -> Accelerator:
-    """An Accelerator on `train.device` (`training.hardware.training_device`) with the recipe's precision ('auto':
-    bf16 autocast where the hardware computes bf16 natively, `training.hardware.resolve_precision`; said once per
+    """An Accelerator on `train.device` (`training.machine.training_device`) with the recipe's precision ('auto':
+    bf16 autocast where the hardware computes bf16 natively, `training.machine.resolve_precision`; said once per
     process when it changes). On several processes Accelerate's process group is NCCL on GPUs, gloo on CPUs."""
     target = training_device(device)
     prepare_device(target)

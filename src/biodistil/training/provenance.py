@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from biodistil.config import nested_section, path_kind, resolve_model_ref
 from biodistil.embedded import embedded_entry_of_folder
 from biodistil.io import file_sha256
 from biodistil.paths import absolute, task_reference
+from biodistil.training.machine import describe_machine
 
 FULL_HASH_BYTES = 256 << 20
 LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "onnxruntime",
@@ -40,39 +40,6 @@ def provenance(recipe: BaseModel) -> dict[str, Any]:
     _walk(recipe, "", models, data)
     return {"biodistil": code_identity(), "libraries": _versions(), "machine": describe_machine(),
             "seed": getattr(getattr(recipe, "run", None), "seed", None), "models": models, "data": data}
-
-
-SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # the flags that decide speed choices
-
-
-def cpu_info() -> tuple[str | None, list[str] | None]:
-    """The CPU's model name and flags from /proc/cpuinfo (Linux); None for what cannot be read."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return None, None
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), None)
-    return model, flags
-
-
-def cpu_line() -> str:
-    """The CPU's model and the flags of SPEED_FLAGS it has, for a speed figure's heading."""
-    model, flags = cpu_info()
-    shown = [flag for flag in SPEED_FLAGS if flag in (flags or [])]
-    return f"{model or '?'}; flags: {' '.join(shown) or 'none of avx2/avx512/amx'}"
-
-
-def describe_machine() -> dict[str, Any]:
-    """What a timing or a result was measured on: CPU model, usable cores, torch threads and versions."""
-    import platform
-
-    import torch
-
-    cpu = cpu_info()[0] or platform.processor() or platform.machine()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "usable_cores": usable, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def _walk(section: BaseModel, prefix: str, models: dict[str, Any], data: dict[str, Any]) -> None:
