@@ -424,12 +424,14 @@ def test_a_copied_job_whose_paths_lie_in_its_own_folder_runs_again_from_its_new_
 
     copy = tmp_path / "elsewhere" / "copy"  # `cp -r first ../elsewhere/copy`: the whole job under another name
     shutil.copytree(tmp_path / "first", copy)
-    (copy / arm / "metrics.json").unlink()  # this arm must run again (from its checkpoint)
+    for record in ("metrics.json", "summary.json"):  # a kill before its records: this arm must run again
+        (copy / arm / record).unlink()
     _, err = biodistil(copy, ["study", "study.yaml"], expected=2)
     assert FINISHED in err, "a finished study is continued with --resume"
     _, err = biodistil(copy, ["study", "study.yaml", "--resume"])
     assert DIFFERS not in err
-    assert (copy / arm / "metrics.json").is_file(), "the arm ran again in the copy"
+    assert (copy / arm / "metrics.json").is_file() and (copy / arm / "summary.json").is_file(), \
+        "the arm ran again in the copy"
     recorded_config = yaml.safe_load((copy / arm / "config.yaml").read_text())
     assert recorded_config["run"]["output_dir"] == str(copy / arm), "the copy's own run folder"
     assert not (tmp_path / "first" / arm / "metrics.json").stat().st_mtime_ns > \

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from biodistil.config import TrainConfig
-from biodistil.training.engine import Engine, Selection
+from biodistil.training.engine import Engine, HeldOut, Selection, TrainData
 
 
 class Regression(nn.Module):
@@ -41,8 +41,9 @@ def test_accumulation_matches_one_large_batch(tmp_path):
     # a first Adam step moves each weight by ±lr whatever the gradient's scale)
     one, two = Regression(), Regression()
     data = toy_data(24)
-    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, data, collate)
-    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(two, data, collate)
+    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, TrainData(data, collate))
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(
+        two, TrainData(data, collate))
     assert not torch.equal(one.linear.weight, Regression().linear.weight), "the step changed the weights"
     assert torch.allclose(one.linear.weight, two.linear.weight, atol=1e-6)
 
@@ -65,13 +66,14 @@ def test_accumulation_weighs_micro_batches_by_their_items_when_the_module_counts
     # batch (3 steps: a first Adam step moves each weight by ±lr whatever the gradient's scale)
     data = [{**row, "keep": torch.tensor(float(i % 3 != 0))} for i, row in enumerate(toy_data(24))]
     one, two = MaskedRegression(), MaskedRegression()
-    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, data, collate)
-    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(two, data, collate)
+    Engine(config(max_steps=3, batch_size=8), tmp_path / "c", seed=5).fit(one, TrainData(data, collate))
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "d", seed=5).fit(
+        two, TrainData(data, collate))
     assert not torch.equal(one.linear.weight, Regression().linear.weight), "the step changed the weights"
     assert torch.allclose(one.linear.weight, two.linear.weight, atol=1e-6)
     mean_of_means = MeanOfMeans()
-    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "e", seed=5).fit(mean_of_means, data,
-                                                                                                 collate)
+    Engine(config(max_steps=3, batch_size=4, grad_accumulation=2), tmp_path / "e", seed=5).fit(
+        mean_of_means, TrainData(data, collate))
     assert (mean_of_means.linear.weight - one.linear.weight).abs().max() > 1e-3
 
 
@@ -89,8 +91,8 @@ def test_selection_restores_best_weights_and_stops_early(tmp_path):
 
     module = Regression()
     engine = Engine(config(max_steps=12, eval_every=2), tmp_path / "run", seed=5)
-    result = engine.fit(module, toy_data(), collate, evaluate_fn=evaluate,
-                        selection=Selection(metric="f1", mode="max", patience=2))
+    result = engine.fit(module, TrainData(toy_data(), collate),
+                        HeldOut(evaluate, Selection(metric="f1", mode="max", patience=2)))
     assert result.best_step == 4 and result.best_score == 0.9
     assert result.steps == 8, "two evaluations without gain after step 4: stop at step 8"
     assert torch.equal(module.linear.weight, seen_weights[1]), "the best weights are restored"
@@ -115,7 +117,7 @@ def test_hook_runs_while_loading_and_worker_processes_give_the_same_run(tmp_path
     for workers in (0, 1):
         module = Noisy()
         Engine(config(num_workers=workers, max_steps=6), tmp_path / f"w{workers}", seed=5).fit(
-            module, toy_data(), collate, prepare_batch=shift_inputs)
+            module, TrainData(toy_data(), collate, prepare=shift_inputs))
         weights.append(module.linear.weight.detach().clone())
     assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-7)
 
@@ -124,7 +126,7 @@ def test_grad_norm_and_losses_are_logged_at_log_steps(tmp_path):
     import json
 
     Engine(config(max_steps=6, log_every=3, max_grad_norm=1.0), tmp_path / "run", seed=5).fit(
-        Regression(), toy_data(), collate)
+        Regression(), TrainData(toy_data(), collate))
     train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in train] == [3, 6]
     assert all(r["grad_norm"] > 0 and r["mse"] == r["loss"] and "_step" not in r for r in train)
@@ -143,7 +145,7 @@ class Epochs(list):
 
 def test_a_dataset_hears_each_epoch_before_its_batches(tmp_path):
     data = Epochs(toy_data(16))
-    Engine(config(max_steps=5), tmp_path / "run", seed=5).fit(Regression(), data, collate)
+    Engine(config(max_steps=5), tmp_path / "run", seed=5).fit(Regression(), TrainData(data, collate))
     assert data.epochs == [0, 1, 2]  # 2 batches of 8 per epoch
 
 
@@ -161,5 +163,5 @@ def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
 
     with pytest.raises(BiodistilError, match="Loss became nan at step 3"):
         Engine(config(max_steps=8, save_every=4, log_every=4), tmp_path / "run", seed=5).fit(
-            Diverging(), toy_data(), collate)
+            Diverging(), TrainData(toy_data(), collate))
     assert not (tmp_path / "run" / "checkpoints").exists()

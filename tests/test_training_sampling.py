@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from biodistil.config import TrainConfig
-from biodistil.training.engine import Engine
+from biodistil.training.engine import Engine, TrainData
 from biodistil.training.sampling import length_grouped_order
 
 
@@ -67,7 +67,7 @@ def test_the_engine_batches_by_length_when_asked(tmp_path):
     cfg = TrainConfig(max_steps=8, batch_size=8, eval_every=0, save_every=0, tensorboard=False, progress_bar=False,
                       group_by_length=True)
     module = Recorder()
-    Engine(cfg, tmp_path / "run", seed=1).fit(module, data, collate)
+    Engine(cfg, tmp_path / "run", seed=1).fit(module, TrainData(data, collate))
     spreads = [max(batch) - min(batch) for batch in module.seen]
     assert len(module.seen) == 8 and max(spreads) < 30  # 64 lengths in 5..120, sorted within one mega-batch
     assert sorted(size for batch in module.seen for size in batch) == sorted(lengths(64))

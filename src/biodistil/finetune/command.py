@@ -16,7 +16,7 @@ from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import FinetuneOutcome, finetune_on_task
 from biodistil.finetune.selection import write_test_results
-from biodistil.io import atomic_write_json, jsonable
+from biodistil.io import jsonable
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import fit_length_to_model
@@ -24,7 +24,6 @@ from biodistil.tasks.metrics import format_metric
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.training.card import write_model_card
 
 
 class FinetuneOptions(Section):
@@ -49,18 +48,13 @@ class FinetuneRecipe(Section):
 def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Fine-tune the recipe's encoder on its task: model selection on dev, scores and predictions on test,
     the untrained model's test scores (S_init), and the model exported in Hugging Face format."""
-    from biodistil.models.loading import check_model
     from biodistil.models.saving import export_model
-    from biodistil.training.engine import make_accelerator
-    from biodistil.training.run import RunFolder
+    from biodistil.training.run import Report, open_run
 
     if stop_after is not None:
         raise BiodistilError("finetune: --stop-after is not supported (interrupt it and continue with --resume)")
     started = time.perf_counter()
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
-                                   recipe.train.device)
-    check_model(recipe.model.name_or_path, "model.name_or_path")
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    run, accelerator = open_run(recipe, resume, [(recipe.model.name_or_path, "model.name_or_path", False)])
     with accelerator.main_process_first():
         path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
     task = fit_length_to_model(task_spec(recipe.task), path)
@@ -75,16 +69,14 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     written = write_test_results(run.path, task, outcome.test_examples, outcome.test_predictions, outcome.truncated,
                                  outcome.markers_cut)
     metrics = _metrics(task, outcome, init, written["degenerate"], seconds)
+    save_model = None
     if recipe.export.enabled:
-        export_model(outcome.model, outcome.tokenizer, run.model_dir)
+        save_model = lambda folder: export_model(outcome.model, outcome.tokenizer, folder)  # noqa: E731
         metrics["model_dir"] = recorded(run.model_dir, run.path)
     metrics["notes"] = written["notes"]
-    atomic_write_json(run.path / "metrics.json", metrics)
-    run.write_report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir),
-                     [f"**Warning:** {note}" for note in written["notes"]], outcome.train)
-    if (run.model_dir / "config.json").is_file():
-        write_model_card(run.path)
-    run.write_summary(metrics)  # last: a summary marks the run finished
+    report = Report(f"Fine-tuning on {task.name}", _report_rows(metrics, outcome, run.model_dir),
+                    [f"**Warning:** {note}" for note in written["notes"]], outcome.train)
+    run.finish(metrics, report, metrics=metrics, save_model=save_model)
     return run.model_dir
 
 

@@ -32,7 +32,7 @@ from biodistil.tasks.prediction import Predictions
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import Scored
 from biodistil.tasks.splits import read_split
-from biodistil.training.engine import Engine, TrainResult, make_accelerator
+from biodistil.training.engine import Engine, HeldOut, TrainData, TrainResult, make_accelerator
 from biodistil.training.processes import computed_on_main
 
 
@@ -120,8 +120,8 @@ def finetune_on_task(
                            processes)
     model = build_classifier(model_name_or_path, task)
     engine = Engine(chosen.cfg, run_dir, seed, accelerator)
-    trained = engine.fit(ClassifierModule(model), train.encoded, train.collate, evaluate_fn=chosen.evaluate_fn,
-                         selection=chosen.selection, resume=resume)
+    trained = engine.fit(ClassifierModule(model), TrainData(train.encoded, train.collate),
+                         HeldOut(chosen.evaluate_fn, chosen.selection), resume=resume)
     model.to(accelerator.device)
     dev_scores, test = computed_on_main(lambda: _final_scores(scoring, model, chosen.cfg.batch_size * 2))
     truncated = {name: split.encoded.truncated_examples for name, split in scoring.items()}

@@ -41,7 +41,7 @@ from biodistil.kd.transfer import (
     shape_for_task,
 )
 from biodistil.methods.cross_tokenizer import refuse_unsupported, term_support, tokenizer_pair
-from biodistil.models.loading import check_model, load_tokenizer
+from biodistil.models.loading import load_tokenizer
 from biodistil.models.saving import export_model
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
@@ -53,9 +53,8 @@ from biodistil.tasks.scoring import score_model
 from biodistil.teachers.loading import load_teacher_classifier
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
-from biodistil.training.card import write_model_card
-from biodistil.training.engine import Collate, Engine, TrainResult, make_accelerator
-from biodistil.training.run import RunFolder
+from biodistil.training.engine import Collate, Engine, HeldOut, TrainData, TrainResult
+from biodistil.training.run import Report, RunFolder, open_run
 
 
 @dataclass
@@ -77,31 +76,23 @@ class KDSetup:
 def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
     started = time.perf_counter()
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
-                                   recipe.train.device)
-    check_model(recipe.teacher.name_or_path, "teacher.name_or_path")
-    check_model(recipe.student.name_or_path, "student.name_or_path")
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    run, accelerator = open_run(recipe, resume, [(recipe.teacher.name_or_path, "teacher.name_or_path", False),
+                                                 (recipe.student.name_or_path, "student.name_or_path", False)])
     setup = setup_kd(recipe, run.path, accelerator)
     cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)
     evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features),
                                                  accelerator.num_processes)
     engine = Engine(cfg, run.path, recipe.run.seed, accelerator)
-    result = engine.fit(setup.module, setup.features, setup.collate,
-                        resume=run.resume, stop_after=stop_after, evaluate_fn=evaluate_fn, selection=selection,
-                        pre_step=setup.pre_step)
+    result = engine.fit(setup.module, TrainData(setup.features, setup.collate), HeldOut(evaluate_fn, selection),
+                        resume=run.resume, stop_after=stop_after, pre_step=setup.pre_step)
     if not accelerator.is_main_process:
         return run.model_dir
     report = _report(recipe, setup, result, run, finished=stop_after is None or result.steps >= cfg.max_steps)
     report["wall_seconds"] = round(time.perf_counter() - started, 1)  # this invocation (a resumed run: since resume)
     report = jsonable(report)
-    atomic_write_json(run.path / "metrics.json", report)
-    run.write_report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
-                     [f"**Warning:** {note}" for note in report.get("notes", [])], result)
-    if (run.model_dir / "config.json").is_file():
-        write_model_card(run.path)
-    run.write_summary(report)  # last: a summary marks the run finished
-    return run.model_dir
+    return run.finish(report, Report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
+                                     [f"**Warning:** {note}" for note in report.get("notes", [])], result),
+                      metrics=report)
 
 
 def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:

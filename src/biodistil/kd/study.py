@@ -22,7 +22,7 @@ from biodistil.config import deep_merge, validate_recipe
 from biodistil.errors import BiodistilError
 from biodistil.finetune.command import FinetuneRecipe, run_finetune
 from biodistil.finetune.init_model import init_model_path
-from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json, read_record
+from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.paths import recorded
@@ -32,7 +32,7 @@ from biodistil.tasks.registry import get_task
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.processes import Launch
-from biodistil.training.run import RunFolder, run_stage
+from biodistil.training.run import RunFolder, finished_run, run_stage
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
@@ -49,7 +49,7 @@ def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
         _teacher(recipe, recipe.tasks[position], root)
     launch.wait()
     runs = _study_runs(recipe, root)
-    pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if not _finished(run.folder)])
+    pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if not finished_run(run.folder)])
     for position in launch.share([1.0] * len(pending)):
         runs[pending[position]].run()
     launch.wait()
@@ -180,12 +180,7 @@ def _stage(command: str, raw: dict[str, Any], folder: Path) -> None:
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
 
-    run_stage(folder, lambda: _finished(folder), run, resumable=command == "kd")
-
-
-def _finished(folder: Path) -> bool:
-    record = read_record(folder / "metrics.json")
-    return isinstance(record, dict) and record.get("finished", True) is not False
+    run_stage(folder, lambda: finished_run(folder), run, resumable=command == "kd")
 
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:

@@ -47,10 +47,9 @@ from biodistil.teachers.masked_lm_cache import (
 )
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.teachers.store import store_root
-from biodistil.training.card import write_model_card
-from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainResult, make_accelerator
+from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainData, TrainResult, make_accelerator
 from biodistil.training.machine import dtype_note, teacher_dtype
-from biodistil.training.run import RunFolder
+from biodistil.training.run import Report, RunFolder, open_run
 
 MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight=1.0)])
 
@@ -87,11 +86,8 @@ def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) 
 
 def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """MLM pre-training from scratch (with a vocabulary trained on the corpus) or continual pre-training."""
-    if recipe.model.init == "continual":
-        check_model(recipe.model.name_or_path, "model.name_or_path", recipe.model.trust_remote_code)
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
-                                   recipe.train.device)
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    model_check = [(recipe.model.name_or_path, "model.name_or_path", recipe.model.trust_remote_code)]
+    run, accelerator = open_run(recipe, resume, model_check if recipe.model.init == "continual" else [])
     if recipe.model.init == "continual":
         tokenizer = load_tokenizer(recipe.model.name_or_path, recipe.model.trust_remote_code)
         model = load_masked_lm(recipe.model.name_or_path, trust_remote_code=recipe.model.trust_remote_code)
@@ -111,10 +107,8 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     tokenizers when the student reads a vocabulary of its own)."""
     if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
         refuse_unsupported(pair_support("different", recipe.objective.terms))
-    check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
-    accelerator = make_accelerator(recipe.train.precision, Path(recipe.run.output_dir), recipe.train.tensorboard,
-                                   recipe.train.device)
-    run = RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process)
+    run, accelerator = open_run(recipe, resume, [(recipe.teacher.name_or_path, "teacher.name_or_path",
+                                                  recipe.teacher.trust_remote_code)])
     tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
     teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
     notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
@@ -318,10 +312,8 @@ def _train(module, data: CorpusData, recipe, run: RunFolder, accelerator, resume
            stop_after: int | None) -> TrainResult:
     """Train on the corpus data (`corpus_data`), masked by `data.prepare` or statically."""
     engine = Engine(recipe.train, run.path, recipe.run.seed, accelerator)
-    return engine.fit(
-        module, data.train, data.collate, data.held_out, prepare_batch=data.prepare, resume=resume,
-        stop_after=stop_after,
-    )
+    return engine.fit(module, TrainData(data.train, data.collate, data.prepare, data.held_out), resume=resume,
+                      stop_after=stop_after)
 
 
 def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResult, accelerator, title: str,
@@ -331,10 +323,10 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
     finished = stop_after is None or result.steps >= run.recipe.train.max_steps
     sizes = count_parameters(module.student)
     summary = {"result": asdict(result), "student_parameters": sizes, "finished": finished}
+    save_model = None
     if finished and run.recipe.export.enabled:
-        export_model(module.student, tokenizer, run.model_dir)
+        save_model = lambda folder: export_model(module.student, tokenizer, folder)  # noqa: E731
         summary["model_dir"] = recorded(run.model_dir, run.path)
-        write_model_card(run.path, metrics=summary)  # this run's record, not the one an earlier run left
     rows = {
         "steps": result.steps,
         "parameters (total / non-embedding)": f"{sizes['total']:,} / {sizes['non_embedding']:,}",
@@ -344,6 +336,4 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
         **{f"held-out {k}": f"{v:.4f}" for k, v in result.final_eval.items()},
         "model": f"`{run.model_dir}`" if finished else "not exported (run stopped early; use --resume)",
     }
-    run.write_report(title, rows, list(notes), result)
-    run.write_summary(summary)  # last: a summary marks the run finished
-    return run.model_dir
+    return run.finish(summary, Report(title, rows, list(notes), result), save_model=save_model)

@@ -28,7 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -104,6 +104,30 @@ class Selection:
         return best is None or (value > best if self.mode == "max" else value < best)
 
 
+@dataclass(frozen=True)
+class TrainData:
+    """What a stage trains on: its dataset and collate function, a per-batch hook run while loading (`prepare`, e.g.
+    MLM masking, see `PrepareBatch`) and held-out data, whose mean logs are the default evaluation."""
+
+    train: Dataset
+    collate: Collate
+    prepare: PrepareBatch | None = None
+    held_out: Dataset | None = None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """How the held-out evaluations every `train.eval_every` steps go: `score(module)` replaces the mean of the
+    module's logs on the held-out data (e.g. a dev set's task metric); `selection` keeps the best weights and stops
+    early."""
+
+    score: Callable[[nn.Module], dict[str, float]] | None = None
+    selection: Selection | None = None
+
+    def active(self, data: TrainData) -> bool:
+        return data.held_out is not None or self.score is not None
+
+
 def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: bool = False,
                      device: str = "auto") -> Accelerator:
     """An Accelerator on `train.device` (`training.machine.training_device`) with the recipe's precision ('auto':
@@ -154,26 +178,14 @@ class Engine:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- public
-    def fit(
-        self,
-        module: nn.Module,
-        train_data: Dataset,
-        collate: Collate,
-        eval_data: Dataset | None = None,
-        prepare_batch: PrepareBatch | None = None,
-        resume: bool = False,
-        stop_after: int | None = None,
-        evaluate_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-        selection: Selection | None = None,
-        pre_step: PreStep | None = None,
-    ) -> TrainResult:
-        """Train; with `resume`, continue from the run folder's latest checkpoint. `stop_after` ends the
-        run early at that step (after a checkpoint), as a job with a time slot would. `evaluate_fn(module)`
-        replaces the default held-out evaluation (mean of the module's logs on `eval_data`), e.g. to score
-        a dev set with the task metric; `selection` keeps the best weights and stops early. `pre_step` runs
-        an extra update with its own optimizer before every optimizer step (see `PreStep`)."""
+    def fit(self, module: nn.Module, data: TrainData, held_out: HeldOut = HeldOut(), resume: bool = False,
+            stop_after: int | None = None, pre_step: PreStep | None = None) -> TrainResult:
+        """Train on `data`, evaluating as `held_out` says; with `resume`, continue from the run folder's latest
+        checkpoint. `stop_after` ends the run early at that step (after a checkpoint), as a job with a time slot
+        would. `pre_step` runs an extra update with its own optimizer before every optimizer step (see
+        `PreStep`)."""
         acc = self.accelerator
-        self._check_data(train_data)
+        self._check_data(data.train)
         self.pre_step = pre_step
         self.loss_items = getattr(module, "loss_items", None)
         optimizer = self._optimizer(module, _parameter_ids(pre_step.optimizer) if pre_step else set())
@@ -196,13 +208,13 @@ class Engine:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:
             acc.init_trackers("tensorboard")
-        prepare = prepare_batch or _unchanged
+        data = replace(data, prepare=data.prepare or _unchanged)
         started, tokens_at_start = time.perf_counter(), self.state.tokens_seen
         window: dict[str, list[float | torch.Tensor]] = defaultdict(list)
         last_train, last_eval = {}, {}
         bar = tqdm(total=self.cfg.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
                    disable=not (acc.is_local_main_process and self.cfg.progress_bar))
-        batches = self._batches(train_data, collate, prepare)
+        batches = self._batches(data.train, data.collate, data.prepare)
         model.train()
         with StopRequests() as requests:  # Ctrl-C or SIGTERM: stop after this step, with a checkpoint
             while self.state.step < self.cfg.max_steps:
@@ -212,7 +224,7 @@ class Engine:
                     window[key].append(value)
                 bar.update(1)
                 stopping = requests.signal is not None or (stop_after is not None and self.state.step >= stop_after)
-                evaluating = (eval_data is not None or evaluate_fn) and self._due(self.cfg.eval_every)
+                evaluating = held_out.active(data) and self._due(self.cfg.eval_every)
                 saving = self._due(self.cfg.save_every) or self.state.step == self.cfg.max_steps or stopping
                 if self.state.step % self.cfg.log_every == 0 or self.state.step == self.cfg.max_steps or evaluating \
                         or saving:  # a host synchronisation: losses become floats, non-finite ones stop the run
@@ -223,8 +235,7 @@ class Engine:
                         self._log("train", {**last_train, "lr": scheduler.get_last_lr()[0], "tokens_per_s": rate})
                         window.clear()
                 if evaluating:
-                    last_eval, patience_out = self._evaluate(module, model, eval_data, collate, prepare, evaluate_fn,
-                                                             selection)
+                    last_eval, patience_out = self._evaluate(module, model, data, held_out)
                     stopping = stopping or patience_out
                 if saving or stopping:
                     self._save(module, optimizer, scheduler)
@@ -233,9 +244,9 @@ class Engine:
         bar.close()
         if requests.signal is not None:
             raise KeyboardInterrupt(f"{signal.Signals(requests.signal).name} at step {self.state.step}")
-        if (eval_data is not None or evaluate_fn) and self.cfg.eval_every and not last_eval:
-            last_eval, _ = self._evaluate(module, model, eval_data, collate, prepare, evaluate_fn, selection)
-        if selection is not None:
+        if held_out.active(data) and self.cfg.eval_every and not last_eval:
+            last_eval, _ = self._evaluate(module, model, data, held_out)
+        if held_out.selection is not None:
             self._restore_best(module)
         acc.wait_for_everyone()
         if acc.is_main_process and self.cfg.tensorboard:
@@ -250,22 +261,21 @@ class Engine:
                            precision=resolve_precision(self.cfg.precision, acc.device)[1], compiled=compiled.note,
                            threads=threads.summary())
 
-    def _evaluate(self, module, model, eval_data, collate, prepare, evaluate_fn,
-                  selection: Selection | None) -> tuple[dict[str, float], bool]:
+    def _evaluate(self, module, model, data: TrainData, held_out: HeldOut) -> tuple[dict[str, float], bool]:
         """Score the held-out data, log it (once per step: a finished run resumed has it on record already) and,
-        with `selection`, keep the best weights; returns the scores and whether patience has run out."""
-        scores = self._held_out(model, eval_data, collate, prepare, evaluate_fn)
+        with a selection, keep the best weights; returns the scores and whether patience has run out."""
+        scores = self._held_out(model, data, held_out)
         if not self._logged("eval"):
             self._log("eval", scores)
-        return scores, selection is not None and self._select(module, scores, selection)
+        return scores, held_out.selection is not None and self._select(module, scores, held_out.selection)
 
-    def _held_out(self, model, eval_data, collate, prepare, evaluate_fn) -> dict[str, float]:
-        if evaluate_fn is None:
-            return self.evaluate(model, eval_data, collate, prepare)
+    def _held_out(self, model, data: TrainData, held_out: HeldOut) -> dict[str, float]:
+        if held_out.score is None:
+            return self.evaluate(model, data.held_out, data.collate, data.prepare)
         was_training = model.training
         model.eval()
         try:
-            return evaluate_fn(self.accelerator.unwrap_model(model))
+            return held_out.score(self.accelerator.unwrap_model(model))
         finally:
             model.train(was_training)
 

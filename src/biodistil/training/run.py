@@ -6,18 +6,28 @@ import operator
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from biodistil.config import Section, dump_recipe
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_write_json, atomic_write_text, clear_folder, lock_folder, read_record, read_text
+from biodistil.io import (
+    atomic_write_json,
+    atomic_write_text,
+    clear_folder,
+    jsonable,
+    lock_folder,
+    read_record,
+    read_text,
+)
 from biodistil.training.checkpoint import latest_checkpoint
-from biodistil.training.engine import TrainResult
+from biodistil.training.engine import TrainResult, make_accelerator
 from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
@@ -53,7 +63,7 @@ class RunFolder:
                 f"Run folder {self.path} holds checkpoints ({checkpoint.name}) but no config.yaml, the record of the "
                 "recipe they were trained with, so they can be neither continued nor trusted; move the folder away "
                 "(or choose another run.output_dir, --out) to start again")
-        finished = earlier and _finished(self.path)
+        finished = earlier and finished_run(self.path)
         self.resume = bool(checkpoint is not None or stages) and earlier and (resume or (stages and not finished))
         if earlier and is_main:
             if finished and not resume:
@@ -81,6 +91,24 @@ class RunFolder:
 
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.path / "summary.json", summary)
+
+    def finish(self, summary: dict, report: "Report", metrics: dict | None = None,
+               save_model: Callable[[Path], None] | None = None) -> Path:
+        """Finish the run, always in this order, so that a kill at any point leaves a run that counts as unfinished
+        until everything is written: the model (`save_model(model_dir)`), its card (from `metrics`, else the
+        summary), `metrics.json`, `report.md`, and `summary.json` last — the only "finished" marker
+        (`finished_run`). Returns the model folder."""
+        from biodistil.training.card import write_model_card
+
+        if save_model is not None:
+            save_model(self.model_dir)
+        if (self.model_dir / "config.json").is_file():
+            write_model_card(self.path, metrics=jsonable(metrics if metrics is not None else summary))
+        if metrics is not None:
+            atomic_write_json(self.path / "metrics.json", metrics)
+        self.write_report(report.title, report.rows, list(report.notes), report.trained)
+        self.write_summary(summary)
+        return self.model_dir
 
     def write_report(self, title: str, rows: dict[str, object], notes: list[str] = (),
                      trained: TrainResult | None = None) -> None:
@@ -142,7 +170,34 @@ def output_problem(err: OSError) -> str:
     return f"{reasons.get(err.errno, err.strerror or str(err))}{where}"
 
 
-def _finished(path: Path) -> bool:
+@dataclass(frozen=True)
+class Report:
+    """What a run's report.md says: a title, rows, notes, and what the machine decided for its training."""
+
+    title: str
+    rows: dict[str, object]
+    notes: Sequence[str] = ()
+    trained: TrainResult | None = None
+
+
+def open_run(recipe: Section, resume: bool, models: Sequence[tuple[str, str, bool]] = ()) -> tuple[RunFolder,
+                                                                                                   Accelerator]:
+    """Open a training run, always in this order: check the models it names (`(name_or_path, setting,
+    trust_remote_code)`: a missing one is an error before anything starts), the accelerator (device, precision,
+    process group), the run folder (lock, recorded recipe and provenance, seed)."""
+    from biodistil.models.loading import check_model
+
+    for name_or_path, setting, trust_remote_code in models:
+        check_model(name_or_path, setting, trust_remote_code)
+    train = recipe.train  # type: ignore[attr-defined]
+    accelerator = make_accelerator(train.precision, Path(recipe.run.output_dir), train.tensorboard,  # type: ignore
+                                   train.device)
+    return RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process), accelerator  # type: ignore
+
+
+def finished_run(path: Path) -> bool:
+    """Whether the run folder holds a finished run: its `summary.json`, written last (`RunFolder.finish`), is there,
+    readable and not marked unfinished (a run stopped early with --stop-after)."""
     summary = read_record(path / "summary.json", note="the run counts as unfinished")
     return summary is not None and (not isinstance(summary, dict) or summary.get("finished", True) is not False)
 

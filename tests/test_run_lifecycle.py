@@ -1,0 +1,61 @@
+"""One run lifecycle (issue 32): `open_run` opens every training run in one order, `RunFolder.finish` finishes it in
+one order — model, card, metrics, report, and summary.json last, the only "finished" marker (`finished_run`)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from biodistil.config import PretrainRecipe, validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.models.saving import export_model
+from biodistil.training.run import Report, finished_run, open_run
+
+
+def recipe_in(folder: Path, teacher_dir: Path, corpus_file: Path) -> PretrainRecipe:
+    return validate_recipe(PretrainRecipe, {
+        "run": {"output_dir": str(folder)},
+        "model": {"init": "scratch", "tokenizer_name_or_path": str(teacher_dir),
+                  "architecture": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32}},
+        "data": {"train": [str(corpus_file)]}, "train": {"progress_bar": False, "tensorboard": False}})
+
+
+def test_a_run_finishes_model_card_metrics_report_then_summary_and_a_kill_before_the_summary_is_unfinished(
+        tmp_path, teacher_dir, corpus_file, teacher, tokenizer, monkeypatch):
+    recipe = recipe_in(tmp_path / "run", teacher_dir, corpus_file)
+    run, accelerator = open_run(recipe, resume=False)
+    assert (run.path / "config.yaml").is_file() and (run.path / "provenance.json").is_file()
+    assert accelerator.device == torch.device("cpu") and not finished_run(run.path)
+    order = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (order.append(Path(dst).name), replace(src, dst))[1])
+    summary = {"result": {"steps": 1}, "finished": True}
+    report = Report("A run", {"steps": 1})
+
+    def kill(summary: dict) -> None:
+        raise KeyboardInterrupt("killed before the summary")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "write_summary", kill)
+        with pytest.raises(KeyboardInterrupt):
+            run.finish(summary, report, metrics={"f1": 0.5},
+                       save_model=lambda folder: export_model(teacher, tokenizer, folder))
+    assert (run.path / "report.md").is_file() and not finished_run(run.path), "everything but the marker: unfinished"
+    written = [name for name in order if name in ("model", "README.md", "metrics.json", "report.md", "summary.json")]
+    assert written == ["model", "README.md", "metrics.json", "report.md"]
+    order.clear()
+    run.finish(summary, report, metrics={"f1": 0.5}, save_model=lambda folder: export_model(teacher, tokenizer, folder))
+    assert [name for name in order if name in ("metrics.json", "report.md", "summary.json")][-1] == "summary.json"
+    assert finished_run(run.path)
+    (run.path / "summary.json").write_text('{"finished": false}')
+    assert not finished_run(run.path), "a run stopped early with --stop-after"
+    (run.path / "summary.json").write_text("{not json")
+    assert not finished_run(run.path), "a damaged marker counts as unfinished"
+
+
+def test_open_run_checks_the_models_before_anything_starts(tmp_path, teacher_dir, corpus_file):
+    recipe = recipe_in(tmp_path / "run", teacher_dir, corpus_file)
+    with pytest.raises(BiodistilError, match=r"teacher\.name_or_path"):
+        open_run(recipe, resume=False, models=[(str(tmp_path / "absent"), "teacher.name_or_path", False)])
+    assert not (tmp_path / "run").exists(), "no run folder for a run that cannot start"
