@@ -131,3 +131,91 @@ def test_read_documents_keeps_order_ids_and_pairs(tmp_path):
     assert document == Document("7", "is it", "yes it is")
     with pytest.raises(BiodistilError, match="no pair field 'x'"):
         list(read_documents([str(path)], text_field="q", pair_field="x"))
+
+
+def write_multilabel_task(folder, size: int = 24):
+    """A tiny multi-label task (BLURB JSON lines, 0/1 vectors over three labels)."""
+    import random
+
+    from kd_fixtures import OTHER, POSITIVE
+
+    rng = random.Random(5)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": f"t{i}", "sentence": " ".join(rng.choice(POSITIVE + OTHER) for _ in range(rng.randint(4, 9))),
+             "label": [rng.randint(0, 1) for _ in range(3)]} for i in range(size)]
+    (folder / "test.json").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (folder / "tiny_hoc.yaml").write_text(json.dumps({
+        "name": "tiny_hoc", "kind": "multilabel_classification", "format": "blurb_jsonl",
+        "files": {"test": str(folder / "test.json")}, "labels": ["a", "b", "c"], "metric": "hoc_example_f1",
+        "max_length": 32}), encoding="utf-8")
+    return folder / "tiny_hoc.yaml", folder / "test.json"
+
+
+@pytest.mark.parametrize("kind", ["pair", "multi-label"])
+def test_every_classifier_kind_predicts_exactly_what_evaluation_scores(kind, kd_models, pair_task, teacher_dir,
+                                                                       tmp_path):
+    """The labels `predict` returns for a task file's examples (read with --format) are those of the predictions
+    `evaluate --finetuned` scores, example for example, for a pair classifier and a multi-label one."""
+    if kind == "pair":
+        model, task = kd_models[0], pair_task
+        test_file = task.files["test"]
+    else:
+        spec, test_file = write_multilabel_task(tmp_path / "hoc")
+        task = get_task(str(spec))
+        model = save_teacher(teacher_dir, task, tmp_path / "hoc-model", seed=4)
+    examples = read_split(task, "test", None)
+    scored, _ = score_deployed(Deployed("m", model, "pytorch", "fp32"), task, examples)
+    documents = list(read_documents([str(test_file)], task_format="blurb_jsonl"))
+    assert [d.id for d in documents] == [e.id for e in examples]
+    records = Predictor(model, max_length=task.max_length)(documents)
+    if kind == "pair":
+        assert [r["label"] for r in records] == scored.predictions.labels
+    else:
+        chosen = [[label for label, bit in zip(task.labels, bits, strict=True) if bit]
+                  for bits in scored.predictions.labels]
+        assert [r["labels"] for r in records] == chosen
+        assert any(chosen) and not all(len(c) == 3 for c in chosen), "the comparison is not trivial"
+    for record, probabilities in zip(records, scored.predictions.scores, strict=True):
+        assert list(record["probabilities"].values()) == pytest.approx(probabilities, abs=1e-6)
+
+
+def test_a_task_file_is_predicted_word_for_word_as_evaluation_reads_it(ner, tmp_path, capsys):
+    """`--format biobert_ner_tsv`: the sentences keep their words (no second split), and the entities are exactly
+    those of evaluation's predictions."""
+    model, task = ner
+    examples = read_split(task, "test", None)
+    scored, _ = score_deployed(Deployed("m", model, "pytorch", "fp32"), task, examples)
+    out = tmp_path / "entities.jsonl"
+    assert main(["predict", str(model), task.files["test"], "--format", "biobert_ner_tsv", "--max-length",
+                 str(task.max_length), "--out", str(out), "--quiet"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [e.id for e in examples]
+    for example, tags, record in zip(examples, scored.predictions.labels, records, strict=True):
+        starts = [len(" ".join(example.tokens[:i])) + (1 if i else 0) for i in range(len(example.tokens))]
+        assert [(starts.index(e["start"]), e["label"]) for e in record["entities"]] == \
+            [(first, kind) for first, _, kind in entity_spans(tags)]
+    assert main(["predict", str(model), str(tmp_path / "absent.tsv"), "--format", "biobert_ner_tsv", "--out",
+                 str(out), "--quiet"]) == 2
+    assert "absent.tsv: no such file" in capsys.readouterr().err
+
+
+def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path):
+    """bench/int8_layers.py on the tiny NER model: `none` is the int8 graph, `0` keeps layer 0's matmuls in fp32,
+    `head` the classifier; keeping the embeddings, every layer and the head in fp32 reproduces PyTorch's entities."""
+    import subprocess
+    from pathlib import Path
+
+    model, _ = ner
+    assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    bench = Path(__file__).resolve().parents[1] / "bench" / "int8_layers.py"
+    out = tmp_path / "record.json"
+    task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "test": 24})  # the fixture's task again
+    done = subprocess.run([sys.executable, str(bench), str(model), str(tmp_path / "onnx"), "--task", str(task_file),
+                           "--keep", "none", "0", "head", "embeddings,0,1,2,3,head", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["keep_fp32"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["none"]["nodes_kept_fp32"] == 0 and rows["head"]["nodes_kept_fp32"] == 1
+    assert rows["0"]["nodes_kept_fp32"] >= 2, "layer 0's attention and matmuls"
+    everything = rows["embeddings,0,1,2,3,head"]
+    assert everything["share_of_pytorch"] == 1.0 and everything["added"] == 0

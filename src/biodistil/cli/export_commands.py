@@ -3,6 +3,8 @@
 import argparse
 from pathlib import Path
 
+from biodistil.data.formats import READERS
+
 
 def _export(args: argparse.Namespace) -> object:
     from biodistil.export.command import ExportOptions, format_export, run_export
@@ -26,7 +28,8 @@ def _predict(args: argparse.Namespace) -> object:
     from biodistil.export.predict import Predictor, read_documents, write_predictions
 
     predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length)
-    documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files)
+    documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files,
+                               task_format=args.format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
     return None
 
@@ -37,10 +40,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "predict", help=text,
         description=text + ". Example: biodistil predict runs/ner-student/onnx notes/ --out entities.jsonl. Inputs: "
         "plain text files (a document per line; --whole-files: a document per file), folders of .txt files, JSON "
-        "lines (.jsonl/.json, --text-field), - for standard input. Output: one JSON line per document with its id: "
-        "token classifiers give {start, end, text, label, score} per entity (character offsets into the document; long "
-        "documents are read in windows of whole words); classifiers give the label and every class's probability "
-        "(multi-label: the labels over --threshold). Written atomically; - writes to standard output.")
+        "lines (.jsonl/.json, --text-field), - for standard input, or task files (--format). Output: one JSON line "
+        "per document with its id: token classifiers give {start, end, text, label, score} per entity (character "
+        "offsets into the document; long documents are read in windows of whole words); classifiers give the label "
+        "and every class's probability (multi-label: the labels over --threshold). Written atomically; - writes to "
+        "standard output.")
     parser.add_argument("model", help="model folder (a run's model/), ONNX export folder, or one .onnx file of one")
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="text file, folder of .txt files, .jsonl, or -")
     parser.add_argument("--out", required=True, help="JSON-lines output file, or - for standard output")
@@ -50,6 +54,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--pair-field", help="JSON lines: the field holding a pair classifier's second text")
     parser.add_argument("--id-field", default="id", help="JSON lines: the field holding the record's id (id)")
     parser.add_argument("--whole-files", action="store_true", help="one document per text file, not per line")
+    parser.add_argument("--format", choices=sorted(READERS), help="the inputs are task files of this format (their "
+                        "sentences; pre-tokenised ones keep their words; labels unused)")
     parser.add_argument("--batch-size", type=int, default=64, help="windows per batch (64, as evaluation scores), "
                         "grouped by length")
     parser.add_argument("--threshold", type=float, default=0.5, help="multi-label: a label's probability to keep it")

@@ -36,11 +36,24 @@ METRICS = {"token_classification": "entity_f1", "sequence_classification": "accu
 
 @dataclass(frozen=True)
 class Document:
-    """One input record: its id, its text and, for pair classifiers, the second text."""
+    """One input record: its id, its text and, for pair classifiers, the second text; `words`: a pre-tokenised
+    document's words (a task file's sentence), its text their single-space join, used as they are instead of being
+    split again."""
 
     id: str
     text: str
     text_pair: str | None = None
+    words: tuple[str, ...] | None = None
+
+    def word_spans(self) -> list[tuple[int, int]]:
+        """(start, end) of each word in the text."""
+        if self.words is None:
+            return [(m.start(), m.end()) for m in WORD.finditer(self.text)]
+        spans, start = [], 0
+        for word in self.words:
+            spans.append((start, start + len(word)))
+            start += len(word) + 1
+        return spans
 
 
 def choose_variant(path: str | Path, runtime: str = "auto") -> Deployed:
@@ -91,7 +104,7 @@ class Predictor:
         return self._labels(documents)
 
     def _entities(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
-        spans = [[(m.start(), m.end()) for m in WORD.finditer(d.text)] for d in documents]
+        spans = [d.word_spans() for d in documents]
         examples: list[Example] = [TokenExample(d.id, [d.text[a:b] for a, b in words], ["O"] * len(words))
                                    for d, words in zip(documents, spans, strict=True)]
         predictions = self._predict(examples)
@@ -113,10 +126,11 @@ class Predictor:
         records = []
         for document, probabilities in zip(documents, predictions.scores, strict=True):
             named = {label: round(p, 6) for label, p in zip(self.task.labels, probabilities, strict=True)}
-            if self.task.kind == "multilabel_classification":
-                chosen: dict[str, Any] = {"labels": [label for label, p in named.items() if p > self.threshold]}
+            if self.task.kind == "multilabel_classification":  # chosen on the unrounded probabilities
+                chosen: dict[str, Any] = {"labels": [label for label, p in zip(self.task.labels, probabilities,
+                                                                               strict=True) if p > self.threshold]}
             else:
-                chosen = {"label": max(named, key=named.__getitem__)}
+                chosen = {"label": self.task.labels[max(range(len(probabilities)), key=probabilities.__getitem__)]}
             records.append({"id": document.id, **chosen, "probabilities": named})
         return records
 
@@ -182,12 +196,17 @@ def _document(default_id: str, value: str | tuple[str, str] | Document) -> Docum
 
 
 def read_documents(sources: Sequence[str], text_field: str = "text", pair_field: str | None = None,
-                   id_field: str = "id", whole_files: bool = False, stdin: Iterable[str] | None = None
-                   ) -> Iterator[Document]:
+                   id_field: str = "id", whole_files: bool = False, stdin: Iterable[str] | None = None,
+                   task_format: str | None = None) -> Iterator[Document]:
     """The documents of the inputs, in order: plain text files (a document per non-blank line, or the whole file
     with `whole_files`), folders of .txt files, JSON-lines files (`.jsonl`/`.json`: `text_field`, optionally
-    `pair_field` and `id_field`), or `-` for standard input (lines, or JSON lines when they start with `{`). Ids
-    default to `FILE:LINE` (or the file name for whole files). A bad record is an error naming file and line."""
+    `pair_field` and `id_field`), or `-` for standard input (lines, or JSON lines when they start with `{`); with
+    `task_format`, files of a task format biodistil reads (`biobert_ner_tsv`, `blurb_jsonl`, ...: their sentences,
+    pre-tokenised ones kept as their words; their labels unused). Ids default to `FILE:LINE` (or the file name for
+    whole files; a task file's own example ids). A bad record is an error naming file and line."""
+    if task_format is not None:
+        yield from _task_documents(sources, task_format)
+        return
     for source in sources:
         if source == "-":
             yield from _lines("<stdin>", stdin if stdin is not None else _stdin(), text_field, pair_field, id_field)
@@ -208,6 +227,20 @@ def read_documents(sources: Sequence[str], text_field: str = "text", pair_field:
             with file.open(encoding="utf-8", errors="strict") as handle:
                 yield from _lines(str(file), _decoded(handle, file), text_field, pair_field, id_field,
                                   json_lines=file.suffix in (".jsonl", ".json"))
+
+
+def _task_documents(sources: Sequence[str], task_format: str) -> Iterator[Document]:
+    """The sentences of task files (`read_examples`: the format's own reader and its errors, naming file and line)."""
+    from biodistil.data.formats import read_examples
+
+    for source in sources:
+        if not Path(source).is_file():
+            raise BiodistilError(f"{source}: no such file (with --format {task_format}, give the task's files)")
+        for example in read_examples(task_format, source):
+            if isinstance(example, TokenExample):
+                yield Document(example.id, " ".join(example.tokens), words=tuple(example.tokens))
+            else:
+                yield Document(example.id, example.text, example.text_pair)
 
 
 def _lines(name: str, lines: Iterable[str], text_field: str, pair_field: str | None, id_field: str,

@@ -1,0 +1,118 @@
+"""How close does a dynamic-int8 graph come to its PyTorch model, and what does keeping some layers in fp32 buy?
+
+    python bench/int8_layers.py runs/demo/study/ncbi_disease/distilled/seed-1/model runs/demo/student-onnx \
+        --task ncbi_disease --keep none 0 1 2 0,1 head --threads 1 --out docs/results/int8-layers.json
+
+For each `--keep` choice (encoder layers kept in fp32, comma-separated; `head`: the classifier; `embeddings`: the
+embedding tables ONNX Runtime quantises too; `none`: the int8 graph as `export --int8` makes it, per-channel
+weights), the export's fp32 graph is quantised again with `onnxruntime.quantization.quantize_dynamic(...,
+nodes_to_exclude=...)` and run through `Predictor` on the task's test split (pre-tokenised sentences, as evaluation
+reads them). Printed per choice: the share of the PyTorch model's predictions it keeps (token tasks: entities as
+(sentence, start, end, type); classifiers: labels), the predictions it adds, and its seconds and records/s at the
+given threads (same process, same inputs).
+"""
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from biodistil import Predictor
+from biodistil.export.predict import Document
+from biodistil.tasks.registry import get_task
+from biodistil.tasks.splits import read_split
+from biodistil.training.machine import cpu_line
+
+LAYER = re.compile(r"layers?\.(\d+)/|^Attention_(\d+)$")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="the fine-tuned PyTorch model folder")
+    parser.add_argument("export", help="its `biodistil export --int8` folder (model.onnx is quantised again)")
+    parser.add_argument("--task", required=True, help="built-in task name or task YAML")
+    parser.add_argument("--data", help="data folder (default: the task's own)")
+    parser.add_argument("--keep", nargs="+", default=["none", "0", "0,1", "head"],
+                        help="layers kept in fp32 per choice: none, 0, 0,1, head, ... (default: none 0 0,1 head)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="also write the record as JSON")
+    return parser.parse_args(argv)
+
+
+def predictions(records: list[dict]) -> set:
+    """What a prediction run decided: entities (token tasks) or (id, label) pairs (classifiers)."""
+    found = set()
+    for record in records:
+        if "entities" in record:
+            found.update((record["id"], e["start"], e["end"], e["label"]) for e in record["entities"])
+        else:
+            labels = record.get("labels", [record.get("label")])
+            found.update((record["id"], label) for label in labels)
+    return found
+
+
+def excluded_nodes(graph_path: Path, keep: str) -> list[str]:
+    """The names of the nodes `keep` names: the MatMul / Attention / Gemm nodes of encoder layers (by number), of the
+    head (`head`: those outside the layers) or the embeddings (`embeddings`: EmbedLayerNormalization, Gather); `none`:
+    no node."""
+    import onnx
+
+    graph = onnx.load(str(graph_path)).graph
+    matmuls = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention", "Gemm")]
+    embeddings = [n.name for n in graph.node if n.op_type in ("EmbedLayerNormalization", "Gather")]
+    chosen = set()
+    for part in keep.split(","):
+        if part == "embeddings":
+            chosen.update(embeddings)
+        for name in matmuls:
+            match = LAYER.search(name)
+            layer = None if match is None else int(match.group(1) or match.group(2))
+            if (part == "head" and layer is None) or (part.isdigit() and layer == int(part)):
+                chosen.add(name)
+    return sorted(chosen)
+
+
+def main() -> int:
+    args = parse()
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    task = get_task(args.task)
+    examples = read_split(task, "test", args.data)
+    documents = [Document(e.id, " ".join(e.tokens), words=tuple(e.tokens)) if hasattr(e, "tokens")
+                 else Document(e.id, e.text, e.text_pair) for e in examples]
+    reference = predictions(Predictor(args.model, runtime="pytorch", threads=args.threads)(documents))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="int8-layers-") as scratch:
+        work = Path(scratch)
+        for file in Path(args.export).iterdir():
+            if file.is_file() and file.name != "model.int8.onnx":
+                shutil.copy(file, work / file.name)
+        prepared = work / ".prepared.onnx"
+        quant_pre_process(str(work / "model.onnx"), str(prepared), skip_optimization=True, auto_merge=True)
+        for keep in args.keep:
+            excluded = excluded_nodes(prepared, keep)
+            quantize_dynamic(str(prepared), str(work / "model.int8.onnx"), weight_type=QuantType.QInt8,
+                             per_channel=True, nodes_to_exclude=excluded)
+            predictor = Predictor(work, runtime="onnx-int8", threads=args.threads)
+            began = time.perf_counter()
+            found = predictions(predictor(documents))
+            seconds = time.perf_counter() - began
+            rows.append({"keep_fp32": keep, "nodes_kept_fp32": len(excluded),
+                         "share_of_pytorch": round(len(found & reference) / max(1, len(reference)), 4),
+                         "added": len(found - reference), "seconds": round(seconds, 2),
+                         "records_per_s": round(len(documents) / seconds, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    record = {"model": args.model, "export": args.export, "task": task.name, "records": len(documents),
+              "pytorch_predictions": len(reference), "threads": args.threads, "cpu": cpu_line(), "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
