@@ -95,10 +95,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class PhaseClock:
-    """Wall time of the phases of one step (data, forward, backward, optimizer), appended to `record` per phase."""
+    """Wall time of the phases of one step (data, forward, backward, optimizer), appended to `record` per phase; with
+    a `sampler`, also each phase's peak resident set size (appended to `peaks`)."""
 
-    def __init__(self, record: dict[str, list[float]], device: torch.device):
+    def __init__(self, record: dict[str, list[float]], device: torch.device, sampler: "PeakRSS | None" = None,
+                 peaks: dict[str, list[int]] | None = None):
         self.record, self.device, self.last = record, device, time.perf_counter()
+        self.sampler, self.peaks = sampler, peaks
 
     def lap(self, phase: str) -> None:
         if self.device.type == "cuda":
@@ -106,6 +109,8 @@ class PhaseClock:
         now = time.perf_counter()
         self.record[phase].append(now - self.last)
         self.last = now
+        if self.sampler is not None and self.peaks is not None and self.sampler.watching:
+            self.peaks[phase].append(self.sampler.take())
 
 
 class PeakRSS:
@@ -132,6 +137,12 @@ class PeakRSS:
     def stop(self) -> int:
         self.watching = False
         return max(self.peak, self.current())
+
+    def take(self) -> int:
+        """The peak since the last `take` (or `start`), then start again from now."""
+        peak = max(self.peak, self.current())
+        self.peak = self.current()
+        return peak
 
 
 def blocks_and_vocab(args) -> tuple[list[dict], MaskingVocabulary]:
@@ -296,11 +307,14 @@ def measure(args: argparse.Namespace) -> dict:
         modules[mode] = (module, optimizer)
 
     phases: dict[str, dict[str, list[float]]] = {mode: defaultdict(list) for mode in modes}
+    phase_peaks: dict[str, dict[str, list[int]]] = {mode: defaultdict(list) for mode in modes}
+    sampler = PeakRSS()
+    before_steps = sampler.current()  # imports, models, optimizers and data, before any step
 
     def step(mode: str, index: int) -> int:
         module, optimizer = modules[mode]
         dataset, collate_fn = data[mode]
-        clock = PhaseClock(phases[mode], device)
+        clock = PhaseClock(phases[mode], device, sampler if device.type == "cpu" else None, phase_peaks[mode])
         batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
         batch = {key: value.to(device) for key, value in batch.items()}
         clock.lap("data")
@@ -315,7 +329,6 @@ def measure(args: argparse.Namespace) -> dict:
         clock.lap("optimizer")
         return int(batch["attention_mask"].sum())
 
-    sampler = PeakRSS()
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
     peaks: dict[str, int] = dict.fromkeys(modes, 0)
     warmup_seconds = 0.0
@@ -370,6 +383,10 @@ def measure(args: argparse.Namespace) -> dict:
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)
     result["student_precision"] = "bf16 autocast" if args.student_precision == "bf16" else "float32"
     result["phase_ms"] = phase_ms
+    if device.type == "cpu":  # where the peak is reached: RSS before the first step, then each phase's peak
+        result["rss_before_steps_mb"] = round(before_steps / 2**20)
+        result["phase_peak_mb"] = {mode: {phase: round(max(values) / 2**20) for phase, values in peaks.items()}
+                                   for mode, peaks in phase_peaks.items()}
     result["compile"] = f"{compiled.note} (warm-up rounds, the compile included: {warmup_seconds:.0f} s)"
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
@@ -394,6 +411,10 @@ def show(result: dict, args: argparse.Namespace) -> None:
         print(f"  {mode:12s} {tokens_per_s[mode]:10,.0f} tokens/s  peak {peaks[mode]:8,} MiB{ratio}"
               f"  ~{result['gflops'][mode]:,.0f} GFLOP/s  ms: " + ", ".join(
                   f"{phase} {ms:,.1f}" for phase, ms in result["phase_ms"][mode].items()))
+    if "phase_peak_mb" in result:
+        print(f"peak RSS by phase (MiB; {result['rss_before_steps_mb']:,} before the first step, models and data "
+              "loaded): " + "; ".join(f"{mode} " + ", ".join(f"{phase} {mb:,}" for phase, mb in peaks.items())
+                                      for mode, peaks in result["phase_peak_mb"].items()))
     if "bf16_speedup" in result:
         print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
     print(json.dumps(result))
