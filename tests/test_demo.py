@@ -79,15 +79,20 @@ def test_the_demo_recipe_records_absolute_paths_whatever_the_spelling_of_out(tmp
     assert relative.run.output_dir == str(tmp_path / "runs" / "demo" / "study")
 
 
-def test_a_difference_is_a_finding_only_beyond_twice_the_seed_spread():
-    def arm(mean: float, sd: float | None, seeds: int = 2) -> dict:
-        return {"model": f"model at {mean}", "f1_mean": mean, "f1_sd": sd, "seeds": seeds}
+def test_a_difference_is_a_finding_only_when_its_confidence_interval_excludes_zero():
+    """The demo's verdicts use the one rule (tasks.significance): Welch's t-test on the per-seed F1."""
+    def arm(*f1: float) -> dict:
+        return {"model": f"model at {sum(f1) / len(f1):.2f}", "f1": list(f1), "seeds": len(f1)}
 
-    assert "more than twice the seed spread" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
-    assert "+0.040 F1" in compare("q", arm(0.70, 0.01), arm(0.66, 0.005))
-    assert "model at 0.7 scores higher than the model at 0.66" in compare("q", arm(0.66, 0.005), arm(0.70, 0.01))
-    assert "not a finding" in compare("q", arm(0.70, 0.03), arm(0.66, 0.005))
-    assert "from one seed" in compare("q", arm(0.70, None, seeds=1), arm(0.60, 0.001))
+    # (0.71, 0.69) vs (0.655, 0.665): +0.04, se = √(2e-4/2 + 5e-5/2) = 0.01118, ν = 1.47, half-width 0.069: the
+    # interval holds 0; three seeds each (0.70, 0.71, 0.69) vs (0.66, 0.665, 0.655): se = 0.00645, ν = 2.9,
+    # half-width 0.0208: it does not
+    assert "inconclusive — would need about" in compare("q", arm(0.71, 0.69), arm(0.655, 0.665))
+    found = compare("q", arm(0.70, 0.71, 0.69), arm(0.66, 0.665, 0.655))
+    assert "+0.040 F1 (95% CI +0.0" in found and "Welch's t-test" in found and "a finding" in found
+    assert "model at 0.70 scores higher than the model at 0.66" in compare("q", arm(0.66, 0.665, 0.655),
+                                                                          arm(0.70, 0.71, 0.69))
+    assert "one seed" in compare("q", arm(0.70), arm(0.60, 0.601))
 
 
 def _scores(f1: float) -> dict:
@@ -123,10 +128,10 @@ def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is
     assert rows["student-onnx-int8"]["speedup"] == 5.0 and rows["fine-tuned"]["degenerate"] == "O"
     assert report["demo_minutes"] == round((120 + 6 * 60) / 60, 1)
     text = render_report(report)
-    assert "more than twice the seed spread" in text.split("What the teacher adds")[1].splitlines()[0], \
-        "+0.10 F1 with sd 0.007 is a finding"
-    assert "not a finding" in text.split("The teacher's outputs alone")[1].splitlines()[0], \
-        "+0.02 with sd 0.09 is within twice the spread"
+    assert "95% CI +0.070 to +0.130, Welch's t-test, p = 0.005): a finding" in \
+        text.split("What the teacher adds")[1].splitlines()[0], "+0.10 F1 with sd 0.007 (2 seeds each) is a finding"
+    assert "inconclusive — would need about 83 seeds per arm" in \
+        text.split("The teacher's outputs alone")[1].splitlines()[0], "+0.02 with sd 0.09 and 0.007 is not"
     assert "**(one class: O)**" in text and "within 1 point" in text and "-0.0010 F1 (int8" in text
     ending = render_report(report, tmp_path / "demo").rstrip()
     assert ending.endswith(f"biodistil predict {tmp_path / 'demo' / 'student-onnx'} YOUR_DOCUMENTS --out "

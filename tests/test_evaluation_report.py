@@ -147,3 +147,21 @@ def test_an_average_or_share_that_takes_in_a_degenerate_score_is_marked(tmp_path
     assert not baseline[-1].endswith("(includes degenerate)"), "its share is over ncbi_disease only"
     families = family_table(data)
     assert families[2][-1].endswith("(includes degenerate)") and not families[1][-1].endswith("degenerate)")
+
+
+def test_differences_from_the_reference_are_paired_over_shared_seeds_with_their_interval(runs, tmp_path):
+    """student − teacher on NCBI-disease, seeds (0.76, 0.78) vs (0.80, 0.82): per-seed differences −4 and −4 points,
+    no spread: no test; baseline (one seed) shares seed 0 only. With spread: (0.76, 0.79) vs (0.80, 0.82): d = (−4,
+    −3), mean −3.5, s_d = 0.707, se = 0.5, ν = 1: 95% CI −3.5 ± 12.706·0.5 = −9.9 to +2.9; t = 7, p = 1 −
+    2·atan(7)/π = 0.090; at 3 seeds t_{0.975,2}·√(0.5/3) = 4.303·0.408 = 1.76 < 3.5, so about 3 seeds."""
+    from biodistil.evaluation.report import differences_table
+
+    data = load_report_data(list(runs))
+    header, student, baseline = differences_table(data)
+    assert header == ["model", "ncbi_disease", "gad"]
+    assert student[1].startswith("-4.0 (no seed spread") and student[2] == "–"
+    assert "one seed" in baseline[1]
+    data.models[1].tasks["ncbi_disease"]["seeds"] = {"0": 0.76, "1": 0.79}
+    assert differences_table(data)[1][1] == \
+        "-3.5 (95% CI -9.9 to +2.9, paired t-test, p = 0.09): inconclusive — would need about 3 seeds per arm"
+    assert "## Differences from teacher" in build_report(list(runs), tmp_path / "report").read_text()

@@ -1,4 +1,4 @@
-"""Print the tables of docs/results.md from the committed study records beside this file (standard library only).
+"""Print the tables of docs/results.md from the committed study records beside this file.
 
     python docs/results/tables.py            # every study
     python docs/results/tables.py meta-kd    # one
@@ -6,8 +6,11 @@
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json` and `meta-kd.json` the
-`summary.json` of recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is called a
-finding only when it exceeds twice the larger of their seed standard deviations (and both have at least two seeds).
+`summary.json` of recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is a finding only
+when the 95% confidence interval of a t-test on the per-seed scores excludes 0 (biodistil's one verdict rule,
+`biodistil.tasks.significance`: paired where the arms share seeds and data order — the fine-tuning cells of one
+evaluation —, else Welch's); otherwise it is inconclusive, with about the seeds per arm the observed spread would
+need.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "src"))  # run from a checkout: its own biodistil
+from biodistil.tasks.significance import compare_scores  # noqa: E402
+
 TASK_TITLES = {"ncbi_disease": "NCBI-disease", "bc5cdr_disease": "BC5CDR-disease", "gad": "GAD", "hoc": "HoC",
                "chemprot": "ChemProt", "bioasq": "BioASQ"}
 
@@ -40,13 +46,17 @@ def gap_cell(gaps: list[float | None]) -> str:
     return pm(statistics.fmean(gaps), statistics.stdev(gaps) if len(gaps) > 1 else None, 100, 0) + "%"
 
 
-def compare(first: list[float], second: list[float]) -> tuple[float, str]:
-    """(mean(first) − mean(second), 'finding' | 'within noise' | 'one seed')."""
-    gain = statistics.fmean(first) - statistics.fmean(second)
-    if min(len(first), len(second)) < 2:
-        return gain, "one seed"
-    spread = max(statistics.stdev(first), statistics.stdev(second))
-    return gain, "finding" if abs(gain) > 2 * spread else "within noise"
+def compare(first: list[float], second: list[float], scale: float = 1.0, digits: int = 3,
+            paired: bool = False) -> tuple[float, str]:
+    """(mean(first) − mean(second), its verdict: "finding, 95% CI …" or "inconclusive, …"), figures × `scale`."""
+    result = compare_scores(first, second, paired)
+    if result.low is None:
+        return result.difference, f"inconclusive: {result.why_no_test}"
+    interval = f"95% CI {scale * result.low:+.{digits}f} to {scale * result.high:+.{digits}f}"
+    if result.finding:
+        return result.difference, f"finding, {interval}"
+    seeds = f"; ~{result.seeds_needed} seeds" if result.seeds_needed else ""
+    return result.difference, f"inconclusive, {interval}{seeds}"
 
 
 def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
@@ -121,7 +131,7 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
                         for s in summary[label][tasks[0]]["seeds"]] for label in summary}
     for first, second in comparisons:
         if first in per_seed and second in per_seed:
-            gain, verdict = compare(per_seed[first], per_seed[second])
+            gain, verdict = compare(per_seed[first], per_seed[second], 100, 1, paired=True)
             lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
     return "\n".join(lines)
 
@@ -205,7 +215,7 @@ def meta_tables(summary: dict[str, Any]) -> str:
         if first in arms and second in arms:
             cells = []
             for task in tasks:
-                gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"])
+                gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"], 100, 1)
                 cells.append(f"{100 * gain:+.1f} ({verdict})")
             lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *_auroc_table(summary, tasks, arms), "", _wall_time(summary)])

@@ -46,6 +46,7 @@ from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
+from biodistil.tasks.significance import compare_scores
 from biodistil.training.machine import describe_machine
 
 TASK = "ncbi_disease"
@@ -289,7 +290,8 @@ def _setting(report: dict[str, Any]) -> str:
 
 
 def verdict(report: dict[str, Any]) -> list[str]:
-    """Plain-language answers; a difference between student arms must clear twice their seed spread."""
+    """Plain-language answers; a difference between student arms is a finding only when the 95% confidence interval of
+    a t-test on the per-seed scores excludes 0 (`compare`)."""
     rows = {row["arm"] or "teacher": row for row in report["models"]}
     teacher, distilled, plain, label_free = (rows["teacher"], rows["distilled"], rows["fine-tuned"],
                                              rows["label-free"])
@@ -327,18 +329,15 @@ def _gate_drop(gate: dict[str, Any]) -> str:
 
 
 def compare(question: str, first: dict[str, Any], second: dict[str, Any]) -> str:
-    """`first − second` in F1, called a finding only when it is more than twice the larger seed sd."""
-    gain = first["f1_mean"] - second["f1_mean"]
-    if min(first["seeds"], second["seeds"]) < 2:
-        return f"- {question}: {gain:+.3f} F1 from one seed; with no seed spread measured this is not a finding."
-    spread = max(first["f1_sd"], second["f1_sd"])
-    if abs(gain) <= 2 * spread:
-        return (f"- {question}: {gain:+.3f} F1, within twice the seed spread (sd up to {spread:.3f}): not a finding "
-                "at this scale.")
-    better, worse = (first, second) if gain > 0 else (second, first)
-    name = lambda row: SHORT.get(row.get("arm"), row["model"])  # noqa: E731
-    return (f"- {question}: {gain:+.3f} F1, more than twice the seed spread (sd up to {spread:.3f}, "
-            f"{first['seeds']} seeds): the {name(better)} scores higher than the {name(worse)}.")
+    """`first − second` in F1 and its verdict (`tasks.significance.compare_scores`: Welch's t-test on the per-seed
+    scores — the arms share seeds, not their training data —, a finding only when its 95% interval excludes 0)."""
+    result = compare_scores(first["f1"], second["f1"])
+    line = f"- {question}: {result.describe(' F1')}"
+    if result.finding:
+        better, worse = (first, second) if result.difference > 0 else (second, first)
+        name = lambda row: SHORT.get(row.get("arm"), row["model"])  # noqa: E731
+        line += f" — the {name(better)} scores higher than the {name(worse)}"
+    return line + "."
 
 
 def _f1(row: dict[str, Any]) -> str:

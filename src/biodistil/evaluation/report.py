@@ -23,6 +23,7 @@ from biodistil.evaluation.aggregate import (
 from biodistil.evaluation.plots import make_figures
 from biodistil.evaluation.recipe import FAMILIES, FAMILY_TITLES
 from biodistil.io import atomic_write_text
+from biodistil.tasks.significance import compare_scores
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", content)
 
@@ -61,6 +62,27 @@ def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
                      _pct(average) + (f" ({len(model.tasks)}/{len(data.tasks)} tasks)" if missing else "")
                      + _degenerate_mark(model, model.tasks),
                      _pct(share) + _degenerate_mark(model, common, reference)])
+    return rows
+
+
+def differences_table(data: ReportData) -> list[list[str]]:
+    """Rows: model, then per task its difference from the reference and the verdict, on the seeds both ran."""
+    reference = next(m for m in data.models if m.label == data.reference)
+    rows = [["model", *data.tasks]]
+    for model in data.models:
+        if model is reference:
+            continue
+        cells = [model.label]
+        for task in data.tasks:
+            mine, theirs = (model.tasks.get(task) or {}).get("seeds", {}), (reference.tasks.get(task) or {}).get(
+                "seeds", {})
+            shared = [seed for seed in mine if seed in theirs and None not in (mine[seed], theirs[seed])]
+            if not shared:
+                cells.append("–")
+                continue
+            result = compare_scores([100 * mine[s] for s in shared], [100 * theirs[s] for s in shared], paired=True)
+            cells.append(result.describe(digits=1))
+        rows.append(cells)
     return rows
 
 
@@ -175,6 +197,12 @@ def _blocks(data: ReportData, figures: list[tuple[Path, str]]) -> list[Block]:
     ]
     if any(summary.get("n", 1) > 1 for model in data.models for summary in model.tasks.values()):
         blocks += [("h2", "Medians over seeds"), ("table", scores_table(data, "median"))]  # one seed: the same table
+        blocks += [("h2", f"Differences from {data.reference}"),
+                   ("p", "Per task, each model's headline score minus the reference's (×100) with the 95% confidence "
+                         "interval of a paired t-test over the seeds both ran (a seed fine-tunes both models with the "
+                         "same data order): a finding only when the interval excludes 0, else inconclusive, with "
+                         "about the seeds the observed spread would need (`biodistil.tasks.significance`)."),
+                   ("table", differences_table(data))]
     if data.bench:
         info = data.bench_info[0]
         blocks += [("h2", "Efficiency"),

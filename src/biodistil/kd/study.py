@@ -29,6 +29,7 @@ from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import get_task
+from biodistil.tasks.significance import compare_scores
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.processes import Launch
@@ -237,6 +238,7 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
             flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
+    lines += _differences(summary["rows"])
     notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
               for task, teacher in summary["teachers"].items() if teacher.get("degenerate")]
@@ -247,6 +249,21 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     lines += ["", f"Wall time of the runs: {minutes:.1f} minutes on {machine.get('cpu', '?')} "
               f"({machine.get('torch_threads', '?')} torch threads)."]
     return "\n".join(lines) + "\n"
+
+
+def _differences(rows: list[dict[str, Any]]) -> list[str]:
+    """Each arm against the task's first arm: the difference of the means and its verdict (Welch's t-test on the
+    per-seed scores, `tasks.significance`: the arms share seeds, not their training data)."""
+    lines = []
+    for task in dict.fromkeys(row["task"] for row in rows):
+        first, *others = [row for row in rows if row["task"] == task]
+        for row in others:
+            result = compare_scores(row["scores"], first["scores"]).describe(" " + row["metric"], digits=4)
+            lines.append(f"| {task} | {row['arm']} − {first['arm']} | {result} |")
+    if not lines:
+        return []
+    return ["", "Differences (a finding only when the 95% confidence interval of a t-test on the per-seed scores "
+            "excludes 0):", "", "| task | arms | difference |", "|---|---|---|", *lines]
 
 
 def _one_class_note(row: dict[str, Any]) -> str:

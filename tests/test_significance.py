@@ -1,0 +1,69 @@
+"""The one verdict rule (issue 35): a t-test on per-seed scores with the 95% confidence interval of the difference,
+checked against values worked out by hand (t quantiles from tables: t_{0.975,1} = 12.706, t_{0.975,2} = 4.303)."""
+
+import math
+
+import pytest
+
+from biodistil.tasks.significance import compare_scores, seeds_needed
+
+
+def test_welch_interval_and_p_value_by_hand():
+    # a = (0.74, 0.75), b = (0.64, 0.65): s² = 5e-5 each, se = √(5e-5/2 + 5e-5/2) = 0.0070711, ν = 2
+    result = compare_scores([0.74, 0.75], [0.64, 0.65])
+    assert result.test == "Welch's t-test" and result.finding and result.verdict == "finding"
+    assert result.difference == pytest.approx(0.10, abs=1e-12)
+    assert result.low == pytest.approx(0.10 - 4.3027 * 0.0070711, abs=1e-4)
+    assert result.high == pytest.approx(0.10 + 4.3027 * 0.0070711, abs=1e-4)
+    # t = 0.10/0.0070711 = 14.142; for ν = 2, p = 1 − t/√(2 + t²) = 1 − 14.142/14.213 = 0.00496
+    assert result.p_value == pytest.approx(0.00496, abs=1e-4)
+    assert "95% CI +0.070 to +0.130, Welch's t-test" in result.describe(" F1") and "a finding" in result.describe()
+
+
+def test_welch_degrees_of_freedom_for_unequal_spreads_by_hand():
+    # a = (0.73, 0.60): s² = 0.00845; b = (0.64, 0.65): s² = 5e-5; se² = 0.00425, ν = se⁴ / (0.004225² + 0.000025²)
+    result = compare_scores([0.73, 0.60], [0.64, 0.65])
+    dof = 0.00425 ** 2 / (0.004225 ** 2 + 0.000025 ** 2)
+    assert dof == pytest.approx(1.0118, abs=1e-4)
+    assert not result.finding and result.low < 0 < result.high
+    assert result.high - result.difference == pytest.approx(12.4 * math.sqrt(0.00425), rel=0.03)  # t_{0.975,1.01}
+    # seeds: t_{0.975, 2n−2}·√(0.0085/n) < 0.02 first holds at n = 83 (t ≈ 1.975, √(0.0085/83) = 0.010120)
+    assert result.seeds_needed == 83 and "would need about 83 seeds per arm" in result.describe()
+
+
+def test_paired_test_by_hand():
+    # differences (0.05, 0.03, 0.04): mean 0.04, s_d = 0.01, se = 0.01/√3 = 0.0057735, ν = 2
+    result = compare_scores([0.80, 0.78, 0.79], [0.75, 0.75, 0.75], paired=True)
+    assert result.test == "paired t-test" and result.finding
+    assert result.low == pytest.approx(0.04 - 4.3027 * 0.0057735, abs=1e-4)
+    with pytest.raises(ValueError, match="as many seeds"):
+        compare_scores([0.8, 0.7], [0.7, 0.6, 0.5], paired=True)
+
+
+def test_one_seed_or_no_spread_is_never_a_finding():
+    assert compare_scores([0.9], [0.1]).verdict == "inconclusive"
+    assert "one seed" in compare_scores([0.9], [0.1]).describe()
+    flat = compare_scores([0.7, 0.7], [0.6, 0.6])
+    assert not flat.finding and "no seed spread" in flat.describe()
+    assert seeds_needed(0.0, 0.01, paired=False) is None
+    # paired, variance of the differences 0.0004: n = 6 gives t_{0.975,5}·√(0.0004/6) = 2.571·0.008165 = 0.0210 (not
+    # below 0.02), n = 7 gives t_{0.975,6}·√(0.0004/7) = 2.447·0.007559 = 0.0185
+    assert seeds_needed(0.02, 0.0004, paired=True) == 7
+
+
+def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():
+    from pathlib import Path
+
+    from biodistil.kd.study import render_study
+
+    def row(arm: str, scores: list[float]) -> dict:
+        return {"task": "gad", "arm": arm, "command": "kd", "metric": "auroc", "seeds": len(scores),
+                "mean": sum(scores) / len(scores), "sd": 0.0, "scores": scores, "init": 0.5, "teacher": 0.7,
+                "gap_closed": 0.5}
+
+    summary = {"rows": [row("finetune", [0.64, 0.65]), row("kd", [0.74, 0.75]), row("kd-general", [0.73, 0.60])],
+               "seeds": [1, 2], "teachers": {}, "machine": {}}
+    text = render_study(summary, Path("study"))
+    assert ("| gad | kd − finetune | +0.1000 auroc (95% CI +0.0696 to +0.1304, Welch's t-test, p = 0.005): a finding |"
+            in text)
+    assert "| gad | kd-general − finetune | +0.0200 auroc (95% CI" in text and "83 seeds per arm" in text
