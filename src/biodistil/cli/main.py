@@ -22,7 +22,7 @@ import threading
 
 from safetensors import SafetensorError
 
-from biodistil.cli import eval_commands, export_commands, task_commands
+from biodistil.cli import eval_commands, export_commands, model_commands, task_commands
 from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
 from biodistil.errors import BiodistilError
 
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     task_commands.register(sub)
     eval_commands.register(sub)
     export_commands.register(sub)
+    model_commands.register(sub)
     return parser
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: training stops with a checkpoint, others at once
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
-        if args.command not in ("report", "export", "card"):
+        if args.command not in ("report", "export", "card", "models"):
             from biodistil.training.threads import choose_threads
 
             threads = choose_threads()
