@@ -41,6 +41,7 @@ class Family:
     layer_config: LayerConfig | None = None  # per-layer config fields a layer subset must carry over
     layer_state: LayerState | None = None  # fixes to copied layer weights that depend on the layer's position
     takes_token_type_ids: bool = True
+    no_attention_maps: str = ""  # why attention maps cannot be recomputed from Q and K for this family yet
 
 
 def _bert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
@@ -120,6 +121,14 @@ FAMILIES: dict[str, Family] = {
         takes_token_type_ids=False,
     ),
     "mobilebert": Family("mobilebert", "mobilebert.encoder.layer", "num_hidden_layers", _mobilebert_head),
+    "mpnet": Family(  # its LM head is RoBERTa's; its attention adds a relative-position bias shared by every layer
+        "mpnet", "mpnet.encoder.layer", "num_hidden_layers", _roberta_head,
+        qkv=SeparateProjections(("attention.attn.q", "attention.attn.k", "attention.attn.v")),
+        takes_token_type_ids=False,
+        no_attention_maps="MPNet adds a relative-position bias to every layer's attention scores, which biodistil "
+        "does not recompute yet; use hidden-state or Q/K/V relation terms (hidden_cosine, hidden_mse, "
+        "minilm_relations)",
+    ),
     "modernbert": Family(
         "model", "model.layers", "num_hidden_layers", _modernbert_head, qkv=FusedRotaryProjection(),
         window=_modernbert_window, layer_config=_modernbert_layer_config, layer_state=_modernbert_layer_state,

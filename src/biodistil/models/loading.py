@@ -43,8 +43,7 @@ def load_masked_lm(
     model, info = _from_pretrained(
         AutoModelForMaskedLM,
         name_or_path,
-        dtype=DTYPES[dtype],
-        attn_implementation="sdpa",
+        dtype=DTYPES[dtype],  # attention: transformers' default, SDPA where the family has it (MPNet: eager)
         trust_remote_code=trust_remote_code,
         output_loading_info=True,
     )
@@ -54,8 +53,8 @@ def load_masked_lm(
 
 
 def load_encoder(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedModel:
-    """The bare encoder of a checkpoint (any head it has is dropped), with SDPA attention."""
-    return _from_pretrained(AutoModel, name_or_path, attn_implementation="sdpa", trust_remote_code=trust_remote_code)
+    """The bare encoder of a checkpoint (any head it has is dropped), with SDPA attention where its family has it."""
+    return _from_pretrained(AutoModel, name_or_path, trust_remote_code=trust_remote_code)
 
 
 def untrained_head_weights(model: PreTrainedModel) -> list[str]:

@@ -64,7 +64,7 @@ def student_from_teacher_layers(teacher: PreTrainedModel, layers: list[int] | No
     setattr(config, family.layers_config_key, len(layers))
     if family.layer_config is not None:
         family.layer_config(config, layers)
-    student = type(teacher)._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    student = type(teacher)._from_config(config, dtype=torch.float32)  # the teacher's attention implementation
     state = _layer_subset_state(teacher, layers)
     if family.layer_state is not None:
         family.layer_state(state, set(student.state_dict()), layers_path(teacher))

@@ -1,0 +1,64 @@
+"""The MPNet family (issue 33, first step): a tiny random MPNet masked LM distils into a student of its layers with
+hidden-state, Q/K/V-relation and MLM terms from the command line, its classifier fine-tunes on a token task, and
+attention-map terms are refused with the reason (MPNet's relative-position bias is not recomputed yet)."""
+
+import json
+
+import pytest
+import torch
+from kd_fixtures import write_token_task
+from recipe_fixtures import RECIPES
+from transformers import AutoModelForMaskedLM, MPNetConfig, MPNetForMaskedLM
+
+from biodistil.cli.main import main
+from biodistil.config import DistillRecipe, validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.methods.task_agnostic import run_distill
+from biodistil.models.families import family_of
+
+
+@pytest.fixture(scope="module")
+def mpnet(tmp_path_factory, tokenizer):
+    """A 4-layer, 32-wide MPNet masked LM with the fixtures' WordPiece tokenizer (random weights)."""
+    torch.manual_seed(0)
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=80, pad_token_id=tokenizer.pad_token_id)
+    folder = tmp_path_factory.mktemp("mpnet")
+    MPNetForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def recipe(teacher, corpus_file, out, terms) -> DistillRecipe:
+    return validate_recipe(DistillRecipe, {
+        "run": {"output_dir": str(out), "seed": 1}, "teacher": {"name_or_path": str(teacher), "dtype": "float32"},
+        "student": {"init": "teacher_layers", "layers": [0, 2]},
+        "data": {"train": [str(corpus_file)], "block_size": 32, "eval_fraction": 0, "cache_dir": str(out.parent / "c")},
+        "objective": {"terms": terms},
+        "train": {"max_steps": 12, "batch_size": 8, "learning_rate": 3e-3, "warmup_steps": 0, "eval_every": 0,
+                  "save_every": 0, "log_every": 4, "progress_bar": False, "tensorboard": False}})
+
+
+def test_an_mpnet_teacher_distils_into_its_layers_and_the_student_fine_tunes(mpnet, corpus_file, tmp_path):
+    assert not family_of(MPNetConfig()).takes_token_type_ids
+    terms = [{"loss": "mlm"}, {"loss": "logit_kl", "positions": "masked"}, {"loss": "hidden_cosine"},
+             {"loss": "minilm_relations", "student_layer": -1, "teacher_layer": -1}]
+    model_dir = run_distill(recipe(mpnet, corpus_file, tmp_path / "distil", terms))
+    student = AutoModelForMaskedLM.from_pretrained(model_dir)
+    assert student.config.model_type == "mpnet" and student.config.num_hidden_layers == 2
+    records = [json.loads(line) for line in (tmp_path / "distil" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["split"] == "train"]
+    assert len(losses) == 3 and losses[-1] < losses[0], "the loss falls"
+    task = write_token_task(tmp_path / "task", sizes={"train": 24, "dev": 8, "test": 8})
+    assert main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={model_dir}",
+                 f"task.name={task}", "finetune.epochs=2", "train.progress_bar=false", "train.tensorboard=false",
+                 "train.batch_size=8", "--out", str(tmp_path / "ner")]) == 0
+    metrics = json.loads((tmp_path / "ner" / "metrics.json").read_text())
+    assert "f1" in metrics["test"] and metrics["train"]["steps"] > 0
+    assert (tmp_path / "ner" / "model" / "config.json").is_file()
+
+
+def test_attention_map_terms_on_mpnet_are_refused_with_the_reason(mpnet, corpus_file, tmp_path):
+    with pytest.raises(BiodistilError, match="MPNet adds a relative-position bias"):
+        run_distill(recipe(mpnet, corpus_file, tmp_path / "attention",
+                           [{"loss": "attention_kl", "student_layer": -1, "teacher_layer": -1}]))
