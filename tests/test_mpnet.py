@@ -1,8 +1,9 @@
-"""The MPNet family (issue 33, first step): a tiny random MPNet masked LM distils into a student of its layers with
-hidden-state, Q/K/V-relation and MLM terms from the command line, its classifier fine-tunes on a token task, and
-attention-map terms are refused with the reason (MPNet's relative-position bias is not recomputed yet)."""
+"""The MPNet family (issue 33): a tiny random MPNet masked LM distils into a student of its layers with MLM, logit,
+hidden-state, Q/K/V-relation and attention-map terms, its attention recomputed from hooked Q/K plus the relative-
+position bias equals the model's own, and its student fine-tunes on a token task."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,6 @@ from transformers import AutoModelForMaskedLM, MPNetConfig, MPNetForMaskedLM
 
 from biodistil.cli.main import main
 from biodistil.config import DistillRecipe, validate_recipe
-from biodistil.errors import BiodistilError
 from biodistil.methods.task_agnostic import run_distill
 from biodistil.models.families import family_of
 
@@ -58,7 +58,32 @@ def test_an_mpnet_teacher_distils_into_its_layers_and_the_student_fine_tunes(mpn
     assert (tmp_path / "ner" / "model" / "config.json").is_file()
 
 
-def test_attention_map_terms_on_mpnet_are_refused_with_the_reason(mpnet, corpus_file, tmp_path):
-    with pytest.raises(BiodistilError, match="MPNet adds a relative-position bias"):
-        run_distill(recipe(mpnet, corpus_file, tmp_path / "attention",
-                           [{"loss": "attention_kl", "student_layer": -1, "teacher_layer": -1}]))
+def test_recomputed_attention_equals_mpnets_own_with_its_relative_position_bias(mpnet):
+    """The hooked Q/K and the relative-position bias the encoder computes give MPNet's own attention probabilities
+    (eager, eval mode) at every layer, padding included; without the bias they would not."""
+    from biodistil.models.features import FeatureRequest, extract_features
+    from biodistil.models.loading import load_masked_lm
+
+    model = load_masked_lm(str(mpnet), "float32").eval()
+    ids = torch.randint(5, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 30:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    with torch.no_grad():
+        features = extract_features(model, batch, FeatureRequest(attentions={1, 2, 3, 4}), None)
+        own = model.mpnet(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    for layer in range(1, 5):
+        assert torch.allclose(features.attention_at(layer)[0], own[layer - 1][0], atol=1e-5), layer
+        assert torch.allclose(features.attention_at(layer)[1, :, :30, :30], own[layer - 1][1, :, :30, :30],
+                              atol=1e-5), layer
+    assert model.mpnet.encoder.relative_attention_bias.weight.abs().max() > 0.01, "the bias is not zero"
+
+
+def test_attention_map_terms_distil_an_mpnet_teacher(mpnet, corpus_file, tmp_path):
+    model_dir = run_distill(recipe(mpnet, corpus_file, tmp_path / "attention",
+                                   [{"loss": "attention_kl", "layer_map": "uniform"},
+                                    {"loss": "attention_mse", "student_layer": -1, "teacher_layer": -1,
+                                     "attention_map": "scores"}]))
+    records = [json.loads(line) for line in (tmp_path / "attention" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["split"] == "train"]
+    assert (Path(model_dir) / "config.json").is_file() and losses[-1] < losses[0]

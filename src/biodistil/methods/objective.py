@@ -29,7 +29,7 @@ from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, compute, position_masks
-from biodistil.models.families import attention_window, family_of, hidden_size, num_heads, num_layers, qkv_widths
+from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 from biodistil.term_specs import TERM_SPECS, Reads
@@ -183,11 +183,6 @@ def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel
         pairs = _pairs(cfg, reads, num_layers(student.config), num_layers(teacher.config))
     except (IndexError, BiodistilError) as err:
         raise BiodistilError(f"Objective term {cfg.loss}: {err}") from None
-    if reads == "attention":
-        for who, model in (("student", student), ("teacher", teacher)):
-            if family_of(model.config).no_attention_maps:
-                raise BiodistilError(f"Objective term {cfg.loss} on the {who} ({model.config.model_type}): "
-                                     f"{family_of(model.config).no_attention_maps}")
     if reads == "attention" and num_heads(student.config) != num_heads(teacher.config):
         raise BiodistilError(
             f"Objective term {cfg.loss} compares attention maps head by head, but the student has "

@@ -6,8 +6,10 @@ record what those layers compute anyway during the normal forward pass (the quer
 for rotary families the rotation they receive; the family's `QKVReader`, `biodistil.models.qkv`); the hooks are
 removed right after it. For those layers the probabilities are then recomputed as
 
-    a = softmax(Q·Kᵀ/√d_head + M),  M = −∞ on padded key columns and, in a local (sliding-window) layer of
-                                        window w, on keys j with |i − j| > w for query i
+    a = softmax(Q·Kᵀ/√d_head + P + M),  M = −∞ on padded key columns and, in a local (sliding-window) layer of
+                                            window w, on keys j with |i − j| > w for query i; P the bias a family
+                                            adds to every layer's scores (MPNet's relative-position bias, hooked
+                                            where the encoder computes it), 0 for the others
 
 which costs one extra Q·Kᵀ, softmax and [B, H, L, L] tensor per inspected layer; layers nobody inspects pay
 nothing. The recomputed probabilities are those before attention dropout (identical to eager attention in
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.families import family_of, layer_list, num_heads
+from biodistil.models.families import family_of, layer_list, num_heads, score_bias_module
 from biodistil.models.qkv import HeadQKV, Slot
 
 
@@ -39,10 +41,25 @@ def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[
     try:
         for layer in sorted(set(layers)):
             handles.extend(reader.hook(blocks[layer - 1], captured.setdefault(layer, {})))
+        bias = score_bias_module(model)
+        if bias is not None and captured:
+            handles.append(bias.register_forward_hook(_record_bias(list(captured.values()))))
         yield captured
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _record_bias(slots: list[Slot]):
+    def hook(module, inputs, output):  # [L_q, L_k, H] -> [1, H, L_q, L_k], shared by every layer
+        for slot in slots:
+            slot["bias"] = output.permute(2, 0, 1).unsqueeze(0)
+    return hook
+
+
+def score_bias(slot: Slot) -> torch.Tensor | None:
+    """The bias the layer added to its attention scores, [1, H, L, L] (None: none)."""
+    return slot.get("bias")
 
 
 def read_qkv(model: PreTrainedModel, slot: Slot) -> HeadQKV:
@@ -50,13 +67,15 @@ def read_qkv(model: PreTrainedModel, slot: Slot) -> HeadQKV:
     return family_of(model.config).qkv.heads(slot, num_heads(model.config))
 
 
-def attention_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """Unnormalised attention scores s = Q_h·K_hᵀ/√d per head h, before any mask or softmax.
+def attention_scores(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Unnormalised attention scores s = Q_h·K_hᵀ/√d (+ the family's bias P) per head h, before any mask or softmax.
 
-    `query`/`key` are per-head [B, H, L, d]. Returns float32 scores [B, H, L, L] (rows = queries). Entries in
-    padded rows or columns, or outside a local window, are plain Q·Kᵀ/√d values that attention losses ignore.
+    `query`/`key` are per-head [B, H, L, d]; `bias` [1, H, L, L] or None. Returns float32 scores [B, H, L, L] (rows
+    = queries). Entries in padded rows or columns, or outside a local window, are plain values that attention
+    losses ignore.
     """
-    return query.float() @ key.float().transpose(-1, -2) / math.sqrt(query.size(-1))
+    scores = query.float() @ key.float().transpose(-1, -2) / math.sqrt(query.size(-1))
+    return scores if bias is None else scores + bias.float()
 
 
 def allowed_keys(mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
@@ -73,15 +92,17 @@ def allowed_keys(mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
 
 
 def attention_probabilities(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, window: int | None = None
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, window: int | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """a = softmax(Q_h·K_hᵀ/√d + M) per head h, M = −∞ where `allowed_keys(mask, window)` is False.
+    """a = softmax(Q_h·K_hᵀ/√d + P + M) per head h, M = −∞ where `allowed_keys(mask, window)` is False, P the
+    family's score bias (`bias`, None: 0).
 
     `query`/`key` are per-head [B, H, L, d]; `mask` [B, L] is True for real tokens. Returns float32
     probabilities [B, H, L, L] (rows = queries). Padded query rows still hold a distribution over the real keys,
     as in the model's own attention; attention losses ignore them.
     """
-    scores = attention_scores(query, key)
+    scores = attention_scores(query, key, bias)
     scores = scores.masked_fill(~allowed_keys(mask, window), torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1)
 

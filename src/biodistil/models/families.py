@@ -41,7 +41,9 @@ class Family:
     layer_config: LayerConfig | None = None  # per-layer config fields a layer subset must carry over
     layer_state: LayerState | None = None  # fixes to copied layer weights that depend on the layer's position
     takes_token_type_ids: bool = True
-    no_attention_maps: str = ""  # why attention maps cannot be recomputed from Q and K for this family yet
+    # the module (path relative to the masked-LM model) whose output [L_q, L_k, H] is a bias every layer adds to its
+    # attention scores (MPNet's relative-position bias); None: scores are Q·Kᵀ/√d alone
+    score_bias: str | None = None
 
 
 def _bert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
@@ -124,10 +126,7 @@ FAMILIES: dict[str, Family] = {
     "mpnet": Family(  # its LM head is RoBERTa's; its attention adds a relative-position bias shared by every layer
         "mpnet", "mpnet.encoder.layer", "num_hidden_layers", _roberta_head,
         qkv=SeparateProjections(("attention.attn.q", "attention.attn.k", "attention.attn.v")),
-        takes_token_type_ids=False,
-        no_attention_maps="MPNet adds a relative-position bias to every layer's attention scores, which biodistil "
-        "does not recompute yet; use hidden-state or Q/K/V relation terms (hidden_cosine, hidden_mse, "
-        "minilm_relations)",
+        takes_token_type_ids=False, score_bias="mpnet.encoder.relative_attention_bias",
     ),
     "modernbert": Family(
         "model", "model.layers", "num_hidden_layers", _modernbert_head, qkv=FusedRotaryProjection(),
@@ -144,6 +143,19 @@ def family_of(config: PretrainedConfig) -> Family:
             f"Model type '{config.model_type}' is not supported yet; supported: {', '.join(sorted(FAMILIES))}"
         )
     return family
+
+
+def score_bias_module(model: PreTrainedModel) -> nn.Module | None:
+    """The module whose output is the bias every layer adds to its attention scores (`Family.score_bias`)."""
+    family = family_of(model.config)
+    if family.score_bias is None:
+        return None
+    path = family.score_bias if hasattr(model, family.encoder_attr) else \
+        family.score_bias.removeprefix(f"{family.encoder_attr}.")
+    module: nn.Module = model
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def layers_path(model: PreTrainedModel) -> str:

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv, read_qkv
+from biodistil.models.attention import (
+    attention_probabilities,
+    attention_scores,
+    capture_qkv,
+    read_qkv,
+    score_bias,
+)
 from biodistil.models.families import attention_window, encoder_of, mlm_head, num_layers, takes_token_type_ids
 from biodistil.models.logits import LogitRows
 from biodistil.models.qkv import merge_heads
@@ -101,16 +107,17 @@ def extract_features(
     with capture_qkv(model, attention_layers | qkv_layers | score_layers) as captured:
         output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
     heads = {i: read_qkv(model, slot) for i, slot in captured.items()}
+    biases = {i: score_bias(slot) for i, slot in captured.items()}
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
     if layers in wanted:
         hidden[layers] = last
     mask = batch["attention_mask"].bool()
     attentions = {
-        i: attention_probabilities(heads[i][0], heads[i][1], mask, attention_window(model.config, i))
+        i: attention_probabilities(heads[i][0], heads[i][1], mask, attention_window(model.config, i), biases[i])
         for i in attention_layers
     }
-    scores = {i: attention_scores(heads[i][0], heads[i][1]) for i in score_layers}
+    scores = {i: attention_scores(heads[i][0], heads[i][1], biases[i]) for i in score_layers}
     logits = None
     if request.logits:
         if positions is None:
