@@ -74,21 +74,28 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
         overrides += [f"defaults.{command}.task.max_examples=16", f"defaults.{command}.train.batch_size=8",
                       f"defaults.{command}.task.max_length=128",
                       f"defaults.{command}.train.progress_bar=false", f"defaults.{command}.train.tensorboard=false"]
-    overrides += ["defaults.finetune.finetune.epochs=1", "defaults.kd.kd.epochs=1",
-                  "defaults.kd.transfer.source.max_examples=24"]
+    overrides += ["defaults.finetune.finetune.epochs=1", "defaults.kd.kd.epochs=1"]
+    budgets = "labelled:" in path.read_text()  # a labelled budget: the whole (capped) training split as source
+    if not budgets:
+        overrides.append("defaults.kd.transfer.source.max_examples=24")
     recipe = load_recipe(StudyRecipe, path, overrides)
     for study_task in recipe.tasks:
         study_task.teacher_overrides = {}
+        if study_task.overrides:
+            study_task.overrides = {"finetune": {"task": {"train_examples": 8}}, "kd": {"transfer": {"labelled": 8}}}
     for arm in recipe.arms:
-        if "random" in arm.overrides.get("transfer", {}):
-            arm.overrides["transfer"]["random"]["size"] = 24
+        transfer = arm.overrides.get("transfer", {})
+        if "random" in transfer:
+            transfer["random"]["size"] = 24
+        if budgets and transfer.get("source", {}).get("kind") == "text":
+            transfer["source"]["max_examples"] = 24
     return recipe
 
 
 @pytest.mark.slow
 @needs_data
 @pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml", "studies/transfer-data.yaml",
-                                    "studies/meta-kd.yaml"])
+                                    "studies/meta-kd.yaml", "studies/users-setting.yaml"])
 def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     init, _, student = real_text_models
     out = tmp_path / "study"
@@ -107,9 +114,19 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
         from test_studies import results_tables
 
         tables = results_tables()
-        table = (tables.transfer_tables if "transfer" in recipe else tables.meta_tables)(summary)
+        printer = {"transfer-data": tables.transfer_tables, "meta-kd": tables.meta_tables,
+                   "users-setting": tables.users_setting_tables}[Path(recipe).stem]
+        table = printer(summary)
         assert all(f"| {arm} |" in table for arm in arms) and "one seed" in table
     assert "gap closed" in report.read_text()
+    if recipe.endswith("users-setting.yaml"):  # the task's budget reaches every arm; an arm's overrides win
+        for run in summary["runs"]:
+            metrics = json.loads((out / run["folder"] / "metrics.json").read_text())
+            if run["command"] == "kd":
+                assert metrics["transfer"]["labelled"] == 8, run["arm"]
+            config = yaml.safe_load((out / run["folder"] / "config.yaml").read_text())
+            if run["command"] == "finetune":
+                assert config["task"]["train_examples"] == (None if run["arm"] == "all-labels" else 8)
     first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
     before = first.stat().st_mtime_ns
     run_study(tiny_study(RECIPES / recipe, student, init, out), resume=True)

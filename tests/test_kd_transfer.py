@@ -128,6 +128,33 @@ def test_a_labelled_budget_keeps_the_labels_of_the_subset_fine_tuning_trains_on(
         assert len(labelled) == budget
 
 
+def test_a_labelled_budget_beside_other_text_adds_the_budget_and_drops_the_texts_labels(tmp_path):
+    from kd_fixtures import write_token_task
+
+    from biodistil.kd.transfer import describe_transfer, is_labelled
+    from biodistil.tasks.splits import read_split
+
+    task = get_task(str(write_token_task(tmp_path / "ner")))
+    text = tmp_path / "unseen.txt"
+    text.write_text("Mutations in BRCA1 cause cancer.\n\nThe patient had fever (≥38 °C) today.\n", encoding="utf-8")
+    cfg = TransferConfig(keep_labels=True, labelled=4, source={"kind": "text", "path": str(text)})
+    examples = build_transfer_set(cfg, task)
+    budget = read_split(task, "train", None, None, 4)
+    assert [e.id for e in examples[:4]] == [e.id for e in budget] and all(map(is_labelled, examples[:4]))
+    assert [e.tags for e in examples[:4]] == [e.tags for e in budget], "the budget keeps its gold tags"
+    assert [e.tokens for e in examples[4:]] == [["Mutations", "in", "BRCA1", "cause", "cancer."],
+                                                ["The", "patient", "had", "fever", "(≥38", "°C)", "today."]]
+    assert not any(map(is_labelled, examples[4:])) and len({e.id for e in examples}) == len(examples)
+    assert describe_transfer(cfg) == f"text {text} + a labelled budget of 4 training examples"
+
+    randomized = TransferConfig(keep_labels=True, labelled=4, source={"kind": "text", "path": str(text)},
+                                random={"size": 6, "passage_length": [3, 5]})
+    examples = build_transfer_set(randomized, task)
+    assert len(examples) == 10 and sum(map(is_labelled, examples)) == 4
+    words = {"mutations", "in", "brca1", "cause", "cancer.", "the", "patient", "had", "fever", "(≥38", "°c)", "today."}
+    assert all(set(e.tokens) <= words and 3 <= len(e.tokens) <= 5 for e in examples[4:]), "the text's unigrams"
+
+
 def test_a_labelled_budget_needs_the_training_split_and_labels():
     with pytest.raises(ValueError, match="set keep_labels: true"):
         TransferConfig(labelled=5)

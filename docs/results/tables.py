@@ -5,12 +5,12 @@
     python docs/results/tables.py --write    # replace the marked tables of docs/results.md
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
-of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json` and `meta-kd.json` the
-`summary.json` of recipes/studies/transfer-data.yaml and meta-kd.yaml. A difference between two arms is a finding only
-when the 95% confidence interval of a t-test on the per-seed scores excludes 0 (biodistil's one verdict rule,
-`biodistil.tasks.significance`: paired where the arms share seeds and data order — the fine-tuning cells of one
-evaluation —, else Welch's); otherwise it is inconclusive, with about the seeds per arm the observed spread would
-need.
+of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
+`users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml.
+A difference between two arms is a finding only when the 95% confidence interval of a t-test on the per-seed scores
+excludes 0 (biodistil's one verdict rule, `biodistil.tasks.significance`: paired where the arms share seeds and data
+order — the fine-tuning cells of one evaluation —, else Welch's); otherwise it is inconclusive, with about the seeds
+per arm the observed spread would need.
 """
 
 from __future__ import annotations
@@ -242,6 +242,47 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
     return lines
 
 
+# ------------------------------------------------------------------------------------------ study 4
+
+
+PAPER_GAP = {"kd-general": 0.484, "kd-random": 0.232}  # the transfer-data paper, BioASQ yes/no
+
+
+def users_setting_tables(summary: dict[str, Any]) -> str:
+    """Per task: every arm's F1 (P/R), and each arm against the budget-only student: the difference with its
+    verdict and the gap closed (S − S_budget)/(T − S_budget) with the difference's interval on the same scale
+    (T and the budget's mean taken as fixed)."""
+    lines: list[str] = []
+    for task in dict.fromkeys(row["task"] for row in summary["rows"]):
+        rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+        budget, teacher = rows["budget"], summary["teachers"][task]["test"]
+        runs = [r for r in summary["runs"] if r["task"] == task]
+        gap = teacher[budget["metric"]] - budget["mean"]
+        lines += [f"**{TASK_TITLES.get(task, task)}** — teacher F1 {100 * teacher['f1']:.1f} "
+                  f"(P {100 * teacher['precision']:.1f}, R {100 * teacher['recall']:.1f}); the gap to close from the "
+                  f"budget-only student: {100 * gap:.1f} F1.", "",
+                  "| arm | F1 (mean ± sd) | P | R | seeds | − budget (F1) | verdict | gap closed |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for arm, row in rows.items():
+            group = [r["test"] for r in runs if r["arm"] == arm]
+            precision, recall = (statistics.fmean(t[key] for t in group) for key in ("precision", "recall"))
+            cells = ["", "", ""]
+            if arm != "budget":
+                result = compare_scores(row["scores"], budget["scores"])
+                _, verdict = compare(row["scores"], budget["scores"], 100, 1)
+                closed = f"{100 * result.difference / gap:.0f}%"
+                if result.low is not None:
+                    closed += f" ({100 * result.low / gap:.0f}% to {100 * result.high / gap:.0f}%)"
+                if arm in PAPER_GAP:
+                    closed += f"; paper {100 * PAPER_GAP[arm]:.1f}%"
+                cells = [f"{100 * result.difference:+.1f}", verdict, closed]
+            flag = " (degenerate)" if row["degenerate_seeds"] else ""
+            lines.append(f"| {arm} | {pm(row['mean'], row['sd'])}{flag} | {100 * precision:.1f} | {100 * recall:.1f} | "
+                         f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join([*lines, _wall_time(summary)])
+
+
 def _wall_time(summary: dict[str, Any]) -> str:
     teachers = sum(t.get("wall_seconds") or 0 for t in summary["teachers"].values())
     runs = len(summary["runs"])
@@ -251,7 +292,7 @@ def _wall_time(summary: dict[str, Any]) -> str:
 
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
-           "cross-tokenizer": cross_tokenizer_tables}
+           "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables}
 
 
 def block(name: str) -> str:

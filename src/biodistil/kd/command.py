@@ -32,6 +32,7 @@ from biodistil.kd.recipe import KDRecipe
 from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
+    describe_transfer,
     fingerprint_examples,
     is_labelled,
     load_transfer_set,
@@ -109,7 +110,7 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     if accelerator.is_local_main_process:
         cap = f", capped at task.max_examples={recipe.task.max_examples}" if recipe.task.max_examples and \
             recipe.transfer.source.kind == "in_domain" else ""
-        print(f"Transfer set: {len(transfer):,} examples from {describe_source(recipe.transfer.source)}{cap}; "
+        print(f"Transfer set: {len(transfer):,} examples from {describe_transfer(recipe.transfer)}{cap}; "
               f"{sum(map(is_labelled, transfer)):,} keep a gold label", flush=True)
     train_examples, quiz_examples = split_quiz(recipe, task, transfer)
     tokenizer = load_tokenizer(student_path)
@@ -138,7 +139,7 @@ def _train_config(recipe: KDRecipe, num_features: int, processes: int) -> TrainC
 def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolder, finished: bool) -> dict[str, Any]:
     """metrics.json: the run, its transfer set and, once finished, the scores (and the exported model)."""
     report = {"task": setup.task.name, "metric": setup.task.headline_key, "steps": result.steps, "finished": finished,
-              "transfer": {"source": describe_source(recipe.transfer.source), "size": len(setup.transfer),
+              "transfer": {"source": describe_transfer(recipe.transfer), "size": len(setup.transfer),
                            "labelled": sum(map(is_labelled, setup.transfer)),
                            "randomized": recipe.transfer.random is not None,
                            "fingerprint": fingerprint_examples(setup.transfer)},
@@ -170,7 +171,7 @@ def transfer_examples(recipe: KDRecipe, task: TaskSpec, run_dir: Path, is_main: 
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,
                                   recipe.task.max_examples)
     if is_main:
-        save_transfer_set(examples, folder, {"task": task.name, "source": describe_source(recipe.transfer.source),
+        save_transfer_set(examples, folder, {"task": task.name, "source": describe_transfer(recipe.transfer),
                                              "randomized": recipe.transfer.random is not None})
     return examples
 

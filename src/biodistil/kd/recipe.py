@@ -100,20 +100,26 @@ class TransferConfig(Section):
     pairs: bool | None = Field(None, description="text pairs? default: as the task's training data")
     labelled: int | None = Field(
         None, ge=1, description="keep_labels on a labelled budget only: the gold labels of the seeded subset of N "
-        "training examples that task.train_examples: N fine-tunes on; the rest of the transfer set is unlabelled "
-        "(teacher term only). Needs source kind in_domain, split train")
+        "training examples that task.train_examples: N fine-tunes on. With the whole training split as the source "
+        "(kind in_domain) the rest of the split is unlabelled; with any other source (text, another task, random "
+        "text) the budget is added to the source's examples, whose own labels are dropped (teacher term only)")
 
     @model_validator(mode="after")
     def _labels(self) -> TransferConfig:
-        if self.random is not None and self.keep_labels:
-            raise ValueError("a random transfer set has no labels; set keep_labels: false")
+        if self.random is not None and self.keep_labels and self.labelled is None:
+            raise ValueError("a random transfer set has no labels; set keep_labels: false (or transfer.labelled to "
+                             "add a labelled budget of the task's training split)")
         if self.labelled is not None:
             if not self.keep_labels:
                 raise ValueError("transfer.labelled keeps the labels of a budget of examples: set keep_labels: true")
-            if (self.source.kind, self.source.split) != ("in_domain", "train") or self.source.max_examples:
-                raise ValueError("transfer.labelled needs the whole training split as the transfer source "
-                                 "(source kind in_domain, split train, no max_examples)")
+            if self.source.kind == "in_domain" and (self.source.split != "train" or self.source.max_examples):
+                raise ValueError("transfer.labelled with an in-domain source needs the whole training split "
+                                 "(split train, no max_examples)")
         return self
+
+    def budget_beside_source(self) -> bool:
+        """Whether the labelled budget is added to the source (any source but the task's own training split)."""
+        return self.labelled is not None and (self.random is not None or self.source.kind != "in_domain")
 
 
 class PatientConfig(Section):
@@ -231,6 +237,9 @@ class StudyTask(Section):
     teacher_init: ModelRef | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
                                                        "(default: the study's teacher_init)")
     teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
+    overrides: dict[Literal["finetune", "kd"], dict[str, Any]] = Field(
+        default_factory=dict, description="recipe values of this task's finetune / kd arm runs (e.g. a labelled "
+        "budget sized to its training split): over the study's defaults, under each arm's overrides")
 
 
 class StudyArm(Section):
@@ -264,8 +273,8 @@ class StudyRecipe(Section):
     @model_validator(mode="before")
     @classmethod
     def _paths_in_partial_recipes(cls, raw: Any) -> Any:
-        """Paths in `defaults`, arm `overrides` and `teacher_overrides` resolved as the runs' recipes will resolve
-        them, so that the study's config.yaml records them absolute (a resumed study compares them)."""
+        """Paths in `defaults`, arm and task `overrides` and `teacher_overrides` resolved as the runs' recipes will
+        resolve them, so that the study's config.yaml records them absolute (a resumed study compares them)."""
         if not isinstance(raw, dict):
             return raw
         from biodistil.finetune.command import FinetuneRecipe
@@ -279,8 +288,8 @@ class StudyRecipe(Section):
             raw["arms"] = [_with_resolved(arm, "overrides", commands.get(arm.get("command", "kd"), KDRecipe))
                            if isinstance(arm, dict) else arm for arm in raw["arms"]]
         if isinstance(raw.get("tasks"), list):
-            raw["tasks"] = [_with_resolved(task, "teacher_overrides", FinetuneRecipe) if isinstance(task, dict)
-                            else task for task in raw["tasks"]]
+            raw["tasks"] = [_task_with_resolved(task, commands) if isinstance(task, dict) else task
+                            for task in raw["tasks"]]
         return raw
 
     @model_validator(mode="after")
@@ -292,6 +301,14 @@ class StudyRecipe(Section):
             if task.teacher is None and (task.teacher_init or self.teacher_init) is None:
                 raise ValueError(f"task {task.name}: give its teacher (fine-tuned) or a teacher_init to fine-tune")
         return self
+
+
+def _task_with_resolved(task: dict[str, Any], commands: dict[str, type[Section]]) -> dict[str, Any]:
+    task = _with_resolved(task, "teacher_overrides", commands["finetune"])
+    if isinstance(task.get("overrides"), dict):
+        task["overrides"] = {key: resolve_paths(commands[key], value) if key in commands and isinstance(value, dict)
+                             else value for key, value in task["overrides"].items()}
+    return task
 
 
 def _with_resolved(entry: dict[str, Any], key: str, recipe_cls: type[Section]) -> dict[str, Any]:

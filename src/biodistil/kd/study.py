@@ -88,7 +88,8 @@ def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
         for arm in recipe.arms:
             for seed in recipe.seeds:
                 folder = root / name / arm.name / f"seed-{seed}"
-                raw = _arm_recipe(recipe, study_task.name, arm.command, arm.overrides, teacher, folder, seed, root)
+                overrides = deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides)
+                raw = _arm_recipe(recipe, study_task.name, arm.command, overrides, teacher, folder, seed, root)
                 runs.append(StudyRun(name, arm.name, arm.command, seed, folder, raw))
     return runs
 

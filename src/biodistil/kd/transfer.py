@@ -13,6 +13,7 @@ A saved set is a datasets Arrow folder `data/` plus `transfer.json` (what it is,
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ def build_transfer_set(cfg: TransferConfig, task: TaskSpec, data_root: str | Pat
     recipe's `task.max_examples`) caps an in-domain source as it caps every other use of the task's splits."""
     pairs = cfg.pairs if cfg.pairs is not None else is_pair_task(task, data_root, fold)
     examples = read_source(cfg.source, task, data_root, fold, task_max_examples)
+    if cfg.budget_beside_source():
+        budget = budget_alone(task, cfg, pairs, data_root, fold, task_max_examples)
+        return [*budget, *unlabelled_source(examples, cfg, task, pairs)]
     if cfg.random is not None:
         return randomize(examples, cfg.random, task, pairs)
     shaped = shape_for_task(examples, task, pairs)
@@ -76,6 +80,24 @@ def labelled_budget(examples: Sequence[Example], task: TaskSpec, cfg: TransferCo
                              "keeps every label")
     by_index = dict(zip(sorted(keep), labelled, strict=True))
     return [by_index.get(i) or unlabelled(example) for i, example in enumerate(examples)]
+
+
+def budget_alone(task: TaskSpec, cfg: TransferConfig, pairs: bool, data_root: str | Path | None,
+                 fold: int | None, task_max_examples: int | None) -> list[Example]:
+    """The labelled budget by itself: the seeded `cfg.labelled` training examples (those `task.train_examples`
+    fine-tunes on) with their gold labels, in the task's own label space."""
+    whole = TransferConfig(keep_labels=True, labelled=cfg.labelled)
+    train = read_source(whole.source, task, data_root, fold, task_max_examples)
+    return [example for example in labelled_budget(shape_for_task(train, task, pairs), task, whole, fold)
+            if is_labelled(example)]
+
+
+def unlabelled_source(examples: Sequence[Example], cfg: TransferConfig, task: TaskSpec, pairs: bool,
+                      ) -> list[Example]:
+    """A source's examples shaped for the task (randomized when asked) without their labels; ids prefixed so they
+    never collide with the budget's."""
+    shaped = randomize(examples, cfg.random, task, pairs) if cfg.random else shape_for_task(examples, task, pairs)
+    return [replace(unlabelled(example), id=f"transfer-{example.id}") for example in shaped]
 
 
 def read_source(source: SourceConfig, task: TaskSpec, data_root: str | Path | None,
@@ -106,6 +128,14 @@ def describe_source(source: SourceConfig) -> str:
               "text": f" {source.path}", "saved": f" {source.path}"}[source.kind]
     split = f" [{source.split}]" if source.kind in ("in_domain", "task") else ""
     return f"{source.kind}{detail}{split}"
+
+
+def describe_transfer(cfg: TransferConfig) -> str:
+    """The source, whether it is randomized, and a labelled budget added beside it."""
+    described = describe_source(cfg.source) + (" randomized" if cfg.random is not None else "")
+    if cfg.budget_beside_source():
+        described += f" + a labelled budget of {cfg.labelled:,} training examples"
+    return described
 
 
 def _data_file(path: str, data_root: str | Path | None) -> Path:
