@@ -3,9 +3,11 @@ WordPiece, byte-level BPE with and without trimmed offsets (RoBERTa) and with Mo
 accents, punctuation, tokens straddling two words, truncation at different places; then batches, pooling matrices
 and whole-word masking of the same words on both sides."""
 
+import unicodedata
+
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import BertTokenizerFast, PreTrainedTokenizerFast, RobertaTokenizerFast
 
 from biodistil.config import MaskingConfig
@@ -49,6 +51,7 @@ def modernbert_style() -> PreTrainedTokenizerFast:
     vocab = _byte_level_vocab(BERT_SPECIAL)
     backend = Tokenizer(models.BPE(vocab, MERGES))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
@@ -136,16 +139,16 @@ def test_byte_level_bpe_leading_space_gives_the_same_words(teacher, p_text: str,
     assert units(batch, "student") == [0, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def test_token_straddling_two_words_belongs_where_it_starts() -> None:
+def test_token_straddling_two_words_makes_neither_shared() -> None:
     text = "(n=12)."
     student = wordpiece(["(", "n", "=", "12", ")", "."], lowercase=True)
     teacher = roberta()
     assert tokens(teacher, text)[1:-1] == [("(", "("), ("n", "n"), ("=", "="), ("12", "12"), (").", ").")]
     batch = align_texts([text], student, teacher)
-    # ")." starts in ")" and belongs to it; "." has no teacher token of its own, so it is not shared
-    assert batch.alignments[0].spans == (None, (0, 1), (1, 2), (2, 3), (3, 5), (5, 6), None)
-    assert units(batch, "teacher") == [0, 1, 2, 3, 4, 5, 6]
-    assert units(batch, "student") == [0, 1, 2, 3, 4, 5, NO_UNIT, 6]
+    # ")." covers ")" and ".": neither is a word of its own on the teacher side, so neither is shared
+    assert batch.alignments[0].spans == (None, (0, 1), (1, 2), (2, 3), (3, 5), None)
+    assert units(batch, "teacher") == [0, 1, 2, 3, 4, NO_UNIT, 5]
+    assert units(batch, "student") == [0, 1, 2, 3, 4, NO_UNIT, NO_UNIT, 5]
     # whitespace words: the whole "(n=12)." is one word, every token of both sides in it
     coarse = align_texts([text], student, teacher, words="whitespace")
     assert units(coarse, "teacher") == [0, 1, 1, 1, 1, 1, 2]
@@ -183,6 +186,85 @@ def test_truncation_at_different_places_keeps_only_words_complete_on_both_sides(
     same = align_texts([text], student, teacher, student_max_length=6, teacher_max_length=5)
     assert units(same, "student") == [0, 1, 2, 3, 3, 4]
     assert units(same, "teacher") == [0, 1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------ four defects found by
+# an independent re-implementation: each test masks every shared word and checks that the masked tokens of every
+# word spell the same text on both sides (up to case and accents, which an uncased side drops)
+def _canonical(text: str) -> str:
+    decomposed = unicodedata.normalize("NFD", text)
+    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn" and not c.isspace()).lower()
+
+
+def masked_words(batch, student, teacher) -> list[list[str]]:
+    """Mask every shared word on both sides; per text, each masked word as both sides' masked tokens spell it (they
+    must agree) — the decoded bytes, so that half a character reads as U+FFFD."""
+    cfg = MaskingConfig.model_construct(probability=1.0, mask_ratio=1.0, random_ratio=0.0)  # every word: no draw
+    chosen, *sides = mask_same_words(batch, MaskingVocabulary.from_tokenizer(student),
+                                     MaskingVocabulary.from_tokenizer(teacher), cfg, torch.Generator().manual_seed(0))
+    spelled = []
+    for row in range(chosen.size(0)):
+        words = []
+        for unit in chosen[row].nonzero().flatten().tolist():
+            pair = []
+            for side, tokenizer, unit_ids in ((sides[0], student, batch.student_units),
+                                              (sides[1], teacher, batch.teacher_units)):
+                masked = (side.labels[row] != IGNORE_INDEX) & (unit_ids[row] == unit)
+                pair.append(_canonical(tokenizer.decode(side.labels[row][masked].tolist())))
+            assert pair[0] == pair[1], f"text {row}, unit {unit}: the student masks {pair[0]!r}, the teacher " \
+                f"{pair[1]!r}"
+            words.append(pair[0])
+        spelled.append(words)
+    return spelled
+
+
+def test_a_symbol_run_over_two_words_shares_neither() -> None:
+    """Defect A: a byte-level BPE keeps "(±" in one token anchored in "(" — "±SD" still has its own token ("SD")."""
+    merges = [*MERGES, ("Ġ", "("), ("Ġ(", "Â"), ("Ġ(Â", "±"), ("S", "D")]
+    vocab = _byte_level_vocab(ROBERTA_SPECIAL)
+    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(merges[len(MERGES):])})
+    teacher = RobertaTokenizerFast(vocab=vocab, merges=merges)
+    text = "mean (±SD) was"
+    assert ("Ġ(Â±", " (±") in tokens(teacher, text, add_special_tokens=False) or \
+        ("Ġ(Â±", "(±") in tokens(teacher, text, add_special_tokens=False)
+    student = wordpiece(["mean", "(", "±", "##S", "##D", ")", "was"], lowercase=False)
+    batch = align_texts([text], student, teacher)
+    assert masked_words(batch, student, teacher) == [["mean", ")", "was"]]
+    assert batch.alignments[0].spans == (None, (0, 4), (9, 10), (11, 14), None)
+
+
+def test_a_cut_between_the_bytes_of_one_character_leaves_its_word_out() -> None:
+    """Defect B: truncation keeps "Î" of "α" and drops its "±"."""
+    text = "the α chain"
+    teacher, student = roberta(), wordpiece(["the", "α", "chain"], lowercase=False)
+    assert [p for p, _ in tokens(teacher, text, truncation=True, max_length=7)][-3:] == ["Ġ", "Î", "</s>"]
+    batch = align_texts([text], student, teacher, teacher_max_length=7)
+    assert masked_words(batch, student, teacher) == [["the"]]
+    whole = align_texts([text], student, teacher, teacher_max_length=8)  # both bytes kept: "α" is whole
+    assert masked_words(whole, student, teacher) == [["the", "α"]]
+
+
+def test_a_decomposed_accent_ending_the_text_keeps_the_word_and_the_end_tokens() -> None:
+    """Defect C: an uncased side drops the U+0301 of "cafe\u0301" — its tokens end one character early."""
+    text = "the cafe\u0301"
+    student, teacher = wordpiece(["the", "cafe"], lowercase=True), roberta()
+    assert tokens(student, text)[-2:] == [("cafe", "cafe"), ("[SEP]", "")]
+    batch = align_texts([text], student, teacher)
+    assert masked_words(batch, student, teacher) == [["the", "cafe"]]
+    assert units(batch, "student") == [0, 1, 2, 3]
+    assert units(batch, "teacher")[0] == 0 and units(batch, "teacher")[-1] == 3, "the end tokens pair"
+
+
+def test_leading_whitespace_with_untrimmed_offsets_pairs_the_start_tokens() -> None:
+    """Defect D: ModernBERT's template keeps "Ġp"'s space in its span, so that side's text starts one character
+    earlier than the WordPiece side's."""
+    text = " p53 cells"
+    student, teacher = wordpiece(["p53", "cells"], lowercase=False), modernbert_style()
+    assert tokens(teacher, text)[1] == ("Ġp", " p")
+    batch = align_texts([text], student, teacher)
+    assert masked_words(batch, student, teacher) == [["p53", "cells"]]
+    assert units(batch, "student") == [0, 1, 2, 3] and units(batch, "teacher")[0] == 0
+    assert units(batch, "teacher")[-1] == 3
 
 
 # ------------------------------------------------------------------------------------------ batches, pooling

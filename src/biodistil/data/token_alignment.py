@@ -14,10 +14,9 @@ Rules
   include a byte-level BPE token's leading space ("Ġp" as " p": RoBERTa with trim_offsets=False, ModernBERT's template
   post-processor) and offsets that exclude it (RoBERTa's default trim_offsets=True) thus give the same word, and a
   token of whitespace only ("Ġ", an empty span when trimmed) belongs to no word. A token that straddles two words
-  (byte-level BPE keeps runs of punctuation together: ")." or "'s") belongs to the word where it starts — its piece
-  begins there, and the model reads it where it starts —; the second word then has no token anchored in it on that
-  side and is not shared (below). Pieces of one character split into bytes ("MÃ", "¼ll" of "Müller") overlap; each
-  belongs to the word of its own anchor.
+  (byte-level BPE keeps runs of punctuation and symbols together: ")." or "(±") is anchored in the word where it
+  starts, and neither word is shared (below). Pieces of one character split into bytes ("MÃ", "¼ll" of "Müller")
+  overlap; each belongs to the word of its own anchor.
 - **Normalisation changes no offset**: an uncased WordPiece lowercases and strips accents ("Müller" → "muller"), yet
   its offsets index the original text, so "Müller" is one word on both sides.
 - **Special tokens** ([CLS], [SEP], <s>, </s>, padding: the tokenizer's `special_tokens_mask`) belong to no word.
@@ -27,9 +26,15 @@ Rules
   (word × word attention maps keep that mass). A pair needs the token on both sides and both sides' tokens covering
   the text from the same character (start) or to the same character (end): the end tokens of two sides truncated at
   different places close different text, and stay unpaired.
-- **Shared units**: a word counts only when it is complete on both sides: a token anchored in it, and all its
-  characters inside the span the side's anchored tokens cover. Truncation cuts the two sides at different places; a
-  word cut, or left out, on either side is not shared. Tokens of words that are not shared belong to no unit (-1).
+- **Shared units**: a word counts only when it is complete and its own on both sides: a token anchored in it; all its
+  characters inside the span the side's anchored tokens cover (from the first anchor to the last token's end, which
+  reaches over the zero-width marks an accent-stripping normaliser drops, e.g. the U+0301 of a decomposed "é"); no
+  token over it and another word (a byte-level BPE's "Ġ(Â±" covers "(" and the "±" of "±SD": sharing either would
+  mask `± ##S ##D` on one side against "SD", or "(±" against "(", on the other, and pool two words' states into
+  one); and no token that truncation dropped overlapping it (a cut between the bytes of one character keeps "Î" of
+  "α" but not its "±"). So the tokens of a shared word spell that word, and only it, on both sides. Truncation cuts
+  the two sides at different places; a word cut, or left out, on either side is not shared. Tokens of words that are
+  not shared belong to no unit (-1).
 
 Output: per text a `TextAlignment` (each side's unit id per token, -1 for none; each unit's character span); for a
 batch an `AlignedBatch` with both sides' model inputs, [B, L_side] unit ids and [B, W] unit and word masks. From
@@ -39,12 +44,13 @@ words), and `unit_positions` / `first_tokens` give each chosen word's first toke
 logits are compared.
 """
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from tokenizers import pre_tokenizers
+from tokenizers import Encoding, pre_tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import MaskingConfig
@@ -62,14 +68,15 @@ _PRE_TOKENIZERS = {"bert": pre_tokenizers.BertPreTokenizer(), "whitespace": pre_
 
 @dataclass(frozen=True)
 class SideTokens:
-    """One tokenizer's tokens of one text: ids, character spans [start, end) in the text, special-token flags, and the
-    ids of its sequence start and end tokens (None when it has none)."""
+    """One tokenizer's tokens of one text: ids, character spans [start, end) in the text, special-token flags, the ids
+    of its sequence start and end tokens (None when it has none) and the spans of the tokens truncation dropped."""
 
     ids: Sequence[int]
     offsets: Sequence[Span]
     special: Sequence[bool]
     start_id: int | None = None
     end_id: int | None = None
+    dropped: Sequence[Span] = ()  # spans of the tokens truncation removed right after the kept ones
 
 
 @dataclass(frozen=True)
@@ -143,37 +150,65 @@ def word_spans(text: str, words: WordRule = "bert") -> list[Span]:
 def token_words(text: str, side: SideTokens, spans: Sequence[Span]) -> list[int]:
     """The word (an index into `spans`) of each token: the word holding the token's anchor, its first non-whitespace
     character; NO_UNIT for special tokens and for tokens with no such character (whitespace, empty spans)."""
-    owners = [NO_UNIT] * len(text)
-    for word, (start, end) in enumerate(spans):
-        owners[start:end] = [word] * (end - start)
+    owners = _owners(text, spans)
     return [NO_UNIT if special else _anchor_owner(text, owners, span)
             for span, special in zip(side.offsets, side.special, strict=True)]
 
 
 def _anchor_owner(text: str, owners: list[int], span: Span) -> int:
+    anchor = _anchor(text, span)
+    return NO_UNIT if anchor is None else owners[anchor]
+
+
+def _anchor(text: str, span: Span) -> int | None:
+    """The position of the span's first non-whitespace character, None when it has none."""
     start, end = span
     for position in range(start, min(end, len(text))):
         if not text[position].isspace():
-            return owners[position]
-    return NO_UNIT
+            return position
+    return None
 
 
-def covered_span(side: SideTokens, words_of_tokens: Sequence[int]) -> Span | None:
-    """The characters a side's tokens cover: from the first anchored token's start to the last one's end (None when
-    no token is anchored in a word); truncation cuts a side at a token."""
+_ZERO_WIDTH = ("Mn", "Me", "Cf")  # combining marks and format characters: normalisers may drop them
+
+
+def covered_span(text: str, side: SideTokens, words_of_tokens: Sequence[int]) -> Span | None:
+    """The characters a side's tokens cover: from the first anchored token's anchor (untrimmed byte-level offsets
+    include a leading space) to the last one's end, extended over zero-width characters a normaliser dropped (None
+    when no token is anchored in a word); truncation cuts a side at a token."""
     anchored = [span for span, word in zip(side.offsets, words_of_tokens, strict=True) if word != NO_UNIT]
     if not anchored:
         return None
-    return min(start for start, _ in anchored), max(end for _, end in anchored)
+    first = min(position for span in anchored if (position := _anchor(text, span)) is not None)
+    last = max(end for _, end in anchored)
+    while last < len(text) and unicodedata.category(text[last]) in _ZERO_WIDTH:
+        last += 1
+    return first, last
 
 
-def complete_words(side: SideTokens, words_of_tokens: Sequence[int], spans: Sequence[Span]) -> set[int]:
-    """The words a side holds whole: a token anchored in each, and all its characters inside `covered_span`."""
-    covered = covered_span(side, words_of_tokens)
+def complete_words(text: str, side: SideTokens, words_of_tokens: Sequence[int], spans: Sequence[Span]) -> set[int]:
+    """The words a side holds whole and alone: a token anchored in each, all its characters inside `covered_span`,
+    no token anchored in another word nor any token truncation dropped overlapping it."""
+    covered = covered_span(text, side, words_of_tokens)
     if covered is None:
         return set()
     first, last = covered
-    return {word for word in words_of_tokens if word != NO_UNIT and first <= spans[word][0] and spans[word][1] <= last}
+    whole = {word for word in words_of_tokens if word != NO_UNIT and first <= spans[word][0] and spans[word][1] <= last}
+    owners = _owners(text, spans)
+    tokens = [(span, word) for span, word in zip(side.offsets, words_of_tokens, strict=True) if word != NO_UNIT]
+    for (start, end), word in [*tokens, *((span, NO_UNIT) for span in side.dropped)]:
+        others = {owners[c] for c in range(start, min(end, len(text))) if owners[c] not in (word, NO_UNIT)}
+        if others:  # a token over two words: neither is a unit of its own on this side
+            whole -= others | {word}
+    return whole
+
+
+def _owners(text: str, spans: Sequence[Span]) -> list[int]:
+    """The word of every character of `text` (NO_UNIT for characters between words)."""
+    owners = [NO_UNIT] * len(text)
+    for word, (start, end) in enumerate(spans):
+        owners[start:end] = [word] * (end - start)
+    return owners
 
 
 def align_tokens(
@@ -183,8 +218,10 @@ def align_tokens(
     sequence start unit and the sequence end unit (`sequence_units`, `_sequence_pairs`)."""
     spans = word_spans(text, words)
     student_words, teacher_words = token_words(text, student, spans), token_words(text, teacher, spans)
-    shared = sorted(complete_words(student, student_words, spans) & complete_words(teacher, teacher_words, spans))
-    starts, ends = _sequence_pairs(student, teacher, student_words, teacher_words) if sequence_units else (None, None)
+    shared = sorted(complete_words(text, student, student_words, spans)
+                    & complete_words(text, teacher, teacher_words, spans))
+    starts, ends = (_sequence_pairs(text, student, teacher, student_words, teacher_words) if sequence_units
+                    else (None, None))
     offset = int(starts is not None)
     unit_of_word = {word: offset + i for i, word in enumerate(shared)}
     unit_spans: list[Span | None] = [None] * offset + [spans[word] for word in shared] + [None] * int(ends is not None)
@@ -200,12 +237,12 @@ def align_tokens(
 
 
 def _sequence_pairs(
-    student: SideTokens, teacher: SideTokens, student_words: Sequence[int], teacher_words: Sequence[int]
+    text: str, student: SideTokens, teacher: SideTokens, student_words: Sequence[int], teacher_words: Sequence[int]
 ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """Positions (student, teacher) of the paired start tokens and of the paired end tokens, each None when unpaired:
     a pair needs the token on both sides, and both sides' tokens covering the text from the same character (start) or
     to the same character (end) — two sides truncated at different places close different text."""
-    student_span, teacher_span = covered_span(student, student_words), covered_span(teacher, teacher_words)
+    student_span, teacher_span = covered_span(text, student, student_words), covered_span(text, teacher, teacher_words)
     pairs = []
     for which, edge in (("start", 0), ("end", 1)):
         same_edge = (student_span is None and teacher_span is None) or (
@@ -267,9 +304,21 @@ def _encode(
                         return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
     offsets, special = encoded.pop("offset_mapping").tolist(), encoded.pop("special_tokens_mask").tolist()
     start_id, end_id = sequence_token_ids(tokenizer)
-    sides = [SideTokens(ids, [(int(a), int(b)) for a, b in spans], [bool(flag) for flag in flags], start_id, end_id)
-             for ids, spans, flags in zip(encoded["input_ids"].tolist(), offsets, special, strict=True)]
+    dropped = [_dropped_spans(encoding) for encoding in encoded.encodings or [None] * len(offsets)]
+    sides = [SideTokens(ids, [(int(a), int(b)) for a, b in spans], [bool(flag) for flag in flags], start_id, end_id,
+                        cut)
+             for ids, spans, flags, cut in zip(encoded["input_ids"].tolist(), offsets, special, dropped, strict=True)]
     return dict(encoded), sides
+
+
+def _dropped_spans(encoding: Encoding | None) -> list[Span]:
+    """The spans of the ordinary tokens right after a truncation (the first overflowing piece): those that can
+    overlap the last word kept."""
+    if encoding is None or not encoding.overflowing:
+        return []
+    after = encoding.overflowing[0]
+    return [tuple(span) for span, special in zip(after.offsets, after.special_tokens_mask, strict=True)
+            if not special]
 
 
 def sequence_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int | None, int | None]:
