@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,6 +53,7 @@ from torch import nn
 from transformers import BertConfig, BertForMaskedLM
 
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.data.batch import AsBatch
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.losses.distillation import compiled_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule
@@ -273,7 +275,7 @@ def measure(args: argparse.Namespace) -> dict:
     teacher.to(device, dtype=dtype).eval()
     blocks, vocab = blocks_and_vocab(args)
     masked = StaticMaskedBlocks(blocks, vocab, MASKING)
-    collate = lambda items: collate_masked_blocks(items, pad_id=0)  # noqa: E731
+    collate = AsBatch(partial(collate_masked_blocks, pad_id=0))
     modes = [args.only] if args.only else list(args.modes or MODES)
     if args.student_precision == "bf16" and not args.only:
         modes.append("mlm-fp32")
@@ -316,7 +318,7 @@ def measure(args: argparse.Namespace) -> dict:
         dataset, collate_fn = data[mode]
         clock = PhaseClock(phases[mode], device, sampler if device.type == "cpu" else None, phase_peaks[mode])
         batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
-        batch = {key: value.to(device) for key, value in batch.items()}
+        batch = batch.to(device)
         clock.lap("data")
         bf16 = args.student_precision == "bf16" and mode != "mlm-fp32"
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -327,7 +329,7 @@ def measure(args: argparse.Namespace) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         clock.lap("optimizer")
-        return int(batch["attention_mask"].sum())
+        return int(batch.attention_mask.sum())
 
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
     peaks: dict[str, int] = dict.fromkeys(modes, 0)

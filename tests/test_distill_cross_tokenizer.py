@@ -14,6 +14,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, BertTok
 
 from biodistil.cli.main import main
 from biodistil.config import ArchitectureConfig, MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.data.batch import Batch
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.shared_vocabulary import shared_vocabulary
 from biodistil.data.text_blocks import AlignedTextCollate, build_text_dataset, pack_texts
@@ -129,37 +130,38 @@ def aligned(tmp_path_factory):
 
 def test_the_batch_masks_the_same_words_on_both_sides(aligned) -> None:
     _, _, _, batch = aligned
-    chosen = batch["chosen_words"]
-    assert chosen.any() and not (chosen & ~batch["word_mask"].bool()).any()
-    units = WordUnits.from_batch(batch)
+    chosen = batch.alignment.chosen
+    assert chosen.any() and not (chosen & ~batch.alignment.word_mask.bool()).any()
+    units = WordUnits.of(batch.alignment)
     # the first token of each masked word on each side: as many rows on both sides, and labelled on the student's
     assert int(units.first_masked("student").sum()) == int(units.first_masked("teacher").sum()) == int(chosen.sum())
-    assert (batch["labels"][units.first_masked("student")] >= 0).all()
+    assert (batch.labels[units.first_masked("student")] >= 0).all()
 
 
 def test_the_objectives_word_terms_are_the_cross_tokenizer_losses(aligned) -> None:
     student, teacher, objective, batch = aligned
     module = MaskedLMModule(student, objective, teacher).eval()
     _, logs = module(batch)
-    units = WordUnits.from_batch(batch)
+    units = WordUnits.of(batch.alignment)
     request = FeatureRequest(hidden={-1}, logits=True, attentions={-1}, qkv={-1})
     with torch.no_grad():
-        s = extract_features(student, batch, request, units.first_masked("student"))
-        t = extract_features(teacher, {"input_ids": batch["teacher_input_ids"],
-                                       "attention_mask": batch["teacher_attention_mask"]}, request,
+        s = extract_features(student, batch.inputs, request, units.first_masked("student"))
+        t = extract_features(teacher, {"input_ids": batch.teacher["input_ids"],
+                                       "attention_mask": batch.teacher["attention_mask"]}, request,
                              units.first_masked("teacher"))
     width = units.num_units
-    pools = pooling_matrix(batch["student_units"], width), pooling_matrix(batch["teacher_units"], width)
-    members = membership(batch["student_units"], width), membership(batch["teacher_units"], width)
+    pools = pooling_matrix(batch.alignment.student_units, width), pooling_matrix(batch.alignment.teacher_units, width)
+    members = membership(batch.alignment.student_units, width), membership(batch.alignment.teacher_units, width)
     projection = objective.projections["hidden_mse_sm1_tm1"]
     vocabulary = objective.vocabulary
     with torch.no_grad():
         expected = {
             "loss_hidden_mse": word_hidden_mse_loss(projection(s.hidden_at(-1)), t.hidden_at(-1), *pools,
-                                                    batch["unit_mask"]),
+                                                    batch.alignment.unit_mask),
             "loss_attention_kl": word_attention_kl_loss(s.attention_at(-1), t.attention_at(-1), *members,
-                                                        batch["unit_mask"]),
-            "loss_minilm_relations": word_relations_loss(s.qkv_at(-1), t.qkv_at(-1), *pools, batch["unit_mask"], 2),
+                                                        batch.alignment.unit_mask),
+            "loss_minilm_relations": word_relations_loss(s.qkv_at(-1), t.qkv_at(-1), *pools,
+                                                         batch.alignment.unit_mask, 2),
             "loss_logit_kl": shared_vocab_kl_loss(s.logits.logits(), t.logits.logits(), vocabulary.student_index,
                                                   vocabulary.teacher_index, vocabulary.size, 2.0),
             "loss_uld": uld_loss(s.logits.logits(), t.logits.logits(), 2.0),
@@ -188,7 +190,7 @@ def test_uld_on_one_tokenizer_compares_the_rows_at_its_positions(teacher_dir, to
     ids = tokenizer(["the protein kinase gene", "cell tumour"], padding=True, return_tensors="pt")
     labels = torch.full_like(ids["input_ids"], -100)
     labels[:, 1] = ids["input_ids"][:, 1]
-    batch = {**ids, "labels": labels}
+    batch = Batch(dict(ids), labels)
     _, logs = MaskedLMModule(student, objective, teacher)(batch)
     masked = labels != -100
     with torch.no_grad():

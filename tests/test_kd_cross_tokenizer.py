@@ -62,10 +62,10 @@ def test_token_features_carry_each_words_first_teacher_token(pair, tasks, tokeni
         words = examples[example].tokens[start:]
         teacher_words = tokenize_words(bpe, words[:max(feature["word_ids"]) + 1], truncation=True,
                                        max_length=task.max_length).word_ids()
-        assert feature["teacher_input_ids"][0] == bpe.cls_token_id and len(feature["teacher_attention_mask"]) == \
-            len(feature["teacher_input_ids"])
+        assert feature["teacher"]["input_ids"][0] == bpe.cls_token_id and len(feature["teacher"]["attention_mask"]) == \
+            len(feature["teacher"]["input_ids"])
         for position, word in enumerate(feature["word_ids"]):
-            index = feature["teacher_word_index"][position]
+            index = feature["teacher"]["word_index"][position]
             if word < 0:
                 assert index == NO_POSITION and feature["kd_mask"][position] == 0
             elif index == NO_POSITION:  # the teacher's side was cut before this word
@@ -82,9 +82,9 @@ def test_sequence_features_carry_the_teachers_encoding_of_the_example(pair, task
     example = task.load_split("train")[0]
     (feature,) = kd_features(task, [example], tokenizer, bpe)
     expected = bpe(example.text, example.text_pair, truncation="longest_first", max_length=task.max_length)
-    assert feature["teacher_input_ids"] == expected["input_ids"]
+    assert feature["teacher"]["input_ids"] == expected["input_ids"]
     assert feature["input_ids"] == tokenizer(example.text, example.text_pair)["input_ids"]
-    assert "teacher_word_index" not in feature
+    assert "word_index" not in feature["teacher"]
 
 
 @pytest.mark.parametrize("kind", ["token", "sequence"])
@@ -95,16 +95,16 @@ def test_online_teacher_reads_its_own_tokens_and_its_logits_pair_with_the_studen
     teacher = load_teacher_classifier(save_teacher(teacher_dir, task, root / f"teacher-{kind}"), task)
     features, collate = kd_data(task, task.load_split("train")[:6], tokenizer, None, bpe)
     batch = collate(features)
-    assert not torch.equal(batch["teacher_input_ids"], batch["input_ids"])  # two tokenizations of the same texts
+    assert not torch.equal(batch.teacher["input_ids"], batch.input_ids)  # two tokenizations of the same texts
     logits = classifier_forward(teacher, batch, FeatureRequest()).logits.logits()
     with torch.no_grad():
-        own = teacher(input_ids=batch["teacher_input_ids"], attention_mask=batch["teacher_attention_mask"]).logits
+        own = teacher(input_ids=batch.teacher["input_ids"], attention_mask=batch.teacher["attention_mask"]).logits
     if kind == "sequence":
         torch.testing.assert_close(logits, own)
         return
-    rows, length = batch["input_ids"].shape
+    rows, length = batch.input_ids.shape
     assert logits.shape == (rows * length, task.num_labels)
-    index = batch["teacher_word_index"]
+    index = batch.teacher["word_index"]
     b, p = (index >= 0).nonzero(as_tuple=True)[0][0], (index >= 0).nonzero(as_tuple=True)[1][0]
     torch.testing.assert_close(logits.reshape(rows, length, -1)[b, p], own[b, index[b, p]])
 
@@ -117,8 +117,8 @@ def test_kd_with_an_online_teacher_across_tokenizers_learns(kind, pair, tasks, t
     teacher = save_teacher(teacher_dir, task, root / f"teacher-run-{kind}")
     read = []
     original = task_cache.forward_teacher
-    monkeypatch.setattr(task_cache, "forward_teacher",
-                        lambda model, batch, hidden: read.append(batch["input_ids"]) or original(model, batch, hidden))
+    monkeypatch.setattr(task_cache, "forward_teacher", lambda model, inputs, hidden:
+                        read.append(inputs["input_ids"]) or original(model, inputs, hidden))
     recipe = kd_recipe(tasks[kind], teacher, student_dir, tmp_path / "run",
                        kd={"teacher_outputs": "online", "epochs": 6, "alpha": 1.0, "beta": 0.0},
                        train={"learning_rate": 3e-3, "log_every": 1, "warmup_steps": 0})

@@ -48,10 +48,10 @@ def test_cached_outputs_equal_online_outputs(kd_models, pair_task, tmp_path):
     cached = collate(features)
     teacher = load_teacher_classifier(teacher_path, pair_task)
     with torch.no_grad():
-        out = teacher(**model_inputs(teacher, cached), output_hidden_states=True)
-    assert torch.allclose(cached["teacher_logits"], out.logits, atol=1e-5)
-    assert torch.allclose(cached["teacher_cls"][:, 1], out.hidden_states[4][:, 0], atol=1e-5)
-    assert "labels" not in cached, "an unlabelled transfer set gives label-free batches"
+        out = teacher(**model_inputs(teacher, cached.inputs), output_hidden_states=True)
+    assert torch.allclose(cached.teacher["logits"], out.logits, atol=1e-5)
+    assert torch.allclose(cached.teacher["cls"][:, 1], out.hidden_states[4][:, 0], atol=1e-5)
+    assert cached.labels is None, "an unlabelled transfer set gives label-free batches"
     signals = CachedTeacher(outputs), OnlineTeacher(teacher, classifier_forward)
     from_cache, online = (signal.get_signal(cached, FeatureRequest(hidden={2, 4})) for signal in signals)
     assert torch.allclose(from_cache.logits.logits(), online.logits.logits(), atol=1e-5), \
@@ -74,9 +74,9 @@ def test_token_task_outputs_are_cached_per_word(teacher_dir, tokenizer, tmp_path
             logits = teacher(input_ids=torch.tensor([plain["input_ids"]])).logits[0]
         batch = collate([feature])
         firsts = [p for p, w in enumerate(word_ids) if w is not None and (p == 0 or word_ids[p - 1] != w)]
-        assert [p for p, m in enumerate(batch["kd_mask"][0].tolist()) if m] == firsts
+        assert [p for p, m in enumerate(batch.masks["kd"][0].tolist()) if m] == firsts
         for position in firsts:
-            assert torch.allclose(batch["teacher_logits"][0, position], logits[position], atol=1e-5)
+            assert torch.allclose(batch.teacher["logits"][0, position], logits[position], atol=1e-5)
     rows = outputs.attach(kd_features(task, examples, tokenizer)[0])["teacher_rows"]
     assert [int(row != NO_ROW) for row in rows] == features[0]["kd_mask"]
 
@@ -90,14 +90,14 @@ def test_a_labelled_budget_in_unlabelled_text_gives_ce_on_the_labelled_examples_
     mixed = [e if i in (1, 4, 6) else unlabelled(e) for i, e in enumerate(examples)]
     collate = KDCollator(FeatureCollator(tokenizer.pad_token_id, False))
     batch = collate(kd_features(pair_task, mixed, tokenizer))
-    assert batch["labels"].tolist() == [-100 if i not in (1, 4, 6) else pair_task.label_to_id[examples[i].label]
+    assert batch.labels.tolist() == [-100 if i not in (1, 4, 6) else pair_task.label_to_id[examples[i].label]
                                         for i in range(8)]
     module = KDModule(student.eval(), pair_task, KDOptions(alpha=1.0, beta=1.0),
                       OnlineTeacher(teacher, classifier_forward))
     _, terms = module(batch)
     with torch.no_grad():
-        logits = student(**model_inputs(student, batch)).logits
-    labelled = batch["labels"] != -100
-    expected = torch.nn.functional.cross_entropy(logits[labelled], batch["labels"][labelled])
+        logits = student(**model_inputs(student, batch.inputs)).logits
+    labelled = batch.labels != -100
+    expected = torch.nn.functional.cross_entropy(logits[labelled], batch.labels[labelled])
     assert float(terms["ce"]) == pytest.approx(float(expected), rel=1e-4)
     assert float(expected) > 1e-3

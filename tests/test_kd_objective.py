@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.kd.objective import KDObjective, check_loss_fits_task, kd_terms
 from biodistil.kd.recipe import KDOptions
@@ -19,9 +20,9 @@ KL_BY_HAND = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
 BIOASQ = get_task("bioasq")
 
 
-def batch(labels=None, **extra) -> dict[str, torch.Tensor]:
-    entries = {"attention_mask": torch.ones(1, 3, dtype=torch.long), **extra}
-    return entries if labels is None else {**entries, "labels": labels}
+def batch(labels=None, kd_mask=None) -> Batch:
+    masks = {} if kd_mask is None else {"kd": kd_mask}
+    return Batch({"attention_mask": torch.ones(1, 3, dtype=torch.long)}, labels, masks)
 
 
 def features(logits, cls=None):

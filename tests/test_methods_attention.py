@@ -9,6 +9,7 @@ from numerics import CLOSE, perturbed
 from transformers import AutoConfig, AutoModelForMaskedLM
 
 from biodistil.config import ObjectiveConfig, TermConfig
+from biodistil.data.batch import Batch
 from biodistil.losses.layers import attention_kl_loss, attention_mse_loss, minilm_relations_loss
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
@@ -128,7 +129,7 @@ def test_attention_gradient_reaches_student_queries_not_teacher(teacher):
     student = student_from_teacher_layers(teacher, [0, 2])
     cfg = ObjectiveConfig(terms=[TermConfig(loss="attention_kl", layer_map="uniform")])
     module = MaskedLMModule(student, Objective(cfg, student, teacher), teacher)
-    batch = {**padded_batch(vocab=200), "labels": torch.full((2, 9), -100)}
+    batch = Batch(padded_batch(vocab=200), torch.full((2, 9), -100))
     loss, _ = module(batch)
     loss.backward()
     assert student.bert.encoder.layer[1].attention.self.key.weight.grad.abs().sum() > 0
@@ -173,8 +174,9 @@ def test_layer_objective_ignores_padding_end_to_end(teacher):
              TermConfig(loss="minilm_relations", num_relation_heads=2), TermConfig(loss="soft_ce")]
     student = perturbed(student_from_teacher_layers(teacher, [0, 2]), seed=4)
     module = MaskedLMModule(student, Objective(ObjectiveConfig(terms=terms), student, teacher), teacher).eval()
-    batch = {**padded_batch(vocab=200), "labels": torch.full((2, 9), -100)}
-    changed = {**batch, "input_ids": batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 23)}
+    batch = Batch(padded_batch(vocab=200), torch.full((2, 9), -100))
+    changed = batch.replace(inputs={**batch.inputs,
+                                    "input_ids": batch.input_ids.masked_fill(batch.attention_mask == 0, 23)})
     _, logs = module(batch)
     _, logs_changed = module(changed)
     assert len(logs) == len(terms)

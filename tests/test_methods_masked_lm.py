@@ -5,6 +5,7 @@ import torch
 from numerics import CLOSE, perturbed
 
 from biodistil.config import ArchitectureConfig, MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.data.batch import Batch
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import cosine_embedding_loss, masked_lm_loss, soft_kl_loss
@@ -19,7 +20,7 @@ TRIPLE = ObjectiveConfig(temperature=2.0, terms=[
 def masked_batch(tokenizer, seed=0):
     texts = ["the protein kinase gene expression cell tumour patients", "cancer mice induced"]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
-    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     cfg = MaskingConfig(probability=0.5)
     return MaskBatch(MaskingVocabulary.from_tokenizer(tokenizer), cfg)(batch, torch.Generator().manual_seed(seed))
 
@@ -36,11 +37,11 @@ def test_total_is_weighted_sum_of_terms_computed_independently(teacher, tokenize
     module.eval()
     batch = masked_batch(tokenizer)
     loss, logs = module(batch)
-    attention = batch["attention_mask"].bool()
+    attention = batch.attention_mask.bool()
     with torch.no_grad():
-        t_out = teacher(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-        s_out = student(batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-    mlm = masked_lm_loss(s_out.logits, batch["labels"])
+        t_out = teacher(batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+        s_out = student(batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+    mlm = masked_lm_loss(s_out.logits, batch.labels)
     kl = soft_kl_loss(s_out.logits[attention], t_out.logits[attention], 2.0)
     cos = cosine_embedding_loss(s_out.hidden_states[-1], t_out.hidden_states[-1], attention)
     # logits at chosen positions vs at every position: other matmul shapes, equal up to rounding
@@ -56,10 +57,10 @@ def test_kl_on_masked_positions_only(teacher, tokenizer):
     module = MaskedLMModule(student, Objective(cfg, student, teacher), teacher).eval()
     batch = masked_batch(tokenizer)
     _, logs = module(batch)
-    targets = batch["labels"] != -100
+    targets = batch.labels != -100
     with torch.no_grad():
-        t = teacher(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
-        s = student(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[targets]
+        t = teacher(batch.input_ids, attention_mask=batch.attention_mask).logits[targets]
+        s = student(batch.input_ids, attention_mask=batch.attention_mask).logits[targets]
     expected = soft_kl_loss(s, t, 1.0).item()
     assert expected > 1e-3 and logs["loss_logit_kl"].item() == pytest.approx(expected, **CLOSE)
 
@@ -83,9 +84,9 @@ def test_padding_does_not_change_the_losses(teacher, tokenizer):
     student = perturbed(student_from_teacher_layers(teacher), seed=8)
     module = MaskedLMModule(student, Objective(TRIPLE, student, teacher), teacher).eval()
     batch = masked_batch(tokenizer)
-    assert (batch["attention_mask"] == 0).any()
-    changed = dict(batch)
-    changed["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7)
+    assert (batch.attention_mask == 0).any()
+    padded_with_7 = batch.input_ids.masked_fill(batch.attention_mask == 0, 7)
+    changed = batch.replace(inputs={**batch.inputs, "input_ids": padded_with_7})
     (_, logs), (_, logs_changed) = module(batch), module(changed)
     for name, value in logs.items():  # every term, not just the total (which the MLM term dominates)
         assert value.item() > 1e-3, name

@@ -9,6 +9,7 @@ import torch
 from numerics import CLOSE, perturbed
 
 from biodistil.config import ArchitectureConfig, DistillRecipe, ObjectiveConfig, TermConfig, validate_recipe
+from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import cosine_embedding_loss, soft_kl_loss
 from biodistil.losses.layers import attention_kl_loss, attention_mse_loss, hidden_mse_loss, tolerance_hinge
@@ -41,7 +42,7 @@ def text_batch(tokenizer):
                     return_tensors="pt", padding=True)
     labels = enc["input_ids"].clone().masked_fill(enc["attention_mask"] == 0, -100)
     labels[:, ::2] = -100
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, labels)
 
 
 def eager_outputs(model, batch):
@@ -49,7 +50,7 @@ def eager_outputs(model, batch):
     eager.config._attn_implementation = "eager"
     eager.set_attn_implementation("eager")
     with torch.no_grad():
-        return eager(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        return eager(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                      output_hidden_states=True, output_attentions=True)
 
 
@@ -75,7 +76,7 @@ def test_tinybert_terms_equal_the_equation_with_eager_attention(teacher, tokeniz
     batch = text_batch(tokenizer)
     loss, logs = module(batch)
     s, t = eager_outputs(student, batch), eager_outputs(teacher, batch)
-    mask = batch["attention_mask"].bool()
+    mask = batch.attention_mask.bool()
     with torch.no_grad():
         emb = hidden_mse_loss(objective.projections["hidden_mse_s0_t0"](s.hidden_states[0]), t.hidden_states[0], mask)
         hid = sum(hidden_mse_loss(objective.projections[f"hidden_mse_s{k}_t{2 * k}"](s.hidden_states[k]),
@@ -112,13 +113,13 @@ def test_compact_and_mobile_terms_with_explicit_map_and_mean(teacher, tokenizer)
     batch = text_batch(tokenizer)
     _, logs = module(batch)
     s, t = eager_outputs(student, batch), eager_outputs(teacher, batch)
-    mask = batch["attention_mask"].bool()
+    mask = batch.attention_mask.bool()
     pairs = [(1, 2), (2, 4)]
     cos = sum(cosine_embedding_loss(s.hidden_states[a], t.hidden_states[b], mask) for a, b in pairs)
     kl = sum(attention_kl_loss(s.attentions[a - 1], t.attentions[b - 1], mask) for a, b in pairs)
     mse = sum(hidden_mse_loss(s.hidden_states[a], t.hidden_states[b], mask) for a, b in pairs) / 2
     kl_sum = sum(attention_kl_loss(s.attentions[a - 1], t.attentions[b - 1], mask, "sum") for a, b in pairs) / 2
-    targets = batch["labels"] != -100
+    targets = batch.labels != -100
     soft = soft_kl_loss(s.logits[targets], t.logits[targets], 2.0)
     expected = {"loss_hidden_cosine": cos, "loss_attention_kl": kl, "loss_hidden_mse": mse,
                 "loss_attention_kl_2": kl_sum, "loss_logit_kl": soft}
@@ -259,11 +260,11 @@ def test_kl_at_every_position_formed_in_chunks_equals_the_formula(teacher, token
     fused = {name: param.grad.clone() for name, param in student.named_parameters()}
     student.zero_grad()
 
-    real, targets = batch["attention_mask"].bool(), batch["labels"] != -100
+    real, targets = batch.attention_mask.bool(), batch.labels != -100
     with torch.no_grad():
-        teacher_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    mlm = torch.nn.functional.cross_entropy(logits[targets], batch["labels"][targets])
+        teacher_logits = teacher(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = student(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    mlm = torch.nn.functional.cross_entropy(logits[targets], batch.labels[targets])
     kl = soft_kl_loss(logits[real], teacher_logits[real], temperature=2.0)
     (2 * mlm + 5 * kl).backward()
     assert logs["loss_logit_kl"].item() == pytest.approx(kl.item(), **CLOSE)
@@ -318,8 +319,8 @@ def test_mlm_and_kl_compute_the_same_whichever_runs_first(teacher, tokenizer, mo
     for name, grad in grads.items():
         assert torch.allclose(grad, grads_2[name], rtol=0, atol=1e-6), name
     assert made == made_2, "the same formations and losses, whichever term comes first"
-    masked = int((batch["labels"] != -100).sum())
-    rest = int(batch["attention_mask"].sum()) - masked
+    masked = int((batch.labels != -100).sum())
+    rest = int(batch.attention_mask.sum()) - masked
     fused = [("linear_soft_kl_loss", rest)] if positions == "all" else []
     assert made == [("head matmul", masked), ("soft_kl_loss", masked), *fused], \
         "the student's logits formed at the MLM targets only; the KL reads them and fuses the other rows"

@@ -15,6 +15,7 @@ from biodistil.config import (
     TermConfig,
     validate_recipe,
 )
+from biodistil.data.batch import Batch
 from biodistil.data.corpus import collate_blocks, pack_blocks
 from biodistil.data.masking import MaskingVocabulary
 from biodistil.data.vocab import train_wordpiece
@@ -70,7 +71,7 @@ def vekd(tmp_path_factory, small_teacher, corpus_file):
 
 def blocks(corpus_file, tokenizer, count=4):
     lines = iter(corpus_file.read_text().splitlines())
-    return collate_blocks(list(pack_blocks(lines, tokenizer, 32))[:count], tokenizer.pad_token_id)
+    return Batch.of(collate_blocks(list(pack_blocks(lines, tokenizer, 32))[:count], tokenizer.pad_token_id))
 
 
 def test_expanded_vocabulary_keeps_teacher_ids_and_appends_domain_tokens(vekd, corpus_file):
@@ -80,7 +81,7 @@ def test_expanded_vocabulary_keeps_teacher_ids_and_appends_domain_tokens(vekd, c
     assert all(vocab[token] == index for token, index in tokenizer.get_vocab().items())
     assert student.config.vocab_size == 150
     batch = blocks(corpus_file, expanded)
-    assert (batch["input_ids"] >= base).float().mean() > 0.1, "the corpus is read with the new tokens"
+    assert (batch.input_ids >= base).float().mean() > 0.1, "the corpus is read with the new tokens"
 
 
 def test_new_token_embeddings_start_as_the_mean_of_their_teacher_pieces(vekd):
@@ -121,26 +122,26 @@ def masker(expanded, base, **masking):
 def test_masking_new_tokens_are_targets_and_teacher_never_sees_an_unknown_id(vekd, corpus_file):
     _, tokenizer, _, expanded, base = vekd
     batch = blocks(corpus_file, expanded, count=8)
-    batch["attention_mask"][0, 20:] = 0
-    batch["input_ids"][0, 20:] = expanded.pad_token_id
-    new = (batch["input_ids"] >= base) & batch["attention_mask"].bool()
+    batch.attention_mask[0, 20:] = 0
+    batch.input_ids[0, 20:] = expanded.pad_token_id
+    new = (batch.input_ids >= base) & batch.attention_mask.bool()
     special = torch.tensor(sorted(tokenizer.all_special_ids))
     for seed in range(20):
         out = masker(expanded, base, probability=0.3)(batch, torch.Generator().manual_seed(seed))
-        teacher_ids = out["teacher_input_ids"]
+        teacher_ids = out.teacher["input_ids"]
         assert int(teacher_ids.max()) < base, "the teacher never receives an id outside its vocabulary"
-        assert torch.equal(out["new_tokens"], new)
-        assert torch.equal(out["labels"][new], batch["input_ids"][new]), "new tokens are always MLM targets"
+        assert torch.equal(out.masks["new_tokens"], new)
+        assert torch.equal(out.labels[new], batch.input_ids[new]), "new tokens are always MLM targets"
         assert (teacher_ids[new] == tokenizer.mask_token_id).all(), "the teacher reads [MASK] at new tokens"
-        replaced = (out["input_ids"] != batch["input_ids"]) & (out["input_ids"] != tokenizer.mask_token_id)
-        assert (out["input_ids"][replaced] < base).all(), "random replacements come from the teacher's vocabulary"
-        assert not torch.isin(out["input_ids"][replaced], special).any()
-        ordinary_targets = (out["labels"] != -100) & ~new
-        assert (batch["input_ids"][ordinary_targets] < base).all()
-        same = ~new & (out["input_ids"] < base)
-        assert torch.equal(teacher_ids[same], out["input_ids"][same]), "elsewhere both read the same ids"
+        replaced = (out.input_ids != batch.input_ids) & (out.input_ids != tokenizer.mask_token_id)
+        assert (out.input_ids[replaced] < base).all(), "random replacements come from the teacher's vocabulary"
+        assert not torch.isin(out.input_ids[replaced], special).any()
+        ordinary_targets = (out.labels != -100) & ~new
+        assert (batch.input_ids[ordinary_targets] < base).all()
+        same = ~new & (out.input_ids < base)
+        assert torch.equal(teacher_ids[same], out.input_ids[same]), "elsewhere both read the same ids"
     many = masker(expanded, base, probability=0.15)(batch, torch.Generator().manual_seed(0))
-    share = ((many["labels"] != -100) & ~new).sum() / (~new & batch["attention_mask"].bool()).sum()
+    share = ((many.labels != -100) & ~new).sum() / (~new & batch.attention_mask.bool()).sum()
     assert 0.05 < share.item() < 0.3, "about 15% of ordinary tokens are chosen"
 
 
@@ -164,7 +165,7 @@ def test_kd_terms_ignore_student_outputs_at_new_token_positions(vekd, corpus_fil
     objective = Objective(ObjectiveConfig(terms=VEKD_TERMS), student, teacher)
     module = MaskedLMModule(student, objective, teacher, base)
     batch = masker(expanded, base)(blocks(corpus_file, expanded), torch.Generator().manual_seed(2))
-    new = batch["new_tokens"]
+    new = batch.masks["new_tokens"]
     assert new.any()
     captured = {}
     original = objective.forward

@@ -11,6 +11,7 @@ from numerics import CLOSE, perturbed
 from transformers import AutoConfig, AutoModelForMaskedLM
 
 from biodistil.config import ArchitectureConfig, ObjectiveConfig, StudentConfig, TermConfig
+from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.losses.layers import attention_kl_loss, attention_mse_loss
 from biodistil.methods.masked_lm import MaskedLMModule
@@ -183,8 +184,9 @@ def test_every_term_runs_between_families_and_ignores_padding(kind, bpe, modernb
     module = MaskedLMModule(student, Objective(ObjectiveConfig(terms=LAYER_TERMS), student, teacher), teacher).eval()
     batch = padded_batch(len(bpe), pad=bpe.pad_token_id)
     labels = batch["input_ids"].masked_fill(torch.rand(2, 12, generator=torch.Generator().manual_seed(1)) > 0.4, -100)
-    batch = {**batch, "labels": labels.masked_fill(batch["attention_mask"] == 0, -100)}
-    changed = {**batch, "input_ids": batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 23)}
+    batch = Batch(batch, labels.masked_fill(batch["attention_mask"] == 0, -100))
+    changed = batch.replace(inputs={**batch.inputs,
+                                    "input_ids": batch.input_ids.masked_fill(batch.attention_mask == 0, 23)})
     loss, logs = module(batch)
     _, logs_changed = module(changed)
     assert len(logs) == len(LAYER_TERMS) and torch.isfinite(loss)

@@ -11,6 +11,7 @@ from transformers import AutoModelForTokenClassification, RobertaTokenizer
 
 from biodistil.config import ArchitectureConfig
 from biodistil.data.alignment import align_labels, tokenize_words, word_predictions, words_for_tokenizer
+from biodistil.data.batch import Batch
 from biodistil.data.formats import TokenExample
 from biodistil.finetune.on_task import ClassifierModule
 from biodistil.kd.command import run_kd
@@ -92,8 +93,8 @@ def test_no_token_type_ids_reach_a_model_that_takes_none(tokenizer):
     """A BERT tokenizer makes token_type_ids; a ModernBERT classifier never receives them, a BERT one does."""
     task = get_task("ncbi_disease")
     encoded = encode_split(task, [TokenExample("s1", SENTENCE, TAGS)], tokenizer)
-    batch = collator_for(task, tokenizer)(encoded.features)
-    batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])  # as BERT tokenizers give them
+    batch = Batch.of(collator_for(task, tokenizer)(encoded.features))
+    batch.inputs["token_type_ids"] = torch.zeros_like(batch.input_ids)  # as BERT tokenizers give them
     models = {}
     for name, arch in (("modernbert", modernbert_arch(layers=2, hidden=16)),
                        ("bert", ArchitectureConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=16))):
@@ -104,8 +105,8 @@ def test_no_token_type_ids_reach_a_model_that_takes_none(tokenizer):
     models["modernbert"].register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
     loss, _ = ClassifierModule(models["modernbert"])(batch)
     assert torch.isfinite(loss) and "input_ids" in seen and "token_type_ids" not in seen
-    assert "token_type_ids" not in model_inputs(models["modernbert"], batch)
-    assert "token_type_ids" in model_inputs(models["bert"], batch), "models that take them keep them"
+    assert "token_type_ids" not in model_inputs(models["modernbert"], batch.inputs)
+    assert "token_type_ids" in model_inputs(models["bert"], batch.inputs), "models that take them keep them"
 
 
 @pytest.mark.parametrize("student_family", ["modernbert", "bert"])

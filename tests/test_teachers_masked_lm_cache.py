@@ -59,14 +59,15 @@ def test_cached_outputs_are_the_running_teachers(tmp_path, teacher_dir, corpus_f
     signal = CachedTeacher(MaskedLMOutputs(corpus.reader()))
     dataset, collate = signal.data(setup.data.train, setup.data.collate)
     dataset.set_epoch(1)
-    batch = collate([dataset[i] for i in (0, 5, 70, 300)])
-    assert batch["pattern"].tolist() == [1] * 4 and batch["block"].tolist() == [0, 5, 70, 300]
+    items = [dataset[i] for i in (0, 5, 70, 300)]
+    assert [item["pattern"] for item in items] == [1] * 4 and [item["block"] for item in items] == [0, 5, 70, 300]
+    batch = collate(items)
     student = perturbed(setup.student, seed=1)  # a student clearly unlike its teacher: KL far above rounding
     cached = MaskedLMModule(student, setup.objective, signal)
     online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))
     student.eval()  # no dropout: both passes see the same student
     _, cached_logs = cached(batch)
-    _, online_logs = online({k: v for k, v in batch.items() if not k.startswith("teacher_")})
+    _, online_logs = online(batch.replace(teacher={}))
     # top-k over the whole vocabulary is the full KL; hidden states stored in bfloat16 (8 bits of mantissa)
     assert cached_logs["loss_logit_kl"].item() == pytest.approx(online_logs["loss_logit_kl"].item(), rel=1e-3)
     assert cached_logs["loss_hidden_cosine"].item() == pytest.approx(online_logs["loss_hidden_cosine"].item(),
@@ -84,13 +85,13 @@ def test_a_head_cache_gives_the_running_teachers_own_logits(tmp_path, teacher_di
     signal = CachedTeacher(MaskedLMOutputs(setup.caches[0].reader(), head))
     dataset, collate = signal.data(setup.data.train, setup.data.collate)
     batch = collate([dataset[i] for i in (0, 5, 70, 300)])
-    rows = int((batch["labels"] != -100).sum())
-    assert batch["teacher_head_input"].shape == (rows, setup.teacher.config.hidden_size)
-    assert batch["teacher_head_input"].dtype == torch.float32, "stored in the teacher's dtype"
+    rows = int((batch.labels != -100).sum())
+    assert batch.teacher["head_input"].shape == (rows, setup.teacher.config.hidden_size)
+    assert batch.teacher["head_input"].dtype == torch.float32, "stored in the teacher's dtype"
     student = perturbed(setup.student, seed=1).eval()
     _, cached = MaskedLMModule(student, setup.objective, signal)(batch)
     _, online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))(
-        {k: v for k, v in batch.items() if not k.startswith("teacher_")})
+        batch.replace(teacher={}))
     assert cached["loss_logit_kl"].item() > 1e-2
     assert cached["loss_logit_kl"].item() == pytest.approx(online["loss_logit_kl"].item(), **CLOSE), "exact logits"
     assert cached["loss_mlm"].item() == online["loss_mlm"].item()
@@ -253,8 +254,8 @@ def test_the_cache_holds_draws_from_the_teachers_tail(tmp_path, teacher_dir, cor
     signal = CachedTeacher(MaskedLMOutputs(setup.caches[0].reader()))
     dataset, collate = signal.data(setup.data.train, setup.data.collate)
     batch = collate([dataset[i] for i in range(8)])
-    rows = int((batch["labels"] != -100).sum())
-    assert batch["teacher_topk_ids"].shape == (rows, 16) and batch["teacher_tail_ids"].shape == (rows, 64)
-    top, draws = batch["teacher_topk_ids"], batch["teacher_tail_ids"]
+    rows = int((batch.labels != -100).sum())
+    assert batch.teacher["topk_ids"].shape == (rows, 16) and batch.teacher["tail_ids"].shape == (rows, 64)
+    top, draws = batch.teacher["topk_ids"], batch.teacher["tail_ids"]
     assert not (draws.unsqueeze(-1) == top.unsqueeze(1)).any(), "draws come from outside the top-k"
-    assert (batch["teacher_tail_logits"].float() <= batch["teacher_topk_logits"][:, -1:].float()).all()
+    assert (batch.teacher["tail_logits"].float() <= batch.teacher["topk_logits"][:, -1:].float()).all()

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from biodistil.config import TrainConfig
+from biodistil.data.batch import Batch
 from biodistil.training.engine import Engine, HeldOut, Selection, TrainData
 
 
@@ -14,7 +15,7 @@ class Regression(nn.Module):
         self.linear = nn.Linear(4, 1)
 
     def forward(self, batch):
-        loss = ((self.linear(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
+        loss = ((self.linear(batch.inputs["x"]).squeeze(-1) - batch.inputs["y"]) ** 2).mean()
         return loss, {"mse": loss.detach()}
 
 
@@ -26,7 +27,7 @@ def toy_data(n=64):
 
 
 def collate(items):
-    return {key: torch.stack([item[key] for item in items]) for key in items[0]}
+    return Batch({key: torch.stack([item[key] for item in items]) for key in items[0]})
 
 
 def config(**overrides) -> TrainConfig:
@@ -52,12 +53,12 @@ class MaskedRegression(Regression):
     """A loss that is a mean over a varying number of items per batch (like a token task's labelled tokens)."""
 
     def forward(self, batch):
-        errors = (self.linear(batch["x"]).squeeze(-1) - batch["y"]) ** 2
-        loss = (errors * batch["keep"]).sum() / batch["keep"].sum()
+        errors = (self.linear(batch.inputs["x"]).squeeze(-1) - batch.inputs["y"]) ** 2
+        loss = (errors * batch.inputs["keep"]).sum() / batch.inputs["keep"].sum()
         return loss, {}
 
     def loss_items(self, batch):
-        return int(batch["keep"].sum())
+        return int(batch.inputs["keep"].sum())
 
 
 def test_accumulation_weighs_micro_batches_by_their_items_when_the_module_counts_them(tmp_path):
@@ -103,13 +104,13 @@ class Noisy(Regression):
 
     def forward(self, batch):
         loss, logs = super().forward(batch)
-        return loss, {**logs, "shift": batch["shift"].mean()}
+        return loss, {**logs, "shift": batch.inputs["shift"].mean()}
 
 
 def shift_inputs(batch, generator):
-    assert batch["x"].device.type == "cpu", "the hook runs in the data-loading stage, on the CPU"
-    shift = torch.rand(batch["x"].shape, generator=generator) * 0.1
-    return {**batch, "x": batch["x"] + shift, "shift": shift}
+    assert batch.inputs["x"].device.type == "cpu", "the hook runs in the data-loading stage, on the CPU"
+    shift = torch.rand(batch.inputs["x"].shape, generator=generator) * 0.1
+    return batch.replace(inputs={**batch.inputs, "x": batch.inputs["x"] + shift, "shift": shift})
 
 
 def test_hook_runs_while_loading_and_worker_processes_give_the_same_run(tmp_path):

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from biodistil.config import TrainConfig
+from biodistil.data.batch import Batch
 from biodistil.training.engine import Engine, TrainData
 from biodistil.training.sampling import length_grouped_order
 
@@ -51,15 +52,15 @@ class Recorder(nn.Module):
         self.seen: list[list[int]] = []
 
     def forward(self, batch):
-        self.seen.append(batch["attention_mask"].sum(1).tolist())
+        self.seen.append(batch.attention_mask.sum(1).tolist())
         return (self.weight - 1) ** 2, {}
 
 
 def collate(items):
     width = max(len(item["input_ids"]) for item in items)
-    return {"input_ids": torch.tensor([item["input_ids"] + [0] * (width - len(item["input_ids"])) for item in items]),
-            "attention_mask": torch.tensor([[1] * len(item["input_ids"]) + [0] * (width - len(item["input_ids"]))
-                                            for item in items])}
+    ids = [item["input_ids"] + [0] * (width - len(item["input_ids"])) for item in items]
+    mask = [[1] * len(item["input_ids"]) + [0] * (width - len(item["input_ids"])) for item in items]
+    return Batch({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
 
 
 def test_the_engine_batches_by_length_when_asked(tmp_path):

@@ -25,11 +25,11 @@ from typing import Any
 
 import datasets
 import pyarrow as pa
-import torch
 from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
+from biodistil.data.batch import Batch
 from biodistil.data.corpus import (
     LINES_PER_CHUNK,
     batched,
@@ -185,7 +185,7 @@ def load_text_splits(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase
 # ------------------------------------------------------------------------------------------ batches
 @dataclass(frozen=True)
 class AlignedTextCollate:
-    """Text blocks → one aligned batch (`AlignedBatch.tensors()`): both tokenizations, padded, and their unit ids and
+    """Text blocks → one aligned batch (`AlignedBatch.to_batch()`): both tokenizations, padded, and their unit ids and
     masks; the student's side truncated at `student_max_length` (the block size), the teacher's at
     `teacher_max_length`."""
 
@@ -195,8 +195,8 @@ class AlignedTextCollate:
     teacher_max_length: int
     words: WordRule = "bert"
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, examples: list[dict[str, Any]]) -> Batch:
         batch = align_texts([example["text"] for example in examples], self.student_tokenizer,
                             self.teacher_tokenizer, student_max_length=self.student_max_length,
                             teacher_max_length=self.teacher_max_length, words=self.words)
-        return batch.tensors()
+        return batch.to_batch()

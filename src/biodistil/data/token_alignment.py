@@ -54,6 +54,7 @@ from tokenizers import Encoding, pre_tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import MaskingConfig
+from biodistil.data.batch import Batch, UnitIds
 from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary
 from biodistil.errors import BiodistilError
 
@@ -115,20 +116,23 @@ class AlignedBatch:
     def num_units(self) -> int:
         return self.unit_mask.size(1)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The batch as the engine carries it (tensors only): the student's `input_ids` / `attention_mask`, the
-        teacher's `teacher_input_ids` / `teacher_attention_mask`, and the unit ids and masks under their own names."""
-        return {"input_ids": self.student_inputs["input_ids"], "attention_mask": self.student_inputs["attention_mask"],
-                "teacher_input_ids": self.teacher_inputs["input_ids"],
-                "teacher_attention_mask": self.teacher_inputs["attention_mask"], "student_units": self.student_units,
-                "teacher_units": self.teacher_units, "unit_mask": self.unit_mask, "word_mask": self.word_mask}
+    def to_batch(self) -> Batch:
+        """The aligned batch as the engine carries it: the student's inputs, the teacher's as its payload, the unit
+        ids and masks as the batch's alignment."""
+        sides = [{key: inputs[key] for key in ("input_ids", "attention_mask")}
+                 for inputs in (self.student_inputs, self.teacher_inputs)]
+        return Batch(sides[0], alignment=UnitIds(self.student_units, self.teacher_units, self.unit_mask,
+                                                 self.word_mask), teacher=sides[1])
 
     @classmethod
-    def from_tensors(cls, batch: dict[str, torch.Tensor]) -> "AlignedBatch":
-        """The aligned batch of `tensors()` (without the per-text alignments, which only its builder needs)."""
-        return cls({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]},
-                   {"input_ids": batch["teacher_input_ids"], "attention_mask": batch["teacher_attention_mask"]},
-                   batch["student_units"], batch["teacher_units"], batch["unit_mask"], batch["word_mask"], ())
+    def from_batch(cls, batch: Batch) -> "AlignedBatch":
+        """The aligned batch of `to_batch()` (without the per-text alignments, which only its builder needs)."""
+        units = batch.alignment
+        if units is None:
+            raise ValueError("this batch is not aligned across tokenizers (no alignment)")
+        teacher = {key: batch.teacher[key] for key in ("input_ids", "attention_mask")}
+        return cls({key: batch.inputs[key] for key in ("input_ids", "attention_mask")}, teacher,
+                   units.student_units, units.teacher_units, units.unit_mask, units.word_mask, ())
 
 
 @dataclass(frozen=True)

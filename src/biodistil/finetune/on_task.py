@@ -23,6 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import TrainConfig
+from biodistil.data.batch import AsBatch, Batch
 from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.finetune.selection import ScoringSplit, examples_per_step, select_on_dev
@@ -45,12 +46,12 @@ class ClassifierModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.model(**model_inputs(self.model, batch, keep=("labels",))).loss, {}
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.model(**model_inputs(self.model, batch.inputs), labels=batch.labels).loss, {}
 
-    def loss_items(self, batch: dict[str, torch.Tensor]) -> int:
+    def loss_items(self, batch: Batch) -> int:
         """What the loss averages over: labelled tokens (labels other than -100) in a token task, else examples."""
-        labels = batch["labels"]
+        labels = batch.labels
         return int((labels != -100).sum()) if labels.dtype == torch.long and labels.dim() == 2 else len(labels)
 
 
@@ -120,7 +121,7 @@ def finetune_on_task(
                            processes)
     model = build_classifier(model_name_or_path, task)
     engine = Engine(chosen.cfg, run_dir, seed, accelerator)
-    trained = engine.fit(ClassifierModule(model), TrainData(train.encoded, train.collate),
+    trained = engine.fit(ClassifierModule(model), TrainData(train.encoded, AsBatch(train.collate)),
                          HeldOut(chosen.evaluate_fn, chosen.selection), resume=resume)
     model.to(accelerator.device)
     dev_scores, test = computed_on_main(lambda: _final_scores(scoring, model, chosen.cfg.batch_size * 2))

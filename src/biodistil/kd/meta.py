@@ -33,10 +33,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from biodistil.config import TrainConfig
+from biodistil.data.batch import Batch
 from biodistil.io import truncate_jsonl
 from biodistil.kd.module import KDModule
 from biodistil.kd.recipe import MetaConfig
-from biodistil.training.engine import Batch
 
 
 class MetaTeacherUpdate:
@@ -64,7 +64,7 @@ class MetaTeacherUpdate:
     # --------------------------------------------------------------------------------------- the step
     def __call__(self, model: nn.Module, batches: list[Batch], step: int) -> dict[str, float]:
         size = self.cfg.pilot_batches or len(batches)
-        device = batches[0]["input_ids"].device
+        device = batches[0].input_ids.device
         logs = [self.meta_update(batches[start:start + size], self.quiz_batch(step, group, device))
                 for group, start in enumerate(range(0, len(batches), size))]
         self.last = {key: sum(entry[key] for entry in logs) / len(logs) for key in logs[0]}
@@ -145,8 +145,7 @@ class MetaTeacherUpdate:
         """A quiz batch drawn with a generator seeded by (seed, step, group): the same again after a resume."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 7_919 + group)
         chosen = torch.randperm(len(self.quiz), generator=generator)[: self.quiz_batch_size].tolist()
-        batch = self.collate([self.quiz[i] for i in chosen])
-        return {key: value.to(device) for key, value in batch.items()}
+        return self.collate([self.quiz[i] for i in chosen]).to(device)
 
     def final_values(self) -> dict[str, float]:
         """The last α, β (MetaAdaptiveKD) and quiz loss, for the report."""

@@ -17,6 +17,7 @@ from torch import nn
 from torch.func import functional_call
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from biodistil.data.batch import Batch
 from biodistil.data.formats import Example
 from biodistil.kd.objective import KDObjective
 from biodistil.kd.recipe import KDOptions
@@ -35,12 +36,7 @@ from biodistil.tasks.registry import TaskSpec
 from biodistil.teachers.loading import freeze
 from biodistil.teachers.signal import TeacherSignal
 from biodistil.teachers.task_cache import with_placeholder_labels
-from biodistil.training.engine import Batch, Collate
-
-ORIGIN_KEYS = ("origin", "word_ids")  # where a feature comes from, read when a teacher signal prepares the data
-# an online teacher's own tokens of the same text (across tokenizers), padded to the teacher's longest; the word
-# index, [L_S], to the student's
-TEACHER_KEYS = ("teacher_input_ids", "teacher_attention_mask", "teacher_token_type_ids", "teacher_word_index")
+from biodistil.training.engine import Collate
 
 
 def inverse_softplus(value: float) -> float:
@@ -96,7 +92,7 @@ class KDModule(nn.Module):
 
     def student_outputs(self, batch: Batch, params: dict[str, torch.Tensor] | None = None) -> Features:
         """The student's logits (and the hidden states PatientKD reads); with `params`, a functional pass."""
-        inputs = {**model_inputs(self.student, batch), "output_hidden_states": bool(self.student_layers)}
+        inputs = {**model_inputs(self.student, batch.inputs), "output_hidden_states": bool(self.student_layers)}
         if params is None:
             out = self.student(**inputs)
         else:
@@ -125,27 +121,26 @@ class KDModule(nn.Module):
 
 @dataclass(frozen=True)
 class KDCollator:
-    """Pads model inputs and labels like fine-tuning, and `kd_mask` (token tasks); across tokenizers the teacher's
-    own inputs (`teacher_input_ids` ..., padded with `teacher_pad_id`) and `teacher_word_index` (−1 on padding); a
+    """Pads model inputs and labels like fine-tuning, and the `kd` mask (token tasks); across tokenizers the teacher's
+    own inputs (its payload's `input_ids` ..., padded with `teacher_pad_id`) and `word_index` (−1 on padding); a
     cached teacher signal's collate adds its outputs around it."""
 
     base: FeatureCollator
     teacher_pad_id: int = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
-        dropped = (*ORIGIN_KEYS, "kd_mask", *TEACHER_KEYS)
-        batch = self.base([{k: v for k, v in f.items() if k not in dropped} for f in features])
-        length = batch["input_ids"].shape[1]
+        batch = Batch.of(self.base(features))
+        length = batch.input_ids.shape[1]
         if "kd_mask" in features[0]:
-            batch["kd_mask"] = _padded([f["kd_mask"] for f in features], length, 0)
-        if "teacher_word_index" in features[0]:
-            batch["teacher_word_index"] = _padded([f["teacher_word_index"] for f in features], length, NO_POSITION)
-        if "teacher_input_ids" in features[0]:
-            teacher_length = max(len(f["teacher_input_ids"]) for f in features)
-            for key, fill in (("teacher_input_ids", self.teacher_pad_id), ("teacher_attention_mask", 0),
-                              ("teacher_token_type_ids", 0)):
-                if key in features[0]:
-                    batch[key] = _padded([f[key] for f in features], teacher_length, fill)
+            batch.masks["kd"] = _padded([f["kd_mask"] for f in features], length, 0)
+        if "teacher" in features[0]:
+            own = [f["teacher"] for f in features]
+            teacher_length = max(len(t["input_ids"]) for t in own)
+            for key, fill in (("input_ids", self.teacher_pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
+                if key in own[0]:
+                    batch.teacher[key] = _padded([t[key] for t in own], teacher_length, fill)
+            if "word_index" in own[0]:
+                batch.teacher["word_index"] = _padded([t["word_index"] for t in own], length, NO_POSITION)
         return batch
 
 
@@ -159,7 +154,7 @@ def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTo
     others: a labelled budget within unlabelled text); token tasks get `kd_mask` (the sub-word positions a word's
     label would sit at, 1 at each word's first sub-word); every feature its `origin` (example, first word) and
     `word_ids` (-1 off words), which a cached teacher matches its outputs by. With `teacher_tokenizer` (an online
-    teacher across tokenizers) each feature also carries the teacher's own tokens of the same text
+    teacher across tokenizers) each feature also carries the teacher's own tokens of the same text under `teacher`
     (`teacher_encoding`) and, token tasks, `kd_mask` keeps only the words the teacher's side holds."""
     placeheld = with_placeholder_labels(examples, task)
     encoded = encode_split(task, placeheld, tokenizer)
@@ -169,9 +164,9 @@ def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTo
     labelled = [is_labelled(example) for example in examples]
     features = []
     for i, (feature, origin) in enumerate(zip(encoded.features, encoded.origins, strict=True)):
-        feature = {**feature, **teacher[i], "origin": list(origin)}
+        feature = {**feature, "origin": list(origin), **({"teacher": teacher[i]} if teacher[i] else {})}
         if token_task:
-            index = feature.get("teacher_word_index")
+            index = teacher[i].get("word_index")
             feature["kd_mask"] = [int(label != -100 and (index is None or index[p] != NO_POSITION))
                                   for p, label in enumerate(feature["labels"])]
             feature["word_ids"] = [-1 if word is None else word for word in encoded.word_ids[i]]

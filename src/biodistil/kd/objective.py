@@ -6,8 +6,8 @@
 `logit_mse` is `logit_mse` ((1/C)·Σ_c (z_S,c − z_T,c)²) and `sigmoid` is `sigmoid_kd`; `none` leaves only β·CE,
 the fine-tune baseline on the transfer set's gold labels. The terms are computed by the same dispatch as the
 masked-LM terms (`weighted_sum`) on a classifier's outputs read as features: logits at every token position
-(token tasks; the soft term covers the positions in `kd_mask`, the first sub-word of each word) or one row per
-example, and the [CLS] states of the PatientKD layers. Log names: `soft`, `ce`, `pkd`.
+(token tasks; the soft term covers the positions of the batch's `kd` mask, the first sub-word of each word) or one
+row per example, and the [CLS] states of the PatientKD layers. Log names: `soft`, `ce`, `pkd`.
 """
 
 from collections.abc import Sequence
@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from biodistil.config import TermConfig
+from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import KDOptions
 from biodistil.losses.distillation import KLRows
@@ -24,7 +25,6 @@ from biodistil.methods.objective import Term, TermInputs, Weight, weighted_sum
 from biodistil.models.features import Features
 from biodistil.tasks.registry import TaskSpec
 from biodistil.term_specs import KD_SOFT_TERMS
-from biodistil.training.engine import Batch
 
 
 def kd_terms(cfg: KDOptions, pairs: Sequence[tuple[int, int]] = ()) -> list[Term]:
@@ -62,18 +62,18 @@ class KDObjective:
 
     def inputs(self, student: Features, teacher: Features | None, batch: Batch) -> TermInputs:
         """The term inputs of one batch: labels shaped like the logit positions and the named position sets
-        `all` (where the teacher term counts: `kd_mask`, else everywhere), `masked` (gold labels) and `cls`
-        (examples whose teacher [CLS] states are known: `pkd_mask`, else all)."""
+        `all` (where the teacher term counts: the batch's `kd` mask, else everywhere), `masked` (gold labels) and
+        `cls` (examples whose teacher [CLS] states are known: the batch's `cls` mask, else all)."""
         shape = student.logits.positions.shape
-        labels = batch.get("labels")
+        labels = batch.labels
         if labels is not None and not self.multi_label:
             labels = labels.reshape(shape)
         everywhere = torch.ones(shape, dtype=torch.bool, device=student.logits.positions.device)
-        masks = {"all": batch["kd_mask"].bool() if "kd_mask" in batch else everywhere,
+        masks = {"all": batch.masks["kd"].bool() if "kd" in batch.masks else everywhere,
                  "masked": labels != -100 if labels is not None and not self.multi_label else everywhere,
-                 "cls": batch["pkd_mask"].bool().reshape(-1, 1) if "pkd_mask" in batch else everywhere[:, :1]}
+                 "cls": batch.masks["cls"].bool().reshape(-1, 1) if "cls" in batch.masks else everywhere[:, :1]}
         return TermInputs(student=student, teacher=teacher, labels=labels,
-                          attention_mask=batch["attention_mask"].bool(), masks=masks,
+                          attention_mask=batch.attention_mask.bool(), masks=masks,
                           temperature=self.temperature, multi_label=self.multi_label)
 
 

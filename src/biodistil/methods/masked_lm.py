@@ -6,11 +6,14 @@ tokenizations of the same texts and their shared words (`biodistil.data.text_blo
 `MaskSameWords`, and the terms compare words (`biodistil.methods.word_units`).
 """
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 from biodistil.config import MaskingConfig
+from biodistil.data.batch import Batch
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.data.token_alignment import AlignedBatch, mask_same_words
 from biodistil.methods.objective import Objective, TermInputs, position_masks
@@ -54,12 +57,12 @@ class MaskedLMModule(nn.Module):
         """Whether a term computes a KL over logit rows (`train.compile` compiles that kernel only then)."""
         return any(term.loss == "logit_kl" for term in self.objective.cfg.terms)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One student pass and the teacher's outputs from its signal (no gradients). A batch aligned across
-        tokenizers (`student_units` ...) gives the terms its shared words, and the teacher its own positions."""
-        labels, attention = batch["labels"], batch["attention_mask"].bool()
-        masks = position_masks(attention, labels, batch.get("new_tokens"))
-        units = WordUnits.from_batch(batch, self.objective.vocabulary) if "student_units" in batch else None
+        tokenizers (its `alignment`) gives the terms its shared words, and the teacher its own positions."""
+        labels, attention = batch.labels, batch.attention_mask.bool()
+        masks = position_masks(attention, labels, batch.masks.get("new_tokens"))
+        units = None if batch.alignment is None else WordUnits.of(batch.alignment, self.objective.vocabulary)
         teacher_features = None
         if self.objective.needs_teacher:
             teacher_masks = masks if units is None else teacher_position_masks(batch, units)
@@ -67,7 +70,7 @@ class MaskedLMModule(nn.Module):
                 batch, self.objective.teacher_request(), self.objective.logit_positions(teacher_masks, teacher=True)
             )
         student_features = extract_features(
-            self.student, batch, self.objective.student_request(), self.objective.logit_positions(masks)
+            self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
         inputs = TermInputs(
             student=student_features, teacher=teacher_features, labels=labels, attention_mask=attention,
@@ -76,10 +79,10 @@ class MaskedLMModule(nn.Module):
         return self.objective(inputs)
 
 
-def teacher_position_masks(batch: dict[str, torch.Tensor], units: WordUnits) -> dict[str, torch.Tensor]:
+def teacher_position_masks(batch: Batch, units: WordUnits) -> dict[str, torch.Tensor]:
     """The teacher's named position sets across tokenizers ([B, L_T]): "all" and "known" its real tokens, "masked"
     the first token of each masked word — where its logits are compared with the student's."""
-    real = batch["teacher_attention_mask"].bool()
+    real = batch.teacher["attention_mask"].bool()
     return {"all": real, "known": real, "masked": units.first_masked("teacher")}
 
 
@@ -89,22 +92,23 @@ class MaskBatch:
     def __init__(self, vocab: MaskingVocabulary, cfg: MaskingConfig):
         self.vocab, self.cfg = vocab, cfg
 
-    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        corrupted, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.vocab, self.cfg, generator)
-        return {**batch, "input_ids": corrupted, "labels": labels}
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        corrupted, labels = mask_tokens(batch.input_ids, batch.attention_mask, self.vocab, self.cfg, generator)
+        return batch.replace(inputs={**batch.inputs, "input_ids": corrupted}, labels=labels)
 
 
 class MaskSameWords:
     """The engine's per-batch hook across tokenizers: whole-word masking of the same words on both sides
     (`mask_same_words`: each shared word chosen with `masking.probability`, one 80/10/10 draw per word for both
-    sides) with the engine's seeded generator. Adds the student's `labels` (every token of a chosen word), the
-    corrupted `teacher_input_ids` and `chosen_words` [B, W]."""
+    sides) with the engine's seeded generator. Sets the student's `labels` (every token of a chosen word), the
+    teacher's corrupted `input_ids` and the alignment's `chosen` words [B, W]."""
 
     def __init__(self, student_vocab: MaskingVocabulary, teacher_vocab: MaskingVocabulary, cfg: MaskingConfig):
         self.student_vocab, self.teacher_vocab, self.cfg = student_vocab, teacher_vocab, cfg
 
-    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        chosen, student, teacher = mask_same_words(AlignedBatch.from_tensors(batch), self.student_vocab,
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        chosen, student, teacher = mask_same_words(AlignedBatch.from_batch(batch), self.student_vocab,
                                                    self.teacher_vocab, self.cfg, generator)
-        return {**batch, "input_ids": student.input_ids, "labels": student.labels,
-                "teacher_input_ids": teacher.input_ids, "chosen_words": chosen}
+        return batch.replace(inputs={**batch.inputs, "input_ids": student.input_ids}, labels=student.labels,
+                             teacher={**batch.teacher, "input_ids": teacher.input_ids},
+                             alignment=replace(batch.alignment, chosen=chosen))

@@ -28,7 +28,7 @@ from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
-from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, compute, position_masks
+from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
@@ -127,7 +127,7 @@ class Objective(nn.Module):
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
                  weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """L = Σ_k w_k·L_k over the terms, each computed by its form (`biodistil.methods.terms.compute`: the one
+    """L = Σ_k w_k·L_k over the terms, each computed by its form (`biodistil.methods.terms.form_for`: the one
     dispatch of every method), and each term's unweighted value for the logs. `weights` replaces the recipe weight of
     the terms it names (MetaAdaptiveKD's learned α and β, tensors that receive gradients). What is computed does not
     depend on the order of the terms: the rows read as formed logits are declared first (`planned_inputs`)."""
@@ -136,7 +136,7 @@ def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
     total = torch.zeros((), device=inputs.attention_mask.device)
     logs = {}
     for term in terms:
-        value = compute(objective, term, inputs)
+        value = form_for(term, inputs)(objective, term, inputs)
         if term.cfg.epsilon is not None:
             logs[f"{term.name}_raw"] = value.detach()
             value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)

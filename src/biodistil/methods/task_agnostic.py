@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import DistillRecipe, ObjectiveConfig, PretrainRecipe, TermConfig, TokenizerTrainingConfig
+from biodistil.data.batch import AsBatch
 from biodistil.data.corpus import collate_blocks, iter_lines, load_corpus_splits, resolve_corpus_files
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.data.shared_vocabulary import shared_vocabulary
@@ -75,12 +76,12 @@ def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) 
     pad_id = tokenizer.pad_token_id
     first = 0 if recipe.data.eval else len(train)  # held out from the end of the training corpus, or other files
     if recipe.masking.duplication is None:
-        return CorpusData(train, held_out, partial(collate_blocks, pad_id=pad_id), MaskBatch(vocab, recipe.masking),
-                          first)
+        return CorpusData(train, held_out, AsBatch(partial(collate_blocks, pad_id=pad_id)),
+                          MaskBatch(vocab, recipe.masking), first)
     return CorpusData(
         StaticMaskedBlocks(train, vocab, recipe.masking),
         None if held_out is None else StaticMaskedBlocks(held_out, vocab, recipe.masking, first),
-        partial(collate_masked_blocks, pad_id=pad_id), None, first,
+        AsBatch(partial(collate_masked_blocks, pad_id=pad_id)), None, first,
     )
 
 

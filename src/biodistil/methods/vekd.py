@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import DistillRecipe, MaskingConfig
+from biodistil.data.batch import Batch
 from biodistil.data.corpus import iter_lines, resolve_corpus_files
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.errors import BiodistilError
@@ -41,7 +42,7 @@ class VocabExpansionMaskBatch:
     replacements drawn from the teacher's vocabulary. New tokens (id ≥ |V_T|): always MLM targets, corrupted
     in the student's input by the same 80/10/10 rule. The teacher's input is the student's input with [MASK] at
     every new-token position, so the teacher never receives an id outside its vocabulary.
-    Adds `teacher_input_ids` and `new_tokens` ([B, L] bool, positions of new tokens) to the batch.
+    Adds the teacher's `input_ids` (its payload) and the `new_tokens` mask ([B, L] bool, positions of new tokens).
     """
 
     def __init__(self, vocab: MaskingVocabulary, cfg: MaskingConfig, teacher_vocab_size: int):
@@ -50,17 +51,16 @@ class VocabExpansionMaskBatch:
         self.ordinary = MaskingVocabulary(vocab.mask_id, special, vocab.word_start)
         self.cfg, self.base = cfg, teacher_vocab_size
 
-    def __call__(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        ids, attention = batch["input_ids"], batch["attention_mask"]
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        ids, attention = batch.input_ids, batch.attention_mask
         corrupted, labels = mask_tokens(ids, attention, self.ordinary, self.cfg, generator)
         new = (ids >= self.base) & attention.bool()
         corrupted, labels = self._corrupt_new_tokens(ids.cpu(), corrupted.cpu(), labels.cpu(), new.cpu(), generator)
         teacher_ids = corrupted.masked_fill(new.cpu() | (corrupted >= self.base), self.ordinary.mask_id)
         device = ids.device
-        return {
-            **batch, "input_ids": corrupted.to(device), "labels": labels.to(device),
-            "teacher_input_ids": teacher_ids.to(device), "new_tokens": new.to(device),
-        }
+        return batch.replace(inputs={**batch.inputs, "input_ids": corrupted.to(device)}, labels=labels.to(device),
+                             masks={**batch.masks, "new_tokens": new.to(device)},
+                             teacher={**batch.teacher, "input_ids": teacher_ids.to(device)})
 
     def _corrupt_new_tokens(
         self, ids: torch.Tensor, corrupted: torch.Tensor, labels: torch.Tensor, new: torch.Tensor,

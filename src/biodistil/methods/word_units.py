@@ -1,8 +1,9 @@
 """The units (words) a batch's two tokenizations share, as the objective's terms read them across tokenizers.
 
-A batch aligned by `biodistil.data.token_alignment` carries each side's unit id per token (`student_units` [B, L_S],
-`teacher_units` [B, L_T], −1 for none), `unit_mask` [B, W] (the units each text has, words and the [CLS]/[SEP]
-sequence units) and, once masked (`mask_same_words`), `chosen_words` [B, W] (the words masked on both sides).
+A batch aligned by `biodistil.data.token_alignment` carries, as its `alignment` (`UnitIds`), each side's unit id per
+token (`student_units` [B, L_S], `teacher_units` [B, L_T], −1 for none), `unit_mask` [B, W] (the units each text has,
+words and the [CLS]/[SEP] sequence units) and, once masked (`mask_same_words`), `chosen` [B, W] (the words masked on
+both sides).
 `WordUnits` is that record for one batch: the term kinds of `biodistil.methods.objective` read it to pool states,
 attention and Q/K/V to units (`biodistil.losses.cross_tokenizer`), and to pair the two models' logit rows at the first
 token of each masked word. Pooled states are P·h with each side's mean pooling matrix P [B, W, L] (`pool_to_words`;
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from biodistil.data.batch import UnitIds
 from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.data.token_alignment import first_tokens, membership, pooling_matrix
 from biodistil.losses.cross_tokenizer import pool_to_words
@@ -31,10 +33,10 @@ class WordUnits:
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_batch(cls, batch: dict[str, torch.Tensor], vocabulary: SharedVocabulary | None = None) -> "WordUnits":
-        chosen = batch.get("chosen_words")
-        return cls(batch["student_units"], batch["teacher_units"], batch["unit_mask"].bool(),
-                   None if chosen is None else chosen.bool(), vocabulary)
+    def of(cls, units: UnitIds, vocabulary: SharedVocabulary | None = None) -> "WordUnits":
+        """The terms' view of a batch's alignment."""
+        return cls(units.student_units, units.teacher_units, units.unit_mask.bool(),
+                   None if units.chosen is None else units.chosen.bool(), vocabulary)
 
     @property
     def num_units(self) -> int:
@@ -49,7 +51,7 @@ class WordUnits:
     @property
     def masked_words(self) -> torch.Tensor:
         if self.chosen is None:
-            raise ValueError("this batch has no masked words (chosen_words): mask it with mask_same_words first")
+            raise ValueError("this batch has no masked words (alignment.chosen): mask it with mask_same_words first")
         return self.chosen
 
     def pool_student(self, states: torch.Tensor) -> torch.Tensor:

@@ -92,27 +92,28 @@ def normalise_block(index: int, layers: int) -> int:
 
 
 def extract_features(
-    model: PreTrainedModel, batch: dict[str, torch.Tensor], request: FeatureRequest, positions: torch.Tensor | None
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], request: FeatureRequest, positions: torch.Tensor | None
 ) -> Features:
-    """Run `model` once; return the requested hidden states, attention, Q/K/V and logits at `positions`."""
+    """Run `model` once on its `inputs` (`input_ids`, `attention_mask`, `token_type_ids` where it takes them); return
+    the requested hidden states, attention, Q/K/V and logits at `positions`."""
     layers = num_layers(model.config)
     wanted = {normalise_layer(i, layers) for i in request.hidden}
     attention_layers = {normalise_block(i, layers) for i in request.attentions}
     qkv_layers = {normalise_block(i, layers) for i in request.qkv}
     score_layers = {normalise_block(i, layers) for i in request.attention_scores}
     need_all = bool(wanted - {layers})
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    if "token_type_ids" in batch and takes_token_type_ids(model.config):
-        inputs["token_type_ids"] = batch["token_type_ids"]
+    encoder_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    if "token_type_ids" in inputs and takes_token_type_ids(model.config):
+        encoder_inputs["token_type_ids"] = inputs["token_type_ids"]
     with capture_qkv(model, attention_layers | qkv_layers | score_layers) as captured:
-        output = encoder_of(model)(**inputs, output_hidden_states=need_all, return_dict=True)
+        output = encoder_of(model)(**encoder_inputs, output_hidden_states=need_all, return_dict=True)
     heads = {i: read_qkv(model, slot) for i, slot in captured.items()}
     biases = {i: score_bias(slot) for i, slot in captured.items()}
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
     if layers in wanted:
         hidden[layers] = last
-    mask = batch["attention_mask"].bool()
+    mask = inputs["attention_mask"].bool()
     attentions = {
         i: attention_probabilities(heads[i][0], heads[i][1], mask, attention_window(model.config, i), biases[i])
         for i in attention_layers

@@ -23,10 +23,10 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, words_for_tokenizer
+from biodistil.data.batch import MODEL_INPUTS
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.tasks.registry import TaskSpec
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # the entity markers of relation-extraction texts: @GENE$, @DRUG$, @DISEASE$, @CHEMICAL$ (BLURB), BC6ENTC and
 # BC6ENTG (ChemProt's blinded entities; BC6OTHER marks entities the label is not about)
 ENTITY_MARKERS = re.compile(r"@[A-Z][A-Z_-]*\$|\bBC6ENT[A-Z]\b")  # @GENE$, @DRUG-DRUG$ (DDI), BC6ENTC
@@ -92,14 +92,14 @@ NO_POSITION = -1  # a student token whose word the teacher's encoding does not h
 
 def teacher_encoding(task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
                      tokenizer: PreTrainedTokenizerBase) -> list[dict[str, list[int]]]:
-    """For each feature of `encoded` (the student's), the same text in `tokenizer`'s tokens: `teacher_input_ids`,
-    `teacher_attention_mask` (and `teacher_token_type_ids` when the tokenizer gives them). Sequence tasks: the
-    feature's example, encoded as `encode_split` encodes it. Token tasks: the feature's window of words, truncated at
-    the task's max_length, and `teacher_word_index` [L_S]: for each student token of a word, the position of that
-    word's first teacher token (NO_POSITION off words and for words the teacher's side lost to truncation)."""
+    """For each feature of `encoded` (the student's), the same text in `tokenizer`'s tokens: `input_ids`,
+    `attention_mask` (and `token_type_ids` when the tokenizer gives them). Sequence tasks: the feature's example,
+    encoded as `encode_split` encodes it. Token tasks: the feature's window of words, truncated at the task's
+    max_length, and `word_index` [L_S]: for each student token of a word, the position of that word's first teacher
+    token (NO_POSITION off words and for words the teacher's side lost to truncation)."""
     if task.kind != "token_classification":
         teacher = _encode_texts(task, examples, tokenizer)
-        return [_prefixed(teacher.features[index]) for index, _ in encoded.origins]
+        return [_inputs_only(teacher.features[index]) for index, _ in encoded.origins]
     return [_teacher_window(task, examples[index], start, word_ids, tokenizer)
             for (index, start), word_ids in zip(encoded.origins, encoded.word_ids, strict=True)]
 
@@ -114,15 +114,13 @@ def _teacher_window(task: TaskSpec, example: TokenExample, start: int, word_ids:
     for position, word in enumerate(enc.word_ids() if words else []):
         if word is not None:
             first.setdefault(word, position)
-    feature = _prefixed({k: list(v) for k, v in enc.items()})
-    feature["teacher_word_index"] = [NO_POSITION if word is None else first.get(word, NO_POSITION)
-                                     for word in word_ids]
+    feature = _inputs_only({k: list(v) for k, v in enc.items()})
+    feature["word_index"] = [NO_POSITION if word is None else first.get(word, NO_POSITION) for word in word_ids]
     return feature
 
 
-def _prefixed(feature: dict[str, list]) -> dict[str, list[int]]:
-    """A teacher feature's model inputs under the batch names the teacher reads (`teacher_input_ids` ...)."""
-    return {f"teacher_{key}": list(value) for key, value in feature.items() if key in MODEL_INPUTS}
+def _inputs_only(feature: dict[str, list]) -> dict[str, list[int]]:
+    return {key: list(value) for key, value in feature.items() if key in MODEL_INPUTS}
 
 
 def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
@@ -186,15 +184,15 @@ def _target(task: TaskSpec, example: TextExample) -> Any:
 
 @dataclass(frozen=True)
 class FeatureCollator:
-    """Pads features to the longest in the batch; per-token labels are padded with -100."""
+    """Pads the model inputs and labels of features to the longest in the batch; per-token labels with -100."""
 
     pad_id: int
     token_labels: bool  # True for token classification, False for one label (or label vector) per example
 
-    def __call__(self, features: list[dict[str, list]]) -> dict[str, torch.Tensor]:
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         length = max(len(f["input_ids"]) for f in features)
         batch: dict[str, torch.Tensor] = {}
-        for key in features[0]:
+        for key in (key for key in (*MODEL_INPUTS, "labels") if key in features[0]):  # other keys are not padded here
             if key == "labels" and not self.token_labels:
                 batch[key] = torch.tensor([f[key] for f in features])
                 continue
@@ -208,16 +206,15 @@ def collator_for(task: TaskSpec, tokenizer: PreTrainedTokenizerBase) -> FeatureC
     return FeatureCollator(tokenizer.pad_token_id, task.kind == "token_classification")
 
 
-def model_inputs(model: Any, batch: dict[str, torch.Tensor], keep: Sequence[str] = ()) -> dict[str, torch.Tensor]:
-    """The entries of `batch` that the model's forward takes (MODEL_INPUTS, plus the `keep` keys, e.g. labels).
+def model_inputs(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of `batch` that the model's forward takes (of MODEL_INPUTS).
 
     A tokenizer may produce `token_type_ids` for a model that takes none (a BERT tokenizer shared with a ModernBERT
     or DistilBERT student): they are dropped. Anything that is not a torch module (an ONNX Runtime model) gets
     every model input of the batch.
     """
-    wanted = (*MODEL_INPUTS, *keep)
-    accepted = inspect.signature(model.forward).parameters if isinstance(model, nn.Module) else wanted
-    return {key: value for key, value in batch.items() if key in wanted and key in accepted}
+    accepted = inspect.signature(model.forward).parameters if isinstance(model, nn.Module) else MODEL_INPUTS
+    return {key: value for key, value in batch.items() if key in MODEL_INPUTS and key in accepted}
 
 
 def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from biodistil.config import MaskingConfig, TeacherCacheConfig
+from biodistil.data.batch import Batch
 from biodistil.data.corpus import corpus_fingerprint, resolve_corpus_files, tokenizer_fingerprint
 from biodistil.data.masking import IGNORE_INDEX, MaskingVocabulary, pattern_seed, static_mask
 from biodistil.errors import BiodistilError
@@ -59,8 +60,7 @@ from biodistil.teachers.store import (
     write_table,
 )
 
-TEACHER_FIELDS = ("teacher_topk_logits", "teacher_topk_ids", "teacher_log_norm", "teacher_tail_logits",
-                  "teacher_tail_ids", "teacher_head_input")
+ROW_FIELDS = ("topk_logits", "topk_ids", "log_norm", "tail_logits", "tail_ids", "head_input")  # per masked position
 
 
 @dataclass(frozen=True)
@@ -365,44 +365,44 @@ class CachedBlocks(Dataset):
         if not np.array_equal(entry["positions"], masked.numpy()):
             raise BiodistilError(f"Teacher cache {self.reader.cache.folder}: block {item['block']}, pattern "
                                  f"{item['pattern']} was masked differently from this run's masks")
-        out = dict(item)
+        teacher: dict[str, torch.Tensor] = {}
         if "topk_ids" in entry:
-            out["teacher_topk_logits"] = torch.from_numpy(entry["topk_logits"]).reshape(-1, self.k)
-            out["teacher_topk_ids"] = torch.from_numpy(entry["topk_ids"]).reshape(-1, self.k)
-            out["teacher_log_norm"] = torch.from_numpy(entry["log_norm"])
+            teacher["topk_logits"] = torch.from_numpy(entry["topk_logits"]).reshape(-1, self.k)
+            teacher["topk_ids"] = torch.from_numpy(entry["topk_ids"]).reshape(-1, self.k)
+            teacher["log_norm"] = torch.from_numpy(entry["log_norm"])
         if "tail_ids" in entry:
-            out["teacher_tail_logits"] = torch.from_numpy(entry["tail_logits"]).reshape(-1, self.m)
-            out["teacher_tail_ids"] = torch.from_numpy(entry["tail_ids"]).reshape(-1, self.m)
+            teacher["tail_logits"] = torch.from_numpy(entry["tail_logits"]).reshape(-1, self.m)
+            teacher["tail_ids"] = torch.from_numpy(entry["tail_ids"]).reshape(-1, self.m)
         if "head_input" in entry:
             dtype = getattr(torch, self.reader.cache.spec.teacher_dtype)
-            out["teacher_head_input"] = _from_stored(entry["head_input"], dtype).reshape(
+            teacher["head_input"] = _from_stored(entry["head_input"], dtype).reshape(
                 len(masked), self.reader.cache.spec.width)
         for layer in self.layers:
             states = _from_stored(entry[f"hidden_{layer}"], torch.bfloat16)
-            out[f"teacher_hidden_{layer}"] = states.reshape(len(item["input_ids"]), -1)
-        return out
+            teacher[f"hidden_{layer}"] = states.reshape(len(item["input_ids"]), -1)
+        return {**item, "teacher": teacher}
 
 
 class CachedCollate:
     """`collate` for the blocks, plus the teacher's outputs: rows of the masked positions (top-k, head input)
     concatenated in row-major order, hidden states padded to [B, L, D]."""
 
-    def __init__(self, collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]], layers: Sequence[int]):
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], Batch], layers: Sequence[int]):
         self.collate, self.layers = collate, tuple(layers)
 
-    def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        names = set(TEACHER_FIELDS) | {f"teacher_hidden_{layer}" for layer in self.layers}
-        batch = self.collate([{k: v for k, v in item.items() if k not in names} for item in items])
-        for name in TEACHER_FIELDS:
-            if name in items[0]:
-                batch[name] = torch.cat([item[name] for item in items])
-        length = batch["input_ids"].size(1)
+    def __call__(self, items: list[dict[str, Any]]) -> Batch:
+        batch = self.collate(items)
+        stored = [item["teacher"] for item in items]
+        for name in ROW_FIELDS:
+            if name in stored[0]:
+                batch.teacher[name] = torch.cat([entry[name] for entry in stored])
+        length = batch.input_ids.size(1)
         for layer in self.layers:
-            states = [item[f"teacher_hidden_{layer}"] for item in items]
+            states = [entry[f"hidden_{layer}"] for entry in stored]
             padded = states[0].new_zeros((len(states), length, states[0].size(-1)))
             for row, state in enumerate(states):
                 padded[row, :len(state)] = state
-            batch[f"teacher_hidden_{layer}"] = padded
+            batch.teacher[f"hidden_{layer}"] = padded
         return batch
 
 
@@ -425,15 +425,15 @@ class MaskedLMOutputs:
     def data(self, dataset: Dataset, collate: Callable) -> tuple[Dataset, Callable]:
         return CachedBlocks(dataset, self.reader), CachedCollate(collate, self.layers)
 
-    def features(self, batch: dict[str, torch.Tensor], request: FeatureRequest,
-                 positions: torch.Tensor | None) -> Features:
-        hidden = {layer: batch[f"teacher_hidden_{layer}"].float() for layer in self.layers}
+    def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None) -> Features:
+        stored = batch.teacher
+        hidden = {layer: stored[f"hidden_{layer}"].float() for layer in self.layers}
         logits = None
         if request.logits and self.head is not None:
             with torch.inference_mode():
-                logits = LogitRows(positions, mlm_head(self.head, batch["teacher_head_input"].to(self.head.dtype)))
+                logits = LogitRows(positions, mlm_head(self.head, stored["head_input"].to(self.head.dtype)))
         elif request.logits:
             logits = LogitRows(positions, TopKLogits(
-                batch["teacher_topk_logits"], batch["teacher_topk_ids"], batch["teacher_log_norm"], self.temperature,
-                batch.get("teacher_tail_logits"), batch.get("teacher_tail_ids")))
+                stored["topk_logits"], stored["topk_ids"], stored["log_norm"], self.temperature,
+                stored.get("tail_logits"), stored.get("tail_ids")))
         return Features(hidden=hidden, logits=logits, num_layers=self.teacher_layers)

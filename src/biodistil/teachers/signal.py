@@ -24,9 +24,10 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedModel
 
+from biodistil.data.batch import Batch
 from biodistil.models.features import FeatureRequest, Features, classifier_features, extract_features
 from biodistil.tasks.encoding import model_inputs
-from biodistil.training.engine import Batch, Collate
+from biodistil.training.engine import Collate
 
 Positions = torch.Tensor | None  # [B, L] bool: where vocabulary logits are wanted (masked-LM terms)
 TeacherForward = Callable[[PreTrainedModel, Batch, FeatureRequest, Positions, bool], Features]
@@ -60,10 +61,9 @@ class StoredOutputs(Protocol):
 
 def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions,
                       grad: bool = False) -> Features:
-    """A masked-LM teacher's requested features (on `teacher_input_ids` when the batch has them: VE-KD, and across
-    tokenizers with its own `teacher_attention_mask`), computed in inference mode unless `grad`."""
-    inputs = {**batch, "input_ids": batch.get("teacher_input_ids", batch["input_ids"]),
-              "attention_mask": batch.get("teacher_attention_mask", batch["attention_mask"])}
+    """A masked-LM teacher's requested features (on its own inputs when the batch's teacher payload has them: VE-KD's
+    `input_ids`, and across tokenizers its own tokens and `attention_mask`), in inference mode unless `grad`."""
+    inputs = batch.teacher_inputs()
     if grad:
         return extract_features(model, inputs, request, positions)
     with torch.inference_mode():
@@ -74,26 +74,17 @@ def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequ
 def classifier_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions = None,
                        grad: bool = False) -> Features:
     """A fine-tuned teacher's logits and the [CLS] states of the requested layers (`request.hidden`). The teacher
-    reads the student's tokens, or its own tokens of the same text when the batch carries them (`teacher_input_ids`
-    ...: across tokenizers); a token task's logits are then read at each word's first teacher token and placed at
-    the student's tokens of that word (`teacher_word_index`), so they pair with the student's position by position."""
+    reads the student's tokens, or its own tokens of the same text when the batch's teacher payload has them (across
+    tokenizers); a token task's logits are then read at each word's first teacher token and placed at the student's
+    tokens of that word (the payload's `word_index`), so they pair with the student's position by position."""
     from biodistil.teachers.task_cache import forward_teacher  # tests count the teacher's passes there
 
     with torch.set_grad_enabled(grad):
-        logits, states = forward_teacher(model, model_inputs(model, teacher_batch(batch)), bool(request.hidden))
-        if "teacher_word_index" in batch:
-            logits = at_student_tokens(logits, batch["teacher_word_index"])
+        logits, states = forward_teacher(model, model_inputs(model, batch.teacher_inputs()), bool(request.hidden))
+        if "word_index" in batch.teacher:
+            logits = at_student_tokens(logits, batch.teacher["word_index"])
     hidden = {layer: states[layer] for layer in sorted(request.hidden)} if states else {}
     return classifier_features(logits, hidden, len(states) - 1 if states else 0)
-
-
-def teacher_batch(batch: Batch) -> Batch:
-    """The model inputs the teacher reads: its own (`teacher_input_ids`, `teacher_attention_mask`,
-    `teacher_token_type_ids`) when the batch carries them, else the student's."""
-    if "teacher_input_ids" not in batch:
-        return batch
-    return {key: batch[f"teacher_{key}"] for key in ("input_ids", "attention_mask", "token_type_ids")
-            if f"teacher_{key}" in batch}
 
 
 def at_student_tokens(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

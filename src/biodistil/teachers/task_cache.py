@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from biodistil.data.batch import Batch
 from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, atomic_write_json, jsonable, number, read_record
@@ -44,11 +45,10 @@ from biodistil.teachers.store import (
     teacher_fingerprint,
     write_table,
 )
-from biodistil.training.engine import Batch, Collate
+from biodistil.training.engine import Collate
 
 TABLE = "outputs.arrow"
 NO_ROW = -1  # a position or feature the teacher's outputs do not cover
-ROW_KEYS = ("teacher_rows", "teacher_row", "teacher_cls_row")
 
 
 @dataclass(frozen=True)
@@ -225,9 +225,9 @@ class TaskOutputs:
 
     def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None = None) -> Features:
         """The batch's gathered logits (and [CLS] states, [B, 1, D] per layer) as the objective's features."""
-        cls = batch.get("teacher_cls")
+        cls = batch.teacher.get("cls")
         hidden = {layer: cls[:, k:k + 1] for k, layer in enumerate(self.cls_layers)} if cls is not None else {}
-        return classifier_features(batch["teacher_logits"], hidden, self.teacher_layers)
+        return classifier_features(batch.teacher["logits"], hidden, self.teacher_layers)
 
     def attach(self, feature: dict[str, Any]) -> dict[str, Any]:
         """The feature with `teacher_rows` (per position, `NO_ROW` where the soft term does not count or the teacher
@@ -244,22 +244,22 @@ class TaskOutputs:
             out["teacher_cls_row"] = self.by_window.get((example, start), NO_ROW)
         return out
 
-    def gather(self, features: list[dict[str, Any]], batch: dict[str, torch.Tensor]) -> None:
-        """Put the batch's `teacher_logits` ([B, C], or [B, L, C] with `kd_mask` narrowed to the positions that have
-        a teacher word) and `teacher_cls` [B, K, D] + `pkd_mask` into `batch`, read from the mapped arrays."""
+    def gather(self, features: list[dict[str, Any]], batch: Batch) -> None:
+        """Put the teacher's `logits` ([B, C], or [B, L, C] with the `kd` mask narrowed to the positions that have a
+        teacher word) and `cls` [B, K, D] (+ the `cls` mask) into `batch`, read from the mapped arrays."""
         if self.token_task:
-            length = batch["input_ids"].size(1)
+            length = batch.input_ids.size(1)
             rows = np.full((len(features), length), NO_ROW, dtype=np.int64)
             for i, feature in enumerate(features):
                 rows[i, :len(feature["teacher_rows"])] = feature["teacher_rows"]
-            batch["teacher_logits"] = _rows_of(self.logits, rows)
-            batch["kd_mask"] = torch.from_numpy(rows != NO_ROW).long()
+            batch.teacher["logits"] = _rows_of(self.logits, rows)
+            batch.masks["kd"] = torch.from_numpy(rows != NO_ROW).long()
         else:
-            batch["teacher_logits"] = _rows_of(self.logits, np.array([f["teacher_row"] for f in features]))
+            batch.teacher["logits"] = _rows_of(self.logits, np.array([f["teacher_row"] for f in features]))
         if self.cls is not None:
             rows = np.array([f["teacher_cls_row"] for f in features])
-            batch["teacher_cls"] = _rows_of(self.cls, rows)
-            batch["pkd_mask"] = torch.from_numpy(rows != NO_ROW).long()
+            batch.teacher["cls"] = _rows_of(self.cls, rows)
+            batch.masks["cls"] = torch.from_numpy(rows != NO_ROW).long()
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ class GatheringCollate:
     outputs: TaskOutputs
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
-        batch = self.collate([{k: v for k, v in f.items() if k not in ROW_KEYS} for f in features])
+        batch = self.collate(features)
         self.outputs.gather(features, batch)
         return batch
 

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from biodistil.config import TrainConfig
+from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
 from biodistil.training import checkpoint as ckpt
@@ -51,7 +52,6 @@ from biodistil.training.machine import prepare_device, resolve_precision, traini
 from biodistil.training.sampling import length_grouped_order
 from biodistil.training.threads import ThreadGovernor, announce
 
-Batch = dict[str, torch.Tensor]
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
 Collate = Callable[[list[Any]], Batch]
 
@@ -319,7 +319,7 @@ class Engine:
                    for index, start in enumerate(range(0, len(order), self.cfg.batch_size))]
         seeds = lambda index: self.seed * 7919 + index * 104729 + acc.process_index  # noqa: E731
         for batch in self._loader(eval_data, batches, collate, prepare, seeds):
-            batch = _to_device(batch, acc.device)
+            batch = batch.to(acc.device)
             with acc.autocast():
                 loss, logs = model(batch)
             for key, value in {"loss": loss, **logs}.items():
@@ -397,9 +397,9 @@ class Engine:
             micro_step += len(shards)
             for batch in self._loader(data, shards, collate, prepare, seeds):
                 self.state.batch_in_epoch += 1
-                tokens = int(batch["attention_mask"].sum())  # counted on the host copy: no device synchronisation
+                tokens = int(batch.attention_mask.sum())  # counted on the host copy: no device synchronisation
                 items = None if self.loss_items is None else self.loss_items(batch)
-                yield _to_device(batch, acc.device), tokens, items
+                yield batch.to(acc.device), tokens, items
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
@@ -613,10 +613,6 @@ def _window_means(window: dict[str, list[float | torch.Tensor]]) -> dict[str, fl
 
 def _parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:
     return {id(param) for group in optimizer.param_groups for param in group["params"]}
-
-
-def _to_device(batch: Batch, device: torch.device) -> Batch:
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
 def _round(value: float) -> float:

@@ -1,13 +1,13 @@
 """The forms of every term kind of `biodistil.term_specs`: one short function per form, token by token (`tokens`) and,
 for a masked-LM objective across tokenizers, word by word (`words`), each module ending with its table of forms
-(`FORMS`). `compute` picks the form; importing this package fails when a spec has no form or a form has no spec, or
+(`FORMS`). `form_for` picks the form; importing this package fails when a spec has no form or a form has no spec, or
 when a word form and its spec disagree. A new term kind: its `TermSpec` and its function(s) with their table line."""
 
-import torch
 
 from biodistil.errors import BiodistilError
 from biodistil.methods.terms import classifier, layers, logits
 from biodistil.methods.terms.base import (
+    Compute,
     Pairs,
     Term,
     TermForms,
@@ -18,7 +18,8 @@ from biodistil.methods.terms.base import (
 )
 from biodistil.term_specs import TERM_SPECS
 
-__all__ = ["FORMS", "Pairs", "Term", "TermForms", "TermInputs", "TermOwner", "Weight", "compute", "position_masks"]
+__all__ = ["FORMS", "Compute", "Pairs", "Term", "TermForms", "TermInputs", "TermOwner", "Weight", "form_for",
+           "position_masks"]
 
 
 FORMS: dict[str, TermForms] = {**logits.FORMS, **layers.FORMS, **classifier.FORMS}
@@ -36,11 +37,12 @@ def _check_forms() -> None:
 _check_forms()
 
 
-def compute(owner: TermOwner, term: Term, x: TermInputs) -> torch.Tensor:
-    """The term's unweighted value: its token form, or across tokenizers (`x.units`) its word form."""
+def form_for(term: Term, x: TermInputs) -> Compute:
+    """The function that computes the term on these inputs: its token form, or across tokenizers (`x.units`) its
+    word form."""
     forms = FORMS[term.cfg.loss]
     if x.units is None:
-        return forms.tokens(owner, term, x)
+        return forms.tokens
     if forms.words is None:
         raise BiodistilError(f"Objective term {term.cfg.loss} has no form across tokenizers: {term.spec.no_words}")
-    return forms.words(owner, term, x)
+    return forms.words
