@@ -83,8 +83,10 @@ def tiny_task(path: Path) -> TaskSpec:
 
 
 def kd_recipe(task_file, teacher, student, out, **sections) -> KDRecipe:
-    """A small kd recipe (Hinton KD at T = 2, 2 epochs, cache beside `out`); `sections` update its sections."""
-    raw = {"run": {"output_dir": str(out), "seed": 3}, "teacher": {"name_or_path": str(teacher)},
+    """A small kd recipe (Hinton KD at T = 2, 2 epochs, cache beside `out`); `sections` update its sections;
+    `teacher` a list of {name_or_path, weight}: several teachers."""
+    teachers = {"teachers": teacher} if isinstance(teacher, list) else {"teacher": {"name_or_path": str(teacher)}}
+    raw = {"run": {"output_dir": str(out), "seed": 3}, **teachers,
            "student": {"name_or_path": str(student)}, "task": {"name": str(task_file)},
            "kd": {"soft_loss": "hinton", "temperature": 2.0, "epochs": 2, "cache_dir": str(out.parent / "cache")},
            "train": {"batch_size": 8, "learning_rate": 1e-3, "save_every": 0, "eval_every": 0, "log_every": 1,

@@ -21,11 +21,11 @@ def test_the_teacher_reads_its_own_tokenization_else_the_students_positions():
     student = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.tensor([[1, 1, 0]]),
                "token_type_ids": torch.tensor([[0, 0, 0]])}
     assert Batch(student).teacher_inputs() == student
-    vekd = Batch(student, teacher={"input_ids": torch.tensor([[1, 9, 3]])})  # new ids at the student's positions
+    vekd = Batch(student, teachers=[{"input_ids": torch.tensor([[1, 9, 3]])}])  # new ids at the student's positions
     inputs = vekd.teacher_inputs()
     assert inputs["input_ids"].tolist() == [[1, 9, 3]] and inputs["attention_mask"] is student["attention_mask"]
     own = {"input_ids": torch.tensor([[7, 8, 9, 10]]), "attention_mask": torch.tensor([[1, 1, 1, 1]])}
-    across = Batch(student, teacher={**own, "word_index": torch.tensor([[0, 1, -1]])})
+    across = Batch(student, teachers=[{**own, "word_index": torch.tensor([[0, 1, -1]])}])
     assert across.teacher_inputs() == own, "its own tokens only: never the student's token_type_ids"
 
 
@@ -34,7 +34,7 @@ def test_moving_a_batch_moves_every_part_and_leaves_the_original():
                     torch.tensor([[False, True]]))
     batch = Batch({"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 1]])},
                   torch.tensor([[1, -100]]), {"kd": torch.tensor([[1, 0]])}, units,
-                  {"logits": torch.zeros(1, 2, 3)})
+                  [{"logits": torch.zeros(1, 2, 3)}])
     moved = batch.to(torch.device("meta"))
     tensors = [*moved.inputs.values(), moved.labels, *moved.masks.values(), *moved.teacher.values(),
                moved.alignment.student_units, moved.alignment.teacher_units, moved.alignment.unit_mask,

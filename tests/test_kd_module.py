@@ -77,7 +77,7 @@ def test_token_task_outputs_are_cached_per_word(teacher_dir, tokenizer, tmp_path
         assert [p for p, m in enumerate(batch.masks["kd"][0].tolist()) if m] == firsts
         for position in firsts:
             assert torch.allclose(batch.teacher["logits"][0, position], logits[position], atol=1e-5)
-    rows = outputs.attach(kd_features(task, examples, tokenizer)[0])["teacher_rows"]
+    rows = outputs.attach(kd_features(task, examples, tokenizer)[0])["rows@0"]
     assert [int(row != NO_ROW) for row in rows] == features[0]["kd_mask"]
 
 

@@ -36,7 +36,10 @@ def real_text_models(tmp_path_factory):
 def kd_overrides(recipe: str, teachers: dict[str, Path], student: Path, tmp_path: Path) -> list[str]:
     task = "bioasq" if "bioasq" in recipe else "gad"
     extra = ["transfer.random.size=24"] if "random" in recipe else []
-    return [f"teacher.name_or_path={teachers[task]}", f"student.name_or_path={student}", "task.max_examples=16",
+    several = "teachers" in yaml.safe_load((RECIPES / recipe).read_text())
+    teacher = (f"teachers=[{{name_or_path: {teachers[task]}}}, {{name_or_path: {teachers[task]}, weight: 2}}]"
+               if several else f"teacher.name_or_path={teachers[task]}")
+    return [teacher, f"student.name_or_path={student}", "task.max_examples=16",
             "task.max_length=128",
             "transfer.source.max_examples=24", "kd.epochs=1", f"kd.cache_dir={tmp_path / 'cache'}", *QUIET, *extra]
 

@@ -67,7 +67,7 @@ def test_cached_outputs_are_the_running_teachers(tmp_path, teacher_dir, corpus_f
     online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))
     student.eval()  # no dropout: both passes see the same student
     _, cached_logs = cached(batch)
-    _, online_logs = online(batch.replace(teacher={}))
+    _, online_logs = online(batch.replace(teachers=[{}]))
     # top-k over the whole vocabulary is the full KL; hidden states stored in bfloat16 (8 bits of mantissa)
     assert cached_logs["loss_logit_kl"].item() == pytest.approx(online_logs["loss_logit_kl"].item(), rel=1e-3)
     assert cached_logs["loss_hidden_cosine"].item() == pytest.approx(online_logs["loss_hidden_cosine"].item(),
@@ -91,7 +91,7 @@ def test_a_head_cache_gives_the_running_teachers_own_logits(tmp_path, teacher_di
     student = perturbed(setup.student, seed=1).eval()
     _, cached = MaskedLMModule(student, setup.objective, signal)(batch)
     _, online = MaskedLMModule(student, setup.objective, OnlineTeacher(setup.teacher))(
-        batch.replace(teacher={}))
+        batch.replace(teachers=[{}]))
     assert cached["loss_logit_kl"].item() > 1e-2
     assert cached["loss_logit_kl"].item() == pytest.approx(online["loss_logit_kl"].item(), **CLOSE), "exact logits"
     assert cached["loss_mlm"].item() == online["loss_mlm"].item()

@@ -12,6 +12,7 @@ from typing import Literal
 Reads = Literal["logits", "hidden", "attention", "qkv", "cls"]
 Scope = Literal["masked_lm", "task", "both"]  # the objective it belongs to: masked-LM distillation, task KD, or both
 Formed = Literal["never", "always", "unless_fused"]
+Mixture = Literal["softmax", "sigmoid", "logits"]  # where several teachers' predictions mix (losses.multi_teacher)
 
 LAYER_OPTIONS = frozenset({"student_layer", "teacher_layer", "layer_map", "layer_reduction"})
 # The options of TermConfig that belong to some kinds only (weight, epsilon and hinge_weight belong to every kind;
@@ -29,7 +30,9 @@ class TermSpec:
     recipe options that apply to it; `positions`: the fixed position set it reads (None: the recipe's `positions`);
     `formed`: whether it reads the student's logits formed at its positions ("unless_fused": unless the vocabulary KL
     forms them inside the loss); in a masked-LM objective across tokenizers, `words`: how its word form compares the
-    two tokenizations, or `no_words`: why it has none; `kd_soft`: its name as task KD's `kd.soft_loss`.
+    two tokenizations, or `no_words`: why it has none; `kd_soft`: its name as task KD's `kd.soft_loss`; with several
+    teachers, `mixture`: the space their weighted mixture is formed in (`biodistil.losses.multi_teacher`), or None:
+    one term per teacher, weighted (hidden, attention, relation and [CLS] terms; `kd.combine: per_teacher` for all).
     """
 
     name: str
@@ -44,6 +47,7 @@ class TermSpec:
     words: str = ""
     no_words: str = ""
     kd_soft: str | None = None
+    mixture: Mixture | None = None
 
     def __post_init__(self) -> None:
         has_one = bool(self.words) != bool(self.no_words)
@@ -68,7 +72,7 @@ SPECS = (
     TermSpec("mlm", "logits", "CE(labels, z_S) over the MLM targets", needs_teacher=False, positions="masked",
              formed="always", words="the student's own labels; mask_same_words masks the same words on both sides"),
     TermSpec("logit_kl", "logits", "T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) at the term's positions", scope="both",
-             cached=True, options=frozenset({"positions"}), formed="unless_fused", kd_soft="hinton",
+             cached=True, options=frozenset({"positions"}), formed="unless_fused", kd_soft="hinton", mixture="softmax",
              words="at each whole-word-masked word's first token on both sides: shared_vocab_kl_loss over the strings "
                    "both vocabularies name (a uld term covers the rest)"),
     TermSpec("uld", "logits", "(1/N)·Σ_rows Σ_i |p_S,(i) − p_T,(i)| on sorted probabilities (ULD)",
@@ -76,10 +80,11 @@ SPECS = (
              words="at each whole-word-masked word's first token on both sides: uld_loss on the sorted probabilities, "
                    "no shared string needed"),
     TermSpec("soft_ce", "logits", "−Σ softmax(z_T/T)·log softmax(z_S/T) (TinyBERT)", scope="both",
-             options=frozenset({"positions"}), formed="always",
+             options=frozenset({"positions"}), formed="always", mixture="softmax",
              no_words="a cross-entropy over one vocabulary; use logit_kl (shared strings + ULD)"),
     TermSpec("logit_mse", "logits", "(1/N)·Σ_rows squared errors, averaged or summed over the vocabulary", scope="both",
              options=frozenset({"positions", "vocab_reduction"}), formed="always", kd_soft="logit_mse",
+             mixture="logits",
              no_words="logits over two vocabularies do not correspond entry by entry; use logit_kl (shared strings + "
                       "ULD)"),
     TermSpec("hidden_cosine", "hidden", "1 − cos(h_S^l·W_l, h_T^g(l)) per position", cached=True,
@@ -100,7 +105,7 @@ SPECS = (
     TermSpec("ce", "logits", "CE(y, z_S) on the gold labels (BCE per label for multi-label tasks)",
              needs_teacher=False, scope="task", positions="masked", formed="always"),
     TermSpec("sigmoid_kd", "logits", "BCE(σ(z_T/T), σ(z_S/T)) of the positive class", scope="task", formed="always",
-             kd_soft="sigmoid"),
+             kd_soft="sigmoid", mixture="sigmoid"),
     TermSpec("patient_kd", "cls", "Σ_i MSE(h_S,i/‖h_S,i‖, h_T,g(i)/‖h_T,g(i)‖) of the [CLS] states (PatientKD)",
              scope="task"),
 )

@@ -7,8 +7,9 @@
   sub-word that has a teacher), `cls` (examples whose cached teacher [CLS] states exist: PatientKD), `new_tokens`
   (VE-KD's expanded vocabulary);
 - `alignment`: across tokenizers, each side's unit id per token and the units' masks (`UnitIds`);
-- `teacher`: the teacher's payload — its own inputs (across tokenizers, VE-KD) or its cached outputs — read only by
-  the teacher signal that attached it (`biodistil.teachers.signal`), under names without a "teacher_" prefix.
+- `teachers`: one payload per teacher (`teacher` is the first) — its own inputs (across tokenizers, VE-KD) or its
+  cached outputs — read only by the teacher signal that attached it (`biodistil.teachers.signal`, which knows its
+  slot), under names without a "teacher_" prefix.
 
 Collators build it (`AsBatch` wraps a collate function that pads a dict of model inputs and labels); `to(device)`
 moves every tensor; `pin_memory()` lets a CUDA data loader pin it.
@@ -52,13 +53,24 @@ class Batch:
     labels: torch.Tensor | None = None
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
     alignment: UnitIds | None = None
-    teacher: dict[str, torch.Tensor] = field(default_factory=dict)
+    teachers: list[dict[str, torch.Tensor]] = field(default_factory=lambda: [{}])
 
     @classmethod
     def of(cls, collated: dict[str, torch.Tensor], **parts: Any) -> "Batch":
         """A batch from a padded dict: its model inputs and `labels` (other keys are not the engine's)."""
         inputs = {key: collated[key] for key in MODEL_INPUTS if key in collated}
         return cls(inputs, collated.get("labels"), **parts)
+
+    @property
+    def teacher(self) -> dict[str, torch.Tensor]:
+        """The first (or only) teacher's payload."""
+        return self.teachers[0]
+
+    def payload(self, slot: int) -> dict[str, torch.Tensor]:
+        """Teacher `slot`'s payload, made empty when no signal attached one yet."""
+        while len(self.teachers) <= slot:
+            self.teachers.append({})
+        return self.teachers[slot]
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -68,10 +80,11 @@ class Batch:
     def attention_mask(self) -> torch.Tensor:
         return self.inputs["attention_mask"]
 
-    def teacher_inputs(self) -> dict[str, torch.Tensor]:
-        """The model inputs the teacher reads: its own tokenization when the payload has one (an `attention_mask`:
+    def teacher_inputs(self, slot: int = 0) -> dict[str, torch.Tensor]:
+        """The model inputs teacher `slot` reads: its own tokenization when its payload has one (an `attention_mask`:
         across tokenizers), else the student's positions with the payload's `input_ids` (VE-KD) or the student's."""
-        own = {key: self.teacher[key] for key in MODEL_INPUTS if key in self.teacher}
+        payload = self.payload(slot)
+        own = {key: payload[key] for key in MODEL_INPUTS if key in payload}
         return own if "attention_mask" in own else {**self.inputs, **own}
 
     def replace(self, **changes: Any) -> "Batch":
@@ -90,7 +103,7 @@ class Batch:
                      None if self.labels is None else tensor(self.labels),
                      {key: tensor(value) for key, value in self.masks.items()},
                      None if self.alignment is None else units(self.alignment),
-                     {key: tensor(value) for key, value in self.teacher.items()})
+                     [{key: tensor(value) for key, value in payload.items()} for payload in self.teachers])
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class AlignedBatch:
         sides = [{key: inputs[key] for key in ("input_ids", "attention_mask")}
                  for inputs in (self.student_inputs, self.teacher_inputs)]
         return Batch(sides[0], alignment=UnitIds(self.student_units, self.teacher_units, self.unit_mask,
-                                                 self.word_mask), teacher=sides[1])
+                                                 self.word_mask), teachers=[sides[1]])
 
     @classmethod
     def from_batch(cls, batch: Batch) -> "AlignedBatch":

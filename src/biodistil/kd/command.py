@@ -29,6 +29,7 @@ from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
 from biodistil.kd.objective import check_loss_fits_task, kd_terms, pkd_pairs
 from biodistil.kd.recipe import KDRecipe
+from biodistil.kd.several import render_teacher_table, teacher_field, teacher_table
 from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
@@ -72,13 +73,16 @@ class KDSetup:
     features: list[dict[str, Any]]
     collate: Collate
     pre_step: MetaTeacherUpdate | None
+    teachers: list[dict[str, Any]]  # several teachers: the pre-flight table (teacher × term); one teacher: []
 
 
 def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
     started = time.perf_counter()
-    run, accelerator = open_run(recipe, resume, [(recipe.teacher.name_or_path, "teacher.name_or_path", False),
-                                                 (recipe.student.name_or_path, "student.name_or_path", False)])
+    teachers = [(entry.name_or_path, teacher_field(recipe, k), False)
+                for k, entry in enumerate(recipe.teacher_entries())]
+    run, accelerator = open_run(recipe, resume, [*teachers, (recipe.student.name_or_path, "student.name_or_path",
+                                                             False)])
     setup = setup_kd(recipe, run.path, accelerator)
     cfg = _train_config(recipe, len(setup.features), accelerator.num_processes)
     evaluate_fn, selection, cfg = _dev_selection(recipe, setup.task, setup.tokenizer, cfg, len(setup.features),
@@ -103,8 +107,13 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
 
     with accelerator.main_process_first():
         student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir)
-    task = fit_length_to_model(fit_length_to_model(task_spec(recipe.task), student_path), recipe.teacher.name_or_path)
+    task = fit_length_to_model(task_spec(recipe.task), student_path)
+    for entry in recipe.teacher_entries():
+        task = fit_length_to_model(task, entry.name_or_path)
     check_loss_fits_task(recipe.kd, task)
+    teachers = teacher_table(recipe, task) if recipe.teachers is not None else []
+    if accelerator.is_local_main_process and teachers:
+        print(render_teacher_table(teachers), flush=True)
     with accelerator.main_process_first():
         transfer = transfer_examples(recipe, task, run_dir, accelerator.is_main_process)
     if accelerator.is_local_main_process:
@@ -124,7 +133,8 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     with accelerator.main_process_first():
         module, (features, collate), pre_step = build_training(
             recipe, task, student, tokenizer, train_examples, quiz_examples, accelerator.device, run_dir)
-    return KDSetup(task, tokenizer, student, transfer, test, init_scores, module, features, collate, pre_step)
+    return KDSetup(task, tokenizer, student, transfer, test, init_scores, module, features, collate, pre_step,
+                   teachers)
 
 
 def _train_config(recipe: KDRecipe, num_features: int, processes: int) -> TrainConfig:
@@ -143,7 +153,9 @@ def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolde
                            "labelled": sum(map(is_labelled, setup.transfer)),
                            "randomized": recipe.transfer.random is not None,
                            "fingerprint": fingerprint_examples(setup.transfer)},
-              "teacher_outputs": recipe.outputs_mode(), "result": asdict(result)}
+              "teacher_outputs": recipe.outputs_mode(), "result": asdict(result),
+              **({"teachers": setup.teachers, "combine": recipe.kd.combine, "confidence": recipe.kd.confidence}
+                 if setup.teachers else {})}
     if finished:
         report.update(_final_scores(recipe, setup.task, setup.student, setup.tokenizer, setup.test,
                                     setup.init_scores, run.path))
@@ -202,16 +214,20 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     """The module with its teacher signal, its training features and their collate, and (meta-learning) the
     pre-step that updates the teacher."""
     pairs: list[tuple[int, int]] = []
-    signal = None
+    signals: list[TeacherSignal] = []
+    entries = recipe.teacher_entries()
     if recipe.kd.soft_loss != "none":
-        teacher_layers = int(AutoConfig.from_pretrained(recipe.teacher.name_or_path).num_hidden_layers)
-        pairs = pkd_pairs(recipe.kd, student, teacher_layers)
-        signal = teacher_signal(recipe, task, tokenizer, train_examples, [t for _, t in pairs], teacher_layers,
-                                device)
+        depths = [int(AutoConfig.from_pretrained(entry.name_or_path).num_hidden_layers) for entry in entries]
+        pairs = pkd_pairs(recipe.kd, student, depths[0])
+        cls_layers = [t for _, t in pairs]
+        signals = [teacher_signal(recipe, entry.name_or_path, task, train_examples, cls_layers, depth, device, slot)
+                   for slot, (entry, depth) in enumerate(zip(entries, depths, strict=True))]
+    signal = signals[0] if len(signals) == 1 else signals or None
     meta = recipe.meta
     module = KDModule(student, task, recipe.kd, signal, pairs, trainable_teacher=meta is not None,
-                      adaptive=meta is not None and meta.mode == "adaptive")
-    teacher_tokenizer = online_teacher_tokenizer(recipe, task, tokenizer, signal)
+                      adaptive=meta is not None and meta.mode == "adaptive",
+                      teacher_weights=[entry.weight for entry in entries])
+    teacher_tokenizer = online_teacher_tokenizer(recipe, task, tokenizer, signals)
     data = kd_data(task, train_examples, tokenizer, signal, teacher_tokenizer)
     if meta is None:
         return module, data, None
@@ -221,26 +237,35 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     return module, data, pre_step
 
 
-def teacher_signal(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase, examples: list[Example],
-                   cls_layers: list[int], teacher_layers: int, device: torch.device) -> TeacherSignal:
-    """The recipe's source of teacher outputs: cached once over the transfer examples, or the teacher online."""
-    teacher_path = recipe.teacher.name_or_path
+def teacher_signal(recipe: KDRecipe, teacher_path: str, task: TaskSpec, examples: list[Example],
+                   cls_layers: list[int], teacher_layers: int, device: torch.device, slot: int = 0) -> TeacherSignal:
+    """One teacher's source of outputs: cached once over the transfer examples (its own cache entry, keyed by what
+    the teacher is), or the teacher online; `slot`: its payload in each batch (several teachers: their order)."""
     if recipe.outputs_mode() == "cached":
         request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar,
                                  teacher_layers)
-        return CachedTeacher(cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device))
-    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), classifier_forward)
+        outputs = cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device)
+        return CachedTeacher(outputs, slot=slot)
+    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), classifier_forward, slot)
 
 
 def online_teacher_tokenizer(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase,
-                             signal: TeacherSignal | None) -> PreTrainedTokenizerBase | None:
+                             signals: list[TeacherSignal]) -> PreTrainedTokenizerBase | None:
     """The online teacher's tokenizer when it is not the student's (the batches then carry the teacher's own tokens
-    of each text: `kd_features`), after the pre-flight of the kd terms for the pair; None otherwise."""
-    if signal is None or signal.model is None:
+    of each text: `kd_features`), after the pre-flight of the kd terms for the pair; None otherwise. Several online
+    teachers must share the student's tokenizer (cached teachers need not: their outputs are stored per word)."""
+    if not signals or signals[0].model is None:
         return None
-    teacher_tokenizer = load_tokenizer(recipe.teacher.name_or_path)
-    if tokenizer_pair(tokenizer, teacher_tokenizer) == "same":
+    entries = recipe.teacher_entries()
+    tokenizers = [load_tokenizer(entry.name_or_path) for entry in entries]
+    differ = [entry.name_or_path for entry, other in zip(entries, tokenizers, strict=True)
+              if tokenizer_pair(tokenizer, other) != "same"]
+    if not differ:
         return None
+    if len(entries) > 1:
+        raise BiodistilError(f"Several online teachers read the student's tokens; {differ} tokenize differently: "
+                             "use kd.teacher_outputs: cached (each teacher's outputs are stored per word)")
+    teacher_tokenizer = tokenizers[0]
     head = "token" if task.kind == "token_classification" else "sequence"
     refuse_unsupported(term_support(tokenizer, teacher_tokenizer, [t.cfg for t in kd_terms(recipe.kd)], head))
     return teacher_tokenizer
@@ -281,10 +306,12 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
     scored = ScoringSplit.encode(task, test, tokenizer).scored(student, recipe.train.batch_size * 2)
     written = write_test_results(run_dir, task, test, scored.predictions, {"test": scored.truncated_examples})
     scores = scored.scores
-    teacher = teacher_test_scores(recipe.teacher.name_or_path, task, test, recipe.kd.cache_dir,
-                                  recipe.train.batch_size * 2)
+    teachers = [teacher_test_scores(entry.name_or_path, task, test, recipe.kd.cache_dir, recipe.train.batch_size * 2)
+                for entry in recipe.teacher_entries()]
+    teacher = max(teachers, key=lambda found: found.get(task.headline_key, -math.inf))  # the best one, with several
+    several = {"teachers_test": teachers} if len(teachers) > 1 else {}
     return {"test": scores, "init": init_scores, "teacher": teacher,
-            "gap_closed": gap_closed(scores, init_scores, teacher), **written}
+            "gap_closed": gap_closed(scores, init_scores, teacher), **several, **written}
 
 
 def _report_rows(report: dict[str, Any]) -> dict[str, object]:
@@ -296,6 +323,11 @@ def _report_rows(report: dict[str, Any]) -> dict[str, object]:
             rows[name] = ", ".join(f"{k} {format_metric(k, v)}" for k, v in report[name].items())
     if "meta" in report:
         rows["meta"] = ", ".join(f"{k} {number(v):.4g}" for k, v in report["meta"].items())
+    if report.get("teachers"):
+        how = f"{report['combine']}" + (", confidence-weighted" if report.get("confidence") else "")
+        rows["teachers"] = f"{how}: " + "; ".join(f"{row['teacher']} (λ {row['weight']:.2f})"
+                                                   for row in report["teachers"])
+        rows["teacher"] = f"the best of the teachers: {rows.get('teacher', '')}"
     if report.get("degenerate"):
         rows["test"] = f"{rows['test']} (degenerate: {report['degenerate']})"
     rows["model"] = f"`{report['model_dir']}`" if "model_dir" in report else "not exported"

@@ -8,6 +8,7 @@ the checkpoint holds it, and it stays in eval mode (no dropout).
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,21 +48,22 @@ def inverse_softplus(value: float) -> float:
 class KDModule(nn.Module):
     """The student, its KD objective and the teacher signal; `forward(batch) -> (loss, logs)` for the engine."""
 
-    def __init__(self, student: PreTrainedModel, task: TaskSpec, cfg: KDOptions, signal: TeacherSignal | None = None,
-                 pairs: list[tuple[int, int]] = (), trainable_teacher: bool = False, adaptive: bool = False):
+    def __init__(self, student: PreTrainedModel, task: TaskSpec, cfg: KDOptions,
+                 signal: TeacherSignal | Sequence[TeacherSignal] | None = None, pairs: list[tuple[int, int]] = (),
+                 trainable_teacher: bool = False, adaptive: bool = False, teacher_weights: Sequence[float] = (1.0,)):
         super().__init__()
         self.student = student
         self.cfg = cfg
-        self.objective = KDObjective(cfg, task, pairs)
+        self.signals = () if signal is None else (signal,) if not isinstance(signal, Sequence) else tuple(signal)
+        self.objective = KDObjective(cfg, task, pairs, teacher_weights)
         self.student_layers = sorted({s for s, _ in pairs})
         self.teacher_request = FeatureRequest(hidden={t for _, t in pairs})
-        self.signal = signal
-        teacher = self.teacher
         if trainable_teacher:
-            self.teacher_model = teacher
-            teacher.eval()
-        elif teacher is not None:
-            freeze(teacher)
+            self.teacher_model = self.teacher
+            self.teacher.eval()
+        for model in self._online_models():
+            if not trainable_teacher:
+                freeze(model)
         self.adaptive = adaptive
         if adaptive:  # α = softplus(a), β = softplus(b): always positive
             self.raw_alpha = nn.Parameter(torch.tensor(inverse_softplus(cfg.alpha)))
@@ -73,14 +75,22 @@ class KDModule(nn.Module):
         return self.cfg.soft_loss == "hinton"
 
     @property
+    def signal(self) -> TeacherSignal | None:
+        """The (first) teacher's signal."""
+        return self.signals[0] if self.signals else None
+
+    @property
     def teacher(self) -> PreTrainedModel | None:
-        """The teacher model when it runs during training (online signal), else None."""
+        """The (first) teacher model when it runs during training (online signal), else None."""
         return self.signal.model if self.signal is not None else None
+
+    def _online_models(self) -> list[PreTrainedModel]:
+        return [signal.model for signal in self.signals if signal.model is not None]
 
     def train(self, mode: bool = True) -> "KDModule":
         super().train(mode)
-        if self.teacher is not None:
-            self.teacher.eval()
+        for model in self._online_models():
+            model.eval()
         return self
 
     def weights(self, detach: bool = False) -> tuple[Weight, Weight]:
@@ -101,13 +111,15 @@ class KDModule(nn.Module):
         hidden = {layer: states[layer] for layer in self.student_layers} if states else {}
         return classifier_features(out.logits, hidden, len(states) - 1 if states else 0)
 
-    def teacher_outputs(self, batch: Batch, grad: bool = False) -> Features | None:
-        """The teacher's features of the batch from the signal (with gradients only when `grad`); None without one."""
-        if self.signal is None:
+    def teacher_outputs(self, batch: Batch, grad: bool = False) -> Features | list[Features] | None:
+        """The teacher's features of the batch from its signal (with gradients only when `grad`), a list with several
+        teachers (one after the other, each under no_grad unless `grad`); None without one."""
+        if not self.signals:
             return None
-        return self.signal.get_signal(batch, self.teacher_request, grad=grad)
+        outputs = [signal.get_signal(batch, self.teacher_request, grad=grad) for signal in self.signals]
+        return outputs[0] if len(outputs) == 1 else outputs
 
-    def distill_loss(self, student: Features, teacher: Features | None, batch: Batch, alpha: Weight,
+    def distill_loss(self, student: Features, teacher: Features | list[Features] | None, batch: Batch, alpha: Weight,
                      beta: Weight) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L = α·soft + β·CE + γ·PatientKD (soft_loss none: β·CE only), with the terms' values and α, β for the logs."""
         loss, logs = self.objective(student, teacher, batch, {"soft": alpha, "ce": beta})
@@ -179,12 +191,14 @@ def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTo
 
 
 def kd_data(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTokenizerBase,
-            signal: TeacherSignal | None = None, teacher_tokenizer: PreTrainedTokenizerBase | None = None,
-            ) -> tuple[list[dict[str, Any]], Collate]:
-    """The transfer examples' features and their collate, prepared by the teacher signal (a cached teacher attaches
-    the rows of its outputs and gathers them into each batch); with `teacher_tokenizer`, the online teacher's own
-    tokens of every feature (`kd_features`)."""
+            signal: TeacherSignal | Sequence[TeacherSignal] | None = None,
+            teacher_tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[list[dict[str, Any]], Collate]:
+    """The transfer examples' features and their collate, prepared by each teacher signal in turn (a cached teacher
+    attaches the rows of its outputs and gathers them into each batch, in its payload slot); with
+    `teacher_tokenizer`, the online teacher's own tokens of every feature (`kd_features`)."""
     features = kd_features(task, examples, tokenizer, teacher_tokenizer)
     pad = teacher_tokenizer.pad_token_id if teacher_tokenizer is not None else 0
-    collate = KDCollator(collator_for(task, tokenizer), pad)
-    return signal.data(features, collate) if signal is not None else (features, collate)
+    data: tuple[Any, Collate] = (features, KDCollator(collator_for(task, tokenizer), pad))
+    for each in () if signal is None else (signal,) if not isinstance(signal, Sequence) else signal:
+        data = each.data(*data)
+    return data

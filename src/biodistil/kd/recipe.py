@@ -147,6 +147,12 @@ class KDOptions(Section):
     patient: PatientConfig | None = None
     select_on_dev: bool = Field(False, description="score the task's dev split every train.eval_every steps "
                                                    "and keep the best weights")
+    combine: Literal["mixture", "per_teacher"] = Field(
+        "mixture", description="several teachers (`teachers:`): the soft term on the weighted mixture of their "
+        "probabilities, or the weighted sum of one soft term per teacher")
+    confidence: bool = Field(
+        False, description="several teachers, mixture: weigh each teacher per example (per word in token tasks) by "
+        "its probability of the gold label where there is one, else by exp(−entropy) of its prediction")
 
     @model_validator(mode="after")
     def _consistent(self) -> KDOptions:
@@ -178,11 +184,20 @@ class MetaConfig(Section):
     finite_difference: float = Field(0.01, gt=0, description="order=first: ε of the finite difference")
 
 
+class KDTeacher(Section):
+    """One of several teachers: a classifier fine-tuned on the task, and its weight λ (normalised over teachers)."""
+
+    name_or_path: ModelRef = Field(min_length=1)
+    weight: float = Field(1.0, gt=0)
+
+
 class KDRecipe(Section):
-    """`biodistil kd`: train a student on a fine-tuned teacher's outputs over a transfer set."""
+    """`biodistil kd`: train a student on a fine-tuned teacher's outputs (or several teachers') over a transfer set."""
 
     run: RunConfig = Field(default_factory=RunConfig)
-    teacher: ModelConfig
+    teacher: ModelConfig | None = Field(None, description="the teacher (or give `teachers:`)")
+    teachers: list[KDTeacher] | None = Field(
+        None, min_length=2, description="several teachers, each with a weight; how they teach: kd.combine")
     student: ModelConfig
     task: TaskConfig
     transfer: TransferConfig = Field(default_factory=TransferConfig)
@@ -193,8 +208,18 @@ class KDRecipe(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> KDRecipe:
-        if self.teacher.layers is not None:
+        if (self.teacher is None) == (self.teachers is None):
+            raise ValueError("give the teacher (teacher:) or several (teachers:), not both")
+        if self.teacher is not None and self.teacher.layers is not None:
             raise ValueError("teacher.layers: the teacher is used whole; layers applies to the student")
+        if self.teachers is not None and self.meta is not None:
+            raise ValueError("meta-learning updates one teacher: give teacher:, not teachers:")
+        if self.teachers is not None and self.kd.patient is not None:
+            raise ValueError("kd.patient maps the student's layers to one teacher's: give teacher:, or drop "
+                             "kd.patient with teachers:")
+        if self.kd.confidence and (self.teachers is None or self.kd.combine != "mixture"):
+            raise ValueError("kd.confidence weighs several teachers' shares of a mixture: give teachers: and "
+                             "kd.combine: mixture")
         if (self.kd.beta > 0 or self.kd.soft_loss == "none") and not self.transfer.keep_labels:
             raise ValueError("kd.beta > 0 (or soft_loss none) needs gold labels: set transfer.keep_labels: true")
         if self.meta is not None:
@@ -213,6 +238,13 @@ class KDRecipe(Section):
                 raise ValueError(f"meta.pilot_batches {pilot} must divide train.grad_accumulation "
                                  f"{self.train.grad_accumulation}")
         return self
+
+    def teacher_entries(self) -> list[KDTeacher]:
+        """Every teacher with its weight λ_k normalised to sum to 1 (one teacher: weight 1)."""
+        if self.teachers is None:
+            return [KDTeacher(name_or_path=self.teacher.name_or_path)]
+        total = sum(entry.weight for entry in self.teachers)
+        return [entry.model_copy(update={"weight": entry.weight / total}) for entry in self.teachers]
 
     def outputs_mode(self) -> Literal["cached", "online"]:
         """Where teacher outputs come from: `auto` is online for meta-learning, cached otherwise."""

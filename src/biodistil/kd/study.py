@@ -166,7 +166,8 @@ def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[st
     if command == "kd":
         base = deep_merge(base, {"student": {"name_or_path": recipe.student}})
         base = deep_merge({"kd": {"cache_dir": str(root / "cache")}}, base)
-        fixed = {"teacher": {"name_or_path": teacher}}
+        own = "teacher" in overrides or "teachers" in overrides  # an arm with its own teacher(s)
+        fixed = {} if own else {"teacher": {"name_or_path": teacher}}
     else:
         base = deep_merge(base, {"model": {"name_or_path": recipe.student}})
         fixed = {}

@@ -110,5 +110,5 @@ class MaskSameWords:
         chosen, student, teacher = mask_same_words(AlignedBatch.from_batch(batch), self.student_vocab,
                                                    self.teacher_vocab, self.cfg, generator)
         return batch.replace(inputs={**batch.inputs, "input_ids": student.input_ids}, labels=student.labels,
-                             teacher={**batch.teacher, "input_ids": teacher.input_ids},
+                             teachers=[{**batch.teacher, "input_ids": teacher.input_ids}],
                              alignment=replace(batch.alignment, chosen=chosen))

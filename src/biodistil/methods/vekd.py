@@ -60,7 +60,7 @@ class VocabExpansionMaskBatch:
         device = ids.device
         return batch.replace(inputs={**batch.inputs, "input_ids": corrupted.to(device)}, labels=labels.to(device),
                              masks={**batch.masks, "new_tokens": new.to(device)},
-                             teacher={**batch.teacher, "input_ids": teacher_ids.to(device)})
+                             teachers=[{**batch.teacher, "input_ids": teacher_ids.to(device)}])
 
     def _corrupt_new_tokens(
         self, ids: torch.Tensor, corrupted: torch.Tensor, labels: torch.Tensor, new: torch.Tensor,

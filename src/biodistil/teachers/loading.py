@@ -16,7 +16,15 @@ _ARCHITECTURE = {"token_classification": "ForTokenClassification",
 
 def load_teacher_classifier(name_or_path: str | Path, task: TaskSpec) -> PreTrainedModel:
     """A teacher fine-tuned on `task`, in eval mode: its config must name a classification head with the task's
-    labels."""
+    labels (`check_teacher_for_task`)."""
+    check_teacher_for_task(name_or_path, task)
+    model = build_classifier(name_or_path, task)
+    model.eval()
+    return model
+
+
+def check_teacher_for_task(name_or_path: str | Path, task: TaskSpec) -> None:
+    """Refuse a teacher whose config names no classification head of the task's kind, or other labels."""
     try:
         config = AutoConfig.from_pretrained(str(name_or_path))
     except OSError as err:
@@ -29,9 +37,6 @@ def load_teacher_classifier(name_or_path: str | Path, task: TaskSpec) -> PreTrai
             f"{config.architectures} and labels {labels}; expected a *{_ARCHITECTURE[task.kind]} model with labels "
             f"{task.labels}. Fine-tune it first with `biodistil finetune`."
         )
-    model = build_classifier(name_or_path, task)
-    model.eval()
-    return model
 
 
 def freeze(model: nn.Module) -> None:

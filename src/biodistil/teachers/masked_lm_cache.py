@@ -347,8 +347,8 @@ class CacheReader:
 class CachedBlocks(Dataset):
     """Statically masked blocks with the teacher's cached outputs for their (block, pattern) attached."""
 
-    def __init__(self, blocks: Any, reader: CacheReader):
-        self.blocks, self.reader = blocks, reader
+    def __init__(self, blocks: Any, reader: CacheReader, slot: int = 0):
+        self.blocks, self.reader, self.slot = blocks, reader, slot
         spec = reader.cache.spec
         self.k, self.m, self.layers = spec.top_k, spec.tail_samples, spec.hidden_layers
 
@@ -380,29 +380,30 @@ class CachedBlocks(Dataset):
         for layer in self.layers:
             states = _from_stored(entry[f"hidden_{layer}"], torch.bfloat16)
             teacher[f"hidden_{layer}"] = states.reshape(len(item["input_ids"]), -1)
-        return {**item, "teacher": teacher}
+        return {**item, f"teacher@{self.slot}": teacher}
 
 
 class CachedCollate:
     """`collate` for the blocks, plus the teacher's outputs: rows of the masked positions (top-k, head input)
     concatenated in row-major order, hidden states padded to [B, L, D]."""
 
-    def __init__(self, collate: Callable[[list[dict[str, Any]]], Batch], layers: Sequence[int]):
-        self.collate, self.layers = collate, tuple(layers)
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], Batch], layers: Sequence[int], slot: int = 0):
+        self.collate, self.layers, self.slot = collate, tuple(layers), slot
 
     def __call__(self, items: list[dict[str, Any]]) -> Batch:
         batch = self.collate(items)
-        stored = [item["teacher"] for item in items]
+        payload = batch.payload(self.slot)
+        stored = [item[f"teacher@{self.slot}"] for item in items]
         for name in ROW_FIELDS:
             if name in stored[0]:
-                batch.teacher[name] = torch.cat([entry[name] for entry in stored])
+                payload[name] = torch.cat([entry[name] for entry in stored])
         length = batch.input_ids.size(1)
         for layer in self.layers:
             states = [entry[f"hidden_{layer}"] for entry in stored]
             padded = states[0].new_zeros((len(states), length, states[0].size(-1)))
             for row, state in enumerate(states):
                 padded[row, :len(state)] = state
-            batch.teacher[f"hidden_{layer}"] = padded
+            payload[f"hidden_{layer}"] = padded
         return batch
 
 
@@ -422,11 +423,12 @@ class MaskedLMOutputs:
         self.reader, self.head = reader, head
         self.layers, self.teacher_layers, self.temperature = spec.hidden_layers, spec.teacher_layers, spec.temperature
 
-    def data(self, dataset: Dataset, collate: Callable) -> tuple[Dataset, Callable]:
-        return CachedBlocks(dataset, self.reader), CachedCollate(collate, self.layers)
+    def data(self, dataset: Dataset, collate: Callable, slot: int = 0) -> tuple[Dataset, Callable]:
+        return CachedBlocks(dataset, self.reader, slot), CachedCollate(collate, self.layers, slot)
 
-    def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None) -> Features:
-        stored = batch.teacher
+    def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None,
+                 slot: int = 0) -> Features:
+        stored = batch.payload(slot)
         hidden = {layer: stored[f"hidden_{layer}"].float() for layer in self.layers}
         logits = None
         if request.logits and self.head is not None:

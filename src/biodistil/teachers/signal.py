@@ -30,13 +30,14 @@ from biodistil.tasks.encoding import model_inputs
 from biodistil.training.engine import Collate
 
 Positions = torch.Tensor | None  # [B, L] bool: where vocabulary logits are wanted (masked-LM terms)
-TeacherForward = Callable[[PreTrainedModel, Batch, FeatureRequest, Positions, bool], Features]
+TeacherForward = Callable[[PreTrainedModel, Batch, FeatureRequest, Positions, bool, int], Features]
 
 
 class TeacherSignal(Protocol):
     """The teacher's outputs for a distillation module, whatever their source."""
 
     model: PreTrainedModel | None  # the teacher model when it runs during training, else None
+    slot: int  # which of the batch's teacher payloads is this signal's (several teachers: their order)
 
     def data(self, dataset: Dataset, collate: Collate, held_out: bool = False) -> tuple[Dataset, Collate]:
         """The dataset and collate function with whatever this signal needs in each batch."""
@@ -50,20 +51,20 @@ class TeacherSignal(Protocol):
 
 
 class StoredOutputs(Protocol):
-    """One entry of the teacher store, as a `CachedTeacher` reads it."""
+    """One entry of the teacher store, as a `CachedTeacher` reads it; `slot`: the batch payload it fills and reads."""
 
-    def data(self, dataset: Dataset, collate: Collate) -> tuple[Dataset, Collate]:
+    def data(self, dataset: Dataset, collate: Collate, slot: int = 0) -> tuple[Dataset, Collate]:
         ...
 
-    def features(self, batch: Batch, request: FeatureRequest, positions: Positions) -> Features:
+    def features(self, batch: Batch, request: FeatureRequest, positions: Positions, slot: int = 0) -> Features:
         ...
 
 
 def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions,
-                      grad: bool = False) -> Features:
+                      grad: bool = False, slot: int = 0) -> Features:
     """A masked-LM teacher's requested features (on its own inputs when the batch's teacher payload has them: VE-KD's
     `input_ids`, and across tokenizers its own tokens and `attention_mask`), in inference mode unless `grad`."""
-    inputs = batch.teacher_inputs()
+    inputs = batch.teacher_inputs(slot)
     if grad:
         return extract_features(model, inputs, request, positions)
     with torch.inference_mode():
@@ -72,7 +73,7 @@ def masked_lm_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequ
 
 
 def classifier_forward(model: PreTrainedModel, batch: Batch, request: FeatureRequest, positions: Positions = None,
-                       grad: bool = False) -> Features:
+                       grad: bool = False, slot: int = 0) -> Features:
     """A fine-tuned teacher's logits and the [CLS] states of the requested layers (`request.hidden`). The teacher
     reads the student's tokens, or its own tokens of the same text when the batch's teacher payload has them (across
     tokenizers); a token task's logits are then read at each word's first teacher token and placed at the student's
@@ -80,9 +81,9 @@ def classifier_forward(model: PreTrainedModel, batch: Batch, request: FeatureReq
     from biodistil.teachers.task_cache import forward_teacher  # tests count the teacher's passes there
 
     with torch.set_grad_enabled(grad):
-        logits, states = forward_teacher(model, model_inputs(model, batch.teacher_inputs()), bool(request.hidden))
-        if "word_index" in batch.teacher:
-            logits = at_student_tokens(logits, batch.teacher["word_index"])
+        logits, states = forward_teacher(model, model_inputs(model, batch.teacher_inputs(slot)), bool(request.hidden))
+        if "word_index" in batch.payload(slot):
+            logits = at_student_tokens(logits, batch.payload(slot)["word_index"])
     hidden = {layer: states[layer] for layer in sorted(request.hidden)} if states else {}
     return classifier_features(logits, hidden, len(states) - 1 if states else 0)
 
@@ -98,15 +99,15 @@ def at_student_tokens(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor
 class OnlineTeacher:
     """The teacher model, run on each batch by `forward`."""
 
-    def __init__(self, model: PreTrainedModel, forward: TeacherForward = masked_lm_forward):
-        self.model, self.forward = model, forward
+    def __init__(self, model: PreTrainedModel, forward: TeacherForward = masked_lm_forward, slot: int = 0):
+        self.model, self.forward, self.slot = model, forward, slot
 
     def data(self, dataset: Dataset, collate: Collate, held_out: bool = False) -> tuple[Dataset, Collate]:
         return dataset, collate
 
     def get_signal(self, batch: Batch, request: FeatureRequest, positions: Positions = None,
                    grad: bool = False) -> Features:
-        return self.forward(self.model, batch, request, positions, grad)
+        return self.forward(self.model, batch, request, positions, grad, self.slot)
 
 
 class CachedTeacher:
@@ -115,15 +116,16 @@ class CachedTeacher:
 
     model = None
 
-    def __init__(self, train: StoredOutputs, held_out: StoredOutputs | None = None):
+    def __init__(self, train: StoredOutputs, held_out: StoredOutputs | None = None, slot: int = 0):
         self.sources = {False: train, True: held_out}
+        self.slot = slot
 
     def data(self, dataset: Dataset, collate: Collate, held_out: bool = False) -> tuple[Dataset, Collate]:
-        return self.sources[held_out].data(dataset, collate)
+        return self.sources[held_out].data(dataset, collate, self.slot)
 
     def get_signal(self, batch: Batch, request: FeatureRequest, positions: Positions = None,
                    grad: bool = False) -> Features:
-        return self.sources[False].features(batch, request, positions)
+        return self.sources[False].features(batch, request, positions, self.slot)
 
 
 def outside_inference_mode(features: Features) -> Features:

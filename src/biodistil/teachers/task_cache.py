@@ -219,47 +219,59 @@ class TaskOutputs:
     def __len__(self) -> int:
         return len(self.by_window)
 
-    def data(self, dataset: Sequence[dict[str, Any]], collate: Collate) -> tuple[list[dict[str, Any]], Collate]:
-        """The student's features with their rows attached, and a collate that gathers the rows into the batch."""
-        return [self.attach(feature) for feature in dataset], GatheringCollate(collate, self)
+    def data(self, dataset: Sequence[dict[str, Any]], collate: Collate,
+             slot: int = 0) -> tuple[list[dict[str, Any]], Collate]:
+        """The student's features with their rows attached, and a collate that gathers the rows into the batch's
+        payload `slot`."""
+        return [self.attach(feature, slot) for feature in dataset], GatheringCollate(collate, self, slot)
 
-    def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None = None) -> Features:
+    def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None = None,
+                 slot: int = 0) -> Features:
         """The batch's gathered logits (and [CLS] states, [B, 1, D] per layer) as the objective's features."""
-        cls = batch.teacher.get("cls")
+        payload = batch.payload(slot)
+        cls = payload.get("cls")
         hidden = {layer: cls[:, k:k + 1] for k, layer in enumerate(self.cls_layers)} if cls is not None else {}
-        return classifier_features(batch.teacher["logits"], hidden, self.teacher_layers)
+        return classifier_features(payload["logits"], hidden, self.teacher_layers)
 
-    def attach(self, feature: dict[str, Any]) -> dict[str, Any]:
-        """The feature with `teacher_rows` (per position, `NO_ROW` where the soft term does not count or the teacher
-        has no word) or `teacher_row`, and `teacher_cls_row` for PatientKD; reads its `origin` and `word_ids`."""
+    def attach(self, feature: dict[str, Any], slot: int = 0) -> dict[str, Any]:
+        """The feature with its rows under `rows@<slot>`: per position for token tasks (`NO_ROW` where the soft term
+        does not count or the teacher has no word), else one; and the [CLS] row for PatientKD under `cls_row@<slot>`.
+        Reads the feature's `origin` and `word_ids`."""
         example, start = feature["origin"]
         out = dict(feature)
         if self.token_task:
-            out["teacher_rows"] = [
+            out[f"rows@{slot}"] = [
                 self.by_word.get((example, start + word), NO_ROW) if word >= 0 and counts else NO_ROW
                 for word, counts in zip(feature["word_ids"], feature["kd_mask"], strict=True)]
         else:
-            out["teacher_row"] = self.by_example[example]
+            out[f"rows@{slot}"] = self.by_example[example]
         if self.cls is not None:
-            out["teacher_cls_row"] = self.by_window.get((example, start), NO_ROW)
+            out[f"cls_row@{slot}"] = self.by_window.get((example, start), NO_ROW)
         return out
 
-    def gather(self, features: list[dict[str, Any]], batch: Batch) -> None:
+    def gather(self, features: list[dict[str, Any]], batch: Batch, slot: int = 0) -> None:
         """Put the teacher's `logits` ([B, C], or [B, L, C] with the `kd` mask narrowed to the positions that have a
-        teacher word) and `cls` [B, K, D] (+ the `cls` mask) into `batch`, read from the mapped arrays."""
+        teacher word: with several teachers, those all of them have) and `cls` [B, K, D] (+ the `cls` mask) into the
+        batch's payload `slot`, read from the mapped arrays."""
+        payload = batch.payload(slot)
         if self.token_task:
             length = batch.input_ids.size(1)
             rows = np.full((len(features), length), NO_ROW, dtype=np.int64)
             for i, feature in enumerate(features):
-                rows[i, :len(feature["teacher_rows"])] = feature["teacher_rows"]
-            batch.teacher["logits"] = _rows_of(self.logits, rows)
-            batch.masks["kd"] = torch.from_numpy(rows != NO_ROW).long()
+                rows[i, :len(feature[f"rows@{slot}"])] = feature[f"rows@{slot}"]
+            payload["logits"] = _rows_of(self.logits, rows)
+            _narrow(batch.masks, "kd", torch.from_numpy(rows != NO_ROW).long())
         else:
-            batch.teacher["logits"] = _rows_of(self.logits, np.array([f["teacher_row"] for f in features]))
+            payload["logits"] = _rows_of(self.logits, np.array([f[f"rows@{slot}"] for f in features]))
         if self.cls is not None:
-            rows = np.array([f["teacher_cls_row"] for f in features])
-            batch.teacher["cls"] = _rows_of(self.cls, rows)
-            batch.masks["cls"] = torch.from_numpy(rows != NO_ROW).long()
+            rows = np.array([f[f"cls_row@{slot}"] for f in features])
+            payload["cls"] = _rows_of(self.cls, rows)
+            _narrow(batch.masks, "cls", torch.from_numpy(rows != NO_ROW).long())
+
+
+def _narrow(masks: dict[str, torch.Tensor], name: str, known: torch.Tensor) -> None:
+    """masks[name] = known, or known and the mask already there (another teacher's)."""
+    masks[name] = known if name not in masks else masks[name] * known
 
 
 @dataclass(frozen=True)
@@ -268,10 +280,11 @@ class GatheringCollate:
 
     collate: Collate
     outputs: TaskOutputs
+    slot: int = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
         batch = self.collate(features)
-        self.outputs.gather(features, batch)
+        self.outputs.gather(features, batch, self.slot)
         return batch
 
 

@@ -73,10 +73,11 @@ def _what(recipe: dict[str, Any], metrics: dict[str, Any]) -> tuple[str, str | N
     """(kind of run, base model, task): a kd student, a fine-tuned model, a distilled or pre-trained masked LM."""
     task = (recipe.get("task") or {}).get("name")
     task = metrics.get("task") or (Path(task).stem if task else None)
-    if "teacher" in recipe and task:
-        return "kd", recipe["teacher"]["name_or_path"], task
-    if "teacher" in recipe:
-        return "distill", recipe["teacher"]["name_or_path"], None
+    teachers = [recipe["teacher"]] if recipe.get("teacher") else recipe.get("teachers") or []
+    if teachers and task:
+        return "kd", ", ".join(str(teacher["name_or_path"]) for teacher in teachers), task
+    if teachers:
+        return "distill", teachers[0]["name_or_path"], None
     if task:
         return "finetune", (recipe.get("model") or {}).get("name_or_path"), task
     return "pretrain", (recipe.get("model") or {}).get("name_or_path"), None

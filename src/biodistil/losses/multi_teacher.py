@@ -1,0 +1,79 @@
+"""Several teachers as one: the weighted mixture of their predictions, expressed as logits any soft term reads, and
+the per-example weights of confidence weighting.
+
+With teachers k = 1..K, weights λ_k (Σ λ_k = 1) and, optionally, per example x (per word of a token task):
+
+    w_k(x) = λ_k·c_k(x) / Σ_j λ_j·c_j(x),   c_k(x) = p_k(y | x) where x has a gold label y, else exp(−H(p_k(·|x)))
+
+(p_k at temperature 1; for multi-label tasks the geometric mean over labels of p_k(y_l | x), and exp(−mean binary
+entropy)). The mixture of the soft term's distributions is then given as logits z_mix, so that the term computed on
+z_mix is the term on the mixture:
+
+    softmax:  z_mix = T·log Σ_k w_k·softmax(z_k/T)              (softmax(z_mix/T) = Σ_k w_k·softmax(z_k/T))
+    sigmoid:  z_mix = T·logit(Σ_k w_k·σ(z_k/T)) per logit      (binary KD of the positive class; per label)
+    logits:   z_mix = Σ_k w_k·z_k                               (logit regression: the weighted mean of the logits)
+"""
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Space = Literal["softmax", "sigmoid", "logits"]
+_TINY = 1e-12
+
+
+def mixed_teacher_logits(logits: Sequence[torch.Tensor], weights: torch.Tensor, space: Space,
+                         temperature: float = 1.0, binary_pair: bool = False) -> torch.Tensor:
+    """z_mix [N, C] of K teachers' logits [N, C]; `weights` [K] or [K, N] (summing to 1 over K). `binary_pair`: two
+    logits whose difference z_1 − z_0 is the positive logit (sigmoid space): z_mix = [0, T·logit(q_mix)]."""
+    stacked = torch.stack([z.float() for z in logits])  # [K, N, C]
+    w = _per_row(weights.float().to(stacked.device), stacked)
+    t = float(temperature)
+    if space == "logits":
+        return (w * stacked).sum(0)
+    if space == "softmax":
+        mixed = (w * F.softmax(stacked / t, dim=-1)).sum(0)
+        return t * mixed.clamp_min(_TINY).log()
+    if space == "sigmoid":
+        positive = stacked[..., 1:] - stacked[..., :1] if binary_pair else stacked
+        q = (w * torch.sigmoid(positive / t)).sum(0).clamp(_TINY, 1 - _TINY)
+        z = t * torch.logit(q)
+        return torch.cat([torch.zeros_like(z), z], dim=-1) if binary_pair else z
+    raise ValueError(f"space must be softmax, sigmoid or logits, not {space!r}")
+
+
+def confidence_weights(logits: Sequence[torch.Tensor], prior: torch.Tensor, labels: torch.Tensor | None = None,
+                       multi_label: bool = False) -> torch.Tensor:
+    """w_k(x) [K, N] (module docstring): each teacher's prior λ_k [K] times its confidence on row x, normalised over
+    the teachers. `labels`: [N] class ids (−100: no gold label) or, `multi_label`, [N, C] 0/1 vectors."""
+    confidence = torch.stack([_confidence(z.float(), labels, multi_label) for z in logits])  # [K, N]
+    weighted = prior.float().to(confidence.device)[:, None] * confidence
+    return weighted / weighted.sum(0, keepdim=True).clamp_min(_TINY)
+
+
+def _confidence(logits: torch.Tensor, labels: torch.Tensor | None, multi_label: bool) -> torch.Tensor:
+    """c(x) [N]: p(y | x) at a gold label, exp(−H(p(·|x))) elsewhere (per label, geometric means: multi-label)."""
+    if multi_label:
+        log_p, log_not = F.logsigmoid(logits), F.logsigmoid(-logits)
+        entropy = -(log_p.exp() * log_p + log_not.exp() * log_not).mean(-1)
+        unsure = (-entropy).exp()
+        if labels is None:
+            return unsure
+        gold = (labels.float() * log_p + (1 - labels.float()) * log_not).mean(-1).exp()
+        return gold
+    log_p = F.log_softmax(logits, dim=-1)
+    unsure = (log_p.exp() * log_p).sum(-1).exp()  # exp(−H)
+    if labels is None:
+        return unsure
+    labelled = labels != -100
+    gold = log_p.gather(-1, labels.clamp_min(0).long()[:, None]).squeeze(-1).exp()
+    return torch.where(labelled, gold, unsure)
+
+
+def _per_row(weights: torch.Tensor, stacked: torch.Tensor) -> torch.Tensor:
+    """Weights broadcast against [K, N, C]: [K] → [K, 1, 1], [K, N] → [K, N, 1]."""
+    if weights.dim() == 1:
+        return weights[:, None, None]
+    return weights[..., None]
