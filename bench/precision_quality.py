@@ -90,7 +90,9 @@ def study_check(args: argparse.Namespace) -> dict[str, Any]:
         checks[kind] = {"fp32": fp32["scores"], "bf16": bf16["scores"], "metric": fp32["metric"],
                         "degenerate_seeds": {"fp32": fp32["degenerate_seeds"], "bf16": bf16["degenerate_seeds"]},
                         "verdict": verdict(fp32["scores"], bf16["scores"])}
-    seconds = {r["arm"]: r["wall_seconds"] for r in summary["runs"]}
+    seconds: dict[str, list[float]] = {}
+    for run in summary["runs"]:  # every seed's run of each arm
+        seconds.setdefault(run["arm"], []).append(run["wall_seconds"])
     return {"teacher": summary["teachers"], "checks": checks, "wall_seconds_per_arm": seconds}
 
 

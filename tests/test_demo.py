@@ -104,9 +104,8 @@ def _speed(label: str, ms: float, parameters: int) -> dict:
             "throughput": {"128": {"sequences_per_s": 1000 / ms}}}
 
 
-def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is_a_finding(tmp_path):
-    from biodistil.demo import build_report, render_report
-
+def _finished():
+    """A finished demo's records, as its stages leave them (the study's summary, the scoring, the export)."""
     runs = [{"arm": arm, "seed": seed, "folder": f"ncbi_disease/{arm}/seed-{seed}", "test": _scores(f1),
              "wall_seconds": 60.0, "steps": 250, "degenerate": "O" if arm == "fine-tuned" and seed == 2 else ""}
             for arm, scores in {"fine-tuned": (0.64, 0.65), "distilled": (0.74, 0.75),
@@ -120,8 +119,14 @@ def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is
                           "models": [_speed("teacher", 40.0, 22_700_000), _speed("student", 20.0, 17_400_000),
                                      _speed("student-onnx", 16.0, 17_400_000),
                                      _speed("student-onnx-int8", 8.0, 17_400_000)]}}
-    report = build_report(PLAN, summary, deployed, {"accuracy": {"int8_drop": 0.001, "examples": 923}},
-                          tmp_path, 5424)
+    return summary, deployed, {"accuracy": {"int8_drop": 0.001, "examples": 923}}
+
+
+def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is_a_finding(tmp_path):
+    from biodistil.demo import build_report, render_report
+
+    summary, deployed, export = _finished()
+    report = build_report(PLAN, summary, deployed, export, tmp_path, 5424)
     rows = {row["arm"] or "teacher": row for row in report["models"]}
     assert list(rows) == ["teacher", "fine-tuned", "distilled", "label-free", "student-onnx", "student-onnx-int8"]
     assert rows["distilled"]["f1_mean"] == pytest.approx(0.745) and rows["distilled"]["speedup"] == 2.0
@@ -136,3 +141,26 @@ def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is
     ending = render_report(report, tmp_path / "demo").rstrip()
     assert ending.endswith(f"biodistil predict {tmp_path / 'demo' / 'student-onnx'} YOUR_DOCUMENTS --out "
                            "entities.jsonl"), "the report ends with the command that runs its student on documents"
+
+
+@pytest.mark.skipif(data_root() is None, reason="no biodistil data folder (../shared/data or $BIODISTIL_DATA)")
+def test_record_writes_the_report_the_docs_quote(tmp_path, monkeypatch):
+    from biodistil import demo
+
+    summary, deployed, export = _finished()
+    study = tmp_path / "demo" / "study"
+    study.mkdir(parents=True)
+    (study / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    monkeypatch.setattr(demo, "_run_study", lambda *args: study)
+    monkeypatch.setattr(demo, "_export", lambda *args: export)
+    monkeypatch.setattr(demo, "_deployed", lambda *args: deployed)
+    record = tmp_path / "docs" / "demo.json"
+    record.parent.mkdir()
+    demo.run_demo(tmp_path / "demo", data=data_root(), record=record)
+    assert json.loads(record.read_text()) == json.loads((tmp_path / "demo" / "report.json").read_text())
+    block = demo.results_block(json.loads(record.read_text()))
+    assert block in (tmp_path / "demo" / "report.md").read_text(), "the docs quote the report's own table"
+    from biodistil.cli.main import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path / "q"), "--record", str(record)]) == 2
+    assert not (tmp_path / "q").exists(), "refused before anything ran"

@@ -2,11 +2,12 @@
 
     python docs/results/tables.py            # every study
     python docs/results/tables.py meta-kd    # one
-    python docs/results/tables.py --write    # replace the marked tables of docs/results.md
+    python docs/results/tables.py --write    # replace the marked tables of docs/results.md and docs/demo.md
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
-`users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml.
+`users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml;
+`demo.json` the `report.json` of `biodistil demo --out DIR --record docs/results/demo.json` (docs/demo.md).
 A difference between two arms is a finding only when the 95% confidence interval of a t-test on the per-seed scores
 excludes 0 (biodistil's one verdict rule, `biodistil.tasks.significance`: paired where the arms share seeds and data
 order — the fine-tuning cells of one evaluation —, else Welch's); otherwise it is inconclusive, with about the seeds
@@ -291,23 +292,36 @@ def _wall_time(summary: dict[str, Any]) -> str:
             f"{summary['machine']['torch_threads']} torch thread(s).")
 
 
+def demo_tables(report: dict[str, Any]) -> str:
+    """The demo's table and what it shows, as its report renders them (`biodistil.demo.results_block`)."""
+    from biodistil.demo import results_block
+
+    return results_block(report)
+
+
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
-           "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables}
+           "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables, "demo": demo_tables}
+PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
+
+
+def page(name: str) -> Path:
+    return HERE.parent / PAGES.get(name, "results.md")
 
 
 def block(name: str) -> str:
-    """The marked region of docs/results.md that holds a study's tables."""
+    """The marked region of a page (docs/results.md, docs/demo.md) that holds a record's tables."""
     return f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->"
 
 
-def write(doc: Path = HERE.parent / "results.md") -> None:
-    text = doc.read_text(encoding="utf-8")
-    for name in STUDIES:
-        start, end = f"<!-- tables: {name} -->", f"<!-- end: {name} -->"
-        if (HERE / f"{name}.json").is_file() and start in text:
-            before, rest = text.split(start, 1)
-            text = before + block(name) + rest.split(end, 1)[1]
-    doc.write_text(text, encoding="utf-8")
+def write() -> None:
+    for doc in sorted({page(name) for name in STUDIES}):
+        text = doc.read_text(encoding="utf-8")
+        for name in (name for name in STUDIES if page(name) == doc):
+            start, end = f"<!-- tables: {name} -->", f"<!-- end: {name} -->"
+            if (HERE / f"{name}.json").is_file() and start in text:
+                before, rest = text.split(start, 1)
+                text = before + block(name) + rest.split(end, 1)[1]
+        doc.write_text(text, encoding="utf-8")
 
 
 def main(args: list[str]) -> None:

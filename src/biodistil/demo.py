@@ -85,8 +85,9 @@ PLAN = DemoPlan()
 
 
 def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = False, same_labels: bool = False,
-             plan: DemoPlan = PLAN) -> Path:
-    """Run (or continue) the demo in `out`; returns the path of its Markdown report."""
+             plan: DemoPlan = PLAN, record: str | Path | None = None) -> Path:
+    """Run (or continue) the demo in `out`; returns the path of its Markdown report. `record`: also write its
+    report.json there (e.g. docs/results/demo.json, the record docs/demo.md quotes)."""
     if quick:
         return run_quick_demo(out, data)
     plan = replace(plan, same_labels=plan.same_labels or same_labels)
@@ -105,6 +106,8 @@ def run_demo(out: str | Path, data: str | Path | None = None, quick: bool = Fals
     report = build_report(plan, summary, deployed, export, root, train_size)
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", render_report(report, out))
+    if record is not None:
+        atomic_write_json(Path(absolute(record)), report)
     return out / "report.md"
 
 
@@ -241,17 +244,8 @@ def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def render_report(report: dict[str, Any], out: Path | None = None) -> str:
     plan = report["plan"]
-    rows = report["models"]
-    lines = ["# biodistil demo: what does the teacher add?", "", _setting(report), "",
-             "| model | parameters | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) | speed-up "
-             "| throughput, batch 32 (seq/s) |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        flag = f" **(one class: {row['degenerate']})**" if row["degenerate"] else ""
-        lines.append(f"| {row['model']} | {_millions(row['parameters'])} | {_f1(row)} ({row['precision_mean']:.3f} "
-                     f"/ {row['recall_mean']:.3f}){flag} | {100 * row['share_of_teacher']:.1f}% | "
-                     f"{row['latency_ms']:.1f} | {row['speedup']:.1f}× | {row['sequences_per_s']:.0f} |")
-    lines += ["", "What it shows:", "", *verdict(report), "", "Wall time per stage (as recorded when it ran):", "",
-              "| stage | steps | seconds |", "|---|---|---|"]
+    lines = ["# biodistil demo: what does the teacher add?", "", _setting(report), "", results_block(report), "",
+             "Wall time per stage (as recorded when it ran):", "", "| stage | steps | seconds |", "|---|---|---|"]
     lines += [f"| {s['stage']} | {s['steps'] or ''} | {s['seconds'] if s['seconds'] is not None else '?'} |"
               for s in report["stages"]]
     machine = report["machine"]
@@ -266,6 +260,19 @@ def render_report(report: dict[str, Any], out: Path | None = None) -> str:
               "lines — entities with character offsets, one JSON line per document:", "",
               f"    biodistil predict {onnx} YOUR_DOCUMENTS --out entities.jsonl", ""]
     return "\n".join(lines)
+
+
+def results_block(report: dict[str, Any]) -> str:
+    """The table of every model and what it shows: the part of the report docs/demo.md quotes from its record
+    (`docs/results/demo.json`, written by `biodistil demo --record`)."""
+    lines = ["| model | parameters | test F1 (P / R) | share of teacher F1 | latency, batch 1 (ms) | speed-up "
+             "| throughput, batch 32 (seq/s) |", "|---|---|---|---|---|---|---|"]
+    for row in report["models"]:
+        flag = f" **(one class: {row['degenerate']})**" if row["degenerate"] else ""
+        lines.append(f"| {row['model']} | {_millions(row['parameters'])} | {_f1(row)} ({row['precision_mean']:.3f} "
+                     f"/ {row['recall_mean']:.3f}){flag} | {100 * row['share_of_teacher']:.1f}% | "
+                     f"{row['latency_ms']:.1f} | {row['speedup']:.1f}× | {row['sequences_per_s']:.0f} |")
+    return "\n".join([*lines, "", "What it shows:", "", *verdict(report)])
 
 
 def _setting(report: dict[str, Any]) -> str:

@@ -59,7 +59,9 @@ def _pipeline(args: argparse.Namespace) -> object:
 def _demo(args: argparse.Namespace) -> object:
     from biodistil.demo import run_demo
 
-    return run_demo(args.out, data=args.data, quick=args.quick, same_labels=args.same_labels)
+    if args.record and args.quick:
+        raise BiodistilError("--record keeps the real demo's report; --quick has none")
+    return run_demo(args.out, data=args.data, quick=args.quick, same_labels=args.same_labels, record=args.record)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="a few steps of everything (a smoke test, a minute)")
     demo.add_argument("--same-labels", action="store_true",
                       help="the earlier comparison: the teacher fine-tuned on the students' labelled budget only")
+    demo.add_argument("--record", metavar="FILE", help="also write the report's record (report.json) to FILE, e.g. "
+                      "docs/results/demo.json, which docs/demo.md quotes")
     demo.set_defaults(run=_demo)
     task_commands.register(sub)
     eval_commands.register(sub)
