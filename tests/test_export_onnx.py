@@ -249,6 +249,30 @@ def test_modernbert_is_exported_unfused_with_a_note(modernbert_dir):
     assert close_at(out, modernbert_dir, 3, 100, "int8") < 0.5
 
 
+@pytest.fixture(scope="module")
+def mpnet_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny MPNet token classifier (random weights; MPNet adds a relative-position bias to every layer's scores)."""
+    from transformers import MPNetConfig, MPNetForTokenClassification
+
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id,
+                         id2label={0: "O", 1: "B", 2: "I"}, label2id={"O": 0, "B": 1, "I": 2})
+    torch.manual_seed(5)
+    return save(MPNetForTokenClassification(config), tokenizer, tmp_path_factory.mktemp("mpnet") / "model")
+
+
+@needs_onnx
+def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir):
+    out = mpnet_dir.parent / "onnx"
+    description = run_export(mpnet_dir, out, ExportOptions(int8=True))
+    assert not description["fusion"]["applied"] and "no model type for mpnet" in description["fusion"]["note"]
+    assert "Attention" not in op_types(out / "model.onnx")
+    assert "no model type for mpnet" in (out / "README.md").read_text()
+    for batch, length in ((1, 7), (3, 100)):
+        assert close_at(out, mpnet_dir, batch, length) < 1e-4, "the relative-position bias is in the graph"
+    assert close_at(out, mpnet_dir, 3, 100, "int8") < 0.5
+
+
 def test_heads_from_the_saved_architecture(tokenizer):
     config = tiny_config(tokenizer, architectures=["BertForSequenceClassification"])
     assert head_of(config, "m") == "sequence_classification"

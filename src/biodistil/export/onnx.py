@@ -117,7 +117,7 @@ def load_model_folder(path: str | Path) -> LoadedModel:
                "masked_lm": AutoModelForMaskedLM}.get(head, AutoModelForSequenceClassification)
     try:
         with _quiet_loading():
-            model = factory.from_pretrained(str(folder), attn_implementation="sdpa")
+            model = factory.from_pretrained(str(folder))  # transformers' default: SDPA where the family has it
     except (OSError, ValueError) as err:
         raise BiodistilError(f"Could not load {head} model from {folder}: {str(err).splitlines()[0]}") from None
     return LoadedModel(model.eval(), load_tokenizer(str(folder)), head, folder)
