@@ -161,3 +161,61 @@ def test_pre_flight_refuses_a_teacher_of_another_label_set(kd_models, pair_task,
                                  "kd": {**raw["kd"], "confidence": True}})
     with pytest.raises(ValueError, match=r"kd\.patient"):
         KDRecipe.model_validate({**raw, "kd": {**raw["kd"], "patient": {}}})
+
+
+def test_the_ensemble_of_one_teacher_is_that_teacher_and_of_two_their_mixture(kd_models, pair_task, teacher_dir,
+                                                                              tmp_path):
+    from biodistil.kd.several import ensemble_test_scores
+    from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
+
+    first, _ = kd_models
+    second = save_teacher(teacher_dir, pair_task, tmp_path / "second", seed=5)
+    test = pair_task.load_split("test")
+    alone = ensemble_test_scores([first], [1.0], pair_task, test, tmp_path / "cache")
+    assert alone == pytest.approx(teacher_test_scores(str(first), pair_task, test, tmp_path / "cache"))
+    both = ensemble_test_scores([first, second], [1.0, 3.0], pair_task, test, tmp_path / "cache")
+    rows = [cached_teacher_outputs(path, test, TeacherRequest(pair_task), tmp_path / "cache")
+            for path in (first, second)]
+    mixed = [0.25 * torch.softmax(torch.tensor(rows[0].logits[rows[0].by_example[i]]), -1)
+             + 0.75 * torch.softmax(torch.tensor(rows[1].logits[rows[1].by_example[i]]), -1)
+             for i in range(len(test))]
+    gold = [pair_task.label_to_id[e.label] for e in test]
+    accuracy = sum(int(p.argmax()) == y for p, y in zip(mixed, gold, strict=True)) / len(test)
+    assert both["accuracy"] == pytest.approx(accuracy), "argmax of 0.25·p_1 + 0.75·p_2, worked out here"
+
+
+def test_a_study_fine_tunes_more_teachers_and_its_arms_name_them(kd_models, pair_task, teacher_dir, tmp_path):
+    import yaml
+
+    from biodistil.config import validate_recipe
+    from biodistil.kd.recipe import StudyRecipe
+    from biodistil.kd.study import run_study
+
+    _, student = kd_models
+    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
+    quiet = {"batch_size": 8, "progress_bar": False, "tensorboard": False, "eval_every": 0, "save_every": 0}
+    raw = {"run": {"output_dir": str(tmp_path / "study")}, "seeds": [1], "student": str(student),
+           "teacher_init": str(teacher_dir),
+           "tasks": [{"name": task_file, "more_teachers": {"other": {"teacher_init": str(teacher_dir),
+                                                                     "teacher_overrides": {"run": {"seed": 9}}}}}],
+           "defaults": {"finetune": {"finetune": {"epochs": 1}, "train": quiet},
+                        "kd": {"kd": {"epochs": 1}, "train": quiet}},
+           "arms": [{"name": "kd-first"}, {"name": "kd-other", "overrides": {"teacher": {"name_or_path": "@other"}}},
+                    {"name": "kd-both", "overrides": {"teachers": [{"name_or_path": "@teacher"},
+                                                                   {"name_or_path": "@other", "weight": 2}]}}]}
+    run_study(validate_recipe(StudyRecipe, raw))
+    summary = json.loads((tmp_path / "study" / "summary.json").read_text())
+    teachers = summary["teachers"]["tiny_qa"]
+    assert set(teachers["more_teachers"]) == {"other"} and "accuracy" in teachers["ensemble"]["test"]
+    assert teachers["ensemble"]["teachers"] == ["teacher", "other"]
+    folder = tmp_path / "study" / "tiny_qa"
+    configs = {arm: yaml.safe_load((folder / arm / "seed-1" / "config.yaml").read_text())
+               for arm in ("kd-first", "kd-other", "kd-both")}
+    assert configs["kd-first"]["teacher"]["name_or_path"] == str(folder / "teacher" / "model")
+    assert configs["kd-other"]["teacher"]["name_or_path"] == str(folder / "teacher-other" / "model")
+    assert [t["name_or_path"] for t in configs["kd-both"]["teachers"]] == [
+        str(folder / "teacher" / "model"), str(folder / "teacher-other" / "model")]
+    bad = {**raw, "arms": [{"name": "kd", "overrides": {"teacher": {"name_or_path": "@nobody"}}}],
+           "run": {"output_dir": str(tmp_path / "bad")}}
+    with pytest.raises(BiodistilError, match="@nobody"):
+        run_study(validate_recipe(StudyRecipe, bad))

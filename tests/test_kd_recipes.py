@@ -84,6 +84,8 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
     recipe = load_recipe(StudyRecipe, path, overrides)
     for study_task in recipe.tasks:
         study_task.teacher_overrides = {}
+        for more in study_task.more_teachers.values():  # the tiny encoder in place of a real one
+            more.teacher_init, more.teacher_overrides = str(teacher_init), {}
         if study_task.overrides:
             study_task.overrides = {"finetune": {"task": {"train_examples": 8}}, "kd": {"transfer": {"labelled": 8}}}
     for arm in recipe.arms:
@@ -98,7 +100,8 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
 @pytest.mark.slow
 @needs_data
 @pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml", "studies/transfer-data.yaml",
-                                    "studies/meta-kd.yaml", "studies/users-setting.yaml"])
+                                    "studies/meta-kd.yaml", "studies/users-setting.yaml",
+                                    "studies/multi-teacher.yaml"])
 def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     init, _, student = real_text_models
     out = tmp_path / "study"
@@ -118,7 +121,8 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
 
         tables = results_tables()
         printer = {"transfer-data": tables.transfer_tables, "meta-kd": tables.meta_tables,
-                   "users-setting": tables.users_setting_tables}[Path(recipe).stem]
+                   "users-setting": tables.users_setting_tables,
+                   "multi-teacher": tables.multi_teacher_tables}[Path(recipe).stem]
         table = printer(summary)
         assert all(f"| {arm} |" in table for arm in arms) and "one seed" in table
     assert "gap closed" in report.read_text()

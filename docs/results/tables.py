@@ -292,6 +292,38 @@ def _wall_time(summary: dict[str, Any]) -> str:
             f"{summary['machine']['torch_threads']} torch thread(s).")
 
 
+# ------------------------------------------------------------------------------------------ study 5
+
+
+def multi_teacher_tables(summary: dict[str, Any]) -> str:
+    """Per task: each teacher and their ensemble, every arm's F1, and each arm of two teachers against the better
+    single-teacher arm (Welch's t-test on the per-seed scores)."""
+    lines: list[str] = []
+    for task in dict.fromkeys(row["task"] for row in summary["rows"]):
+        rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+        record = summary["teachers"][task]
+        metric = next(iter(rows.values()))["metric"]
+        teachers = [("teacher", record["test"]), *((name, more["test"])
+                                                   for name, more in record.get("more_teachers", {}).items())]
+        cells = [f"{name} {100 * scores[metric]:.1f}" for name, scores in teachers]
+        if "ensemble" in record:
+            cells.append(f"their ensemble {100 * record['ensemble']['test'][metric]:.1f}")
+        lines += [f"**{TASK_TITLES.get(task, task)}** — teachers' test {metric.upper()}: " + "; ".join(cells) + ".",
+                  "", f"| arm | {metric} (mean ± sd) | seeds |", "|---|---|---|"]
+        lines += [f"| {arm} | {pm(row['mean'], row['sd'])} | {', '.join(f'{100 * s:.1f}' for s in row['scores'])} |"
+                  for arm, row in rows.items()]
+        single = [arm for arm in rows if arm in ("kd-minilm", "kd-mpnet")]
+        if single:
+            best = max(single, key=lambda arm: rows[arm]["mean"])
+            lines += ["", f"| two teachers − the better single teacher ({best}) | difference | verdict |",
+                      "|---|---|---|"]
+            for arm in (arm for arm in rows if arm not in single):
+                gain, verdict = compare(rows[arm]["scores"], rows[best]["scores"], 100, 1)
+                lines.append(f"| {arm} | {100 * gain:+.1f} | {verdict} |")
+        lines.append("")
+    return "\n".join([*lines, _wall_time(summary)])
+
+
 def demo_tables(report: dict[str, Any]) -> str:
     """The demo's table and what it shows, as its report renders them (`biodistil.demo.results_block`)."""
     from biodistil.demo import results_block
@@ -300,7 +332,8 @@ def demo_tables(report: dict[str, Any]) -> str:
 
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
-           "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables, "demo": demo_tables}
+           "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
+           "multi-teacher": multi_teacher_tables, "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 
 

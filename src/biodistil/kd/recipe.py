@@ -261,14 +261,26 @@ class TransferRecipe(Section):
     transfer: TransferConfig = Field(default_factory=TransferConfig)
 
 
+class StudyTeacher(Section):
+    """Another teacher of a study task, fine-tuned by the study (`tasks[].more_teachers`)."""
+
+    teacher_init: ModelRef = Field(description="the encoder the study fine-tunes into this teacher")
+    teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
+
+
 class StudyTask(Section):
-    """One evaluation task of a study and its teacher: a fine-tuned folder, or fine-tuned by the study."""
+    """One evaluation task of a study and its teacher: a fine-tuned folder, or fine-tuned by the study; and any more
+    teachers the arms name as "@<name>" ("@teacher": the first)."""
 
     name: TaskRef = Field(description="built-in task name or task YAML file (its folders take the task's name)")
     teacher: ModelRef | None = Field(None, description="a teacher already fine-tuned on the task (folder or Hub id)")
     teacher_init: ModelRef | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
                                                        "(default: the study's teacher_init)")
     teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
+    more_teachers: dict[str, StudyTeacher] = Field(
+        default_factory=dict, description="more teachers fine-tuned by the study into <task>/teacher-<name>; an arm "
+        "names them in its overrides as teacher: {name_or_path: '@<name>'} or in teachers: [...]; the summary scores "
+        "each and their ensemble on the test set")
     overrides: dict[Literal["finetune", "kd"], dict[str, Any]] = Field(
         default_factory=dict, description="recipe values of this task's finetune / kd arm runs (e.g. a labelled "
         "budget sized to its training split): over the study's defaults, under each arm's overrides")
@@ -337,6 +349,10 @@ class StudyRecipe(Section):
 
 def _task_with_resolved(task: dict[str, Any], commands: dict[str, type[Section]]) -> dict[str, Any]:
     task = _with_resolved(task, "teacher_overrides", commands["finetune"])
+    if isinstance(task.get("more_teachers"), dict):
+        task["more_teachers"] = {name: _with_resolved(entry, "teacher_overrides", commands["finetune"])
+                                 if isinstance(entry, dict) else entry
+                                 for name, entry in task["more_teachers"].items()}
     if isinstance(task.get("overrides"), dict):
         task["overrides"] = {key: resolve_paths(commands[key], value) if key in commands and isinstance(value, dict)
                              else value for key, value in task["overrides"].items()}

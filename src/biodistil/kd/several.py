@@ -1,15 +1,25 @@
 """Several teachers in one `kd` run: the pre-flight table of what each teacher contributes to each term, made (and
-the teachers checked against the task) before any work."""
+the teachers checked against the task) before any work; and the teachers' own ensemble scored on labelled examples
+(the reference a student of several teachers is read against)."""
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.kd.objective import kd_terms
 from biodistil.kd.recipe import KDRecipe
 from biodistil.methods.cross_tokenizer import tokenizer_pair
 from biodistil.models.loading import load_tokenizer
+from biodistil.tasks.prediction import Predictions
 from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.scoring import score
 from biodistil.teachers.loading import check_teacher_for_task
+from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs
 
 
 def teacher_field(recipe: KDRecipe, index: int) -> str:
@@ -52,3 +62,39 @@ def render_teacher_table(rows: list[dict[str, Any]]) -> str:
         lines.append(" | ".join([row["teacher"], f"{row['weight']:.2f}", row["tokens"],
                                  *(row["terms"][name] for name in names)]))
     return "\n".join(lines)
+
+
+def ensemble_test_scores(teachers: Sequence[str | Path], weights: Sequence[float], task: TaskSpec,
+                         examples: Sequence[Example], cache_dir: str | Path | None = None) -> dict[str, float]:
+    """The task metric of the teachers' ensemble on labelled `examples`: per example (per word of a token task: at
+    each word's first sub-word, whatever each teacher's tokenizer) the weighted mixture Σ_k w_k·softmax(z_k)
+    (multi-label: of the sigmoids), its most probable class (words a teacher lost to truncation take the others';
+    none: O). Each teacher's outputs come from the teacher store, as KD reads them."""
+    outputs = [cached_teacher_outputs(path, examples, TeacherRequest(task, progress_bar=False), cache_dir)
+               for path in teachers]
+    shares = np.asarray(weights, dtype=np.float64) / float(sum(weights))
+    multi = task.kind == "multilabel_classification"
+    labels, scores = [], []
+    for index, example in enumerate(examples):
+        if task.kind == "token_classification":
+            mixed = [_mixture([(out.logits[out.by_word[(index, word)]], share) for out, share in
+                               zip(outputs, shares, strict=True) if (index, word) in out.by_word], multi)
+                     for word in range(len(example.tokens))]
+            labels.append([task.labels[int(np.argmax(p))] if p is not None else "O" for p in mixed])
+            continue
+        probabilities = _mixture([(out.logits[out.by_example[index]], share)
+                                  for out, share in zip(outputs, shares, strict=True)], multi)
+        scores.append(probabilities.tolist())
+        labels.append((probabilities >= 0.5).astype(int).tolist() if multi
+                      else task.labels[int(np.argmax(probabilities))])
+    return score(task, examples, Predictions(labels, scores))
+
+
+def _mixture(rows: list[tuple[np.ndarray, float]], multi_label: bool) -> np.ndarray | None:
+    """Σ_k w_k·p_k over the teachers that have the row, renormalised over them (None: none has it)."""
+    if not rows:
+        return None
+    total = sum(share for _, share in rows)
+    squash = torch.sigmoid if multi_label else (lambda z: torch.softmax(z, -1))
+    return sum(share / total * squash(torch.tensor(np.asarray(z, dtype=np.float32))).numpy()
+               for z, share in rows)

@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from biodistil.config import deep_merge, validate_recipe
+from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.finetune.command import FinetuneRecipe, run_finetune
 from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
+from biodistil.kd.several import ensemble_test_scores
 from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
-from biodistil.tasks.registry import get_task
+from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.significance import compare_scores
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
@@ -88,17 +90,45 @@ def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
         for arm in recipe.arms:
             for seed in recipe.seeds:
                 folder = root / name / arm.name / f"seed-{seed}"
-                overrides = deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides)
+                overrides = _named_teachers(deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides),
+                                            _teachers(study_task, root))
                 raw = _arm_recipe(recipe, study_task.name, arm.command, overrides, teacher, folder, seed, root)
                 runs.append(StudyRun(name, arm.name, arm.command, seed, folder, raw))
     return runs
 
 
 def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> None:
-    """A task's teacher: fine-tuned by the study unless given, and scored on the test set (T, kept in the store)."""
+    """A task's teacher (fine-tuned by the study unless given) and its more teachers, each scored on the test set
+    (T, kept in the store)."""
+    task_dir = root / get_task(study_task.name).name
     if study_task.teacher is None:
-        _teacher_stage(recipe, study_task, root / get_task(study_task.name).name)
-    _teacher_scores(recipe, study_task, _teacher_model(study_task, root), root)
+        _teacher_stage(recipe, study_task.name, study_task.teacher_init or recipe.teacher_init,
+                       study_task.teacher_overrides, task_dir / "teacher")
+    for name, more in study_task.more_teachers.items():
+        _teacher_stage(recipe, study_task.name, more.teacher_init, more.teacher_overrides, task_dir / f"teacher-{name}")
+    for teacher in _teachers(study_task, root).values():
+        _teacher_scores(recipe, study_task, teacher, root)
+
+
+def _teachers(study_task: StudyTask, root: Path) -> dict[str, str]:
+    """Every teacher of the task by the name arms give it: "teacher" and each of `more_teachers`."""
+    task_dir = root / get_task(study_task.name).name
+    more = {name: str(task_dir / f"teacher-{name}" / "model") for name in study_task.more_teachers}
+    return {"teacher": _teacher_model(study_task, root), **more}
+
+
+def _named_teachers(value: Any, teachers: dict[str, str]) -> Any:
+    """`value` with every "@<name>" string replaced by that teacher's model folder."""
+    if isinstance(value, dict):
+        return {key: _named_teachers(item, teachers) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_named_teachers(item, teachers) for item in value]
+    if isinstance(value, str) and value.startswith("@"):
+        if value[1:] not in teachers:
+            raise BiodistilError(f"Study arm names teacher {value}; the task's teachers are "
+                                 f"{['@' + name for name in teachers]}")
+        return teachers[value[1:]]
+    return value
 
 
 def _teacher_model(study_task: StudyTask, root: Path) -> str:
@@ -114,7 +144,7 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
         teacher = _teacher_model(study_task, root)
         teachers[spec.name] = {"model": recorded(teacher, root), "headline": spec.headline_key,
                                "test": _teacher_scores(recipe, study_task, teacher, root),
-                               **_teacher_record(study_task, teacher)}
+                               **_teacher_record(study_task, teacher), **_more_teachers(recipe, study_task, root)}
     records = [_run_record(run, root) for run in runs]
     summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
@@ -136,6 +166,19 @@ def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
             "degenerate": metrics.get("degenerate") or ""}
 
 
+def _more_teachers(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> dict[str, Any]:
+    """With more teachers: each one's test scores and wall time, and their ensemble's (equal weights) scores."""
+    if not study_task.more_teachers:
+        return {}
+    teachers = _teachers(study_task, root)
+    more = {name: {"model": recorded(path, root), "test": _teacher_scores(recipe, study_task, path, root),
+                   "wall_seconds": read_json(Path(path).parent / "metrics.json").get("wall_seconds")}
+            for name, path in teachers.items() if name != "teacher"}
+    task, test = _test_split(recipe, study_task, list(teachers.values()))
+    ensemble = ensemble_test_scores(list(teachers.values()), [1.0] * len(teachers), task, test, _cache(recipe, root))
+    return {"more_teachers": more, "ensemble": {"teachers": list(teachers), "test": ensemble}}
+
+
 def _teacher_record(study_task: StudyTask, teacher: str) -> dict[str, Any]:
     """Wall time and steps of a teacher the study fine-tuned (nothing for a given teacher)."""
     if study_task.teacher is not None:
@@ -149,12 +192,12 @@ def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
     return {"data_dir": recipe.data_dir} if recipe.data_dir else {}
 
 
-def _teacher_stage(recipe: StudyRecipe, study_task: StudyTask, task_dir: Path) -> None:
-    folder = task_dir / "teacher"
-    raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), study_task.teacher_overrides), {
-        "model": {"name_or_path": study_task.teacher_init or recipe.teacher_init},
+def _teacher_stage(recipe: StudyRecipe, task: str, init: str | None, overrides: dict[str, Any],
+                   folder: Path) -> None:
+    raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), overrides), {
+        "model": {"name_or_path": init},
         "run": {"output_dir": str(folder), "seed": recipe.seeds[0]},
-        "task": {"name": study_task.name, **_data_dir(recipe)}})
+        "task": {"name": task, **_data_dir(recipe)}})
     raw.setdefault("export", {})["enabled"] = True
     _stage("finetune", raw, folder)
 
@@ -188,12 +231,22 @@ def _stage(command: str, raw: dict[str, Any], folder: Path) -> None:
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:
     """T: the teacher on the test set the arms are scored on (the kd defaults' task settings)."""
+    task, test = _test_split(recipe, study_task, [teacher])
+    return teacher_test_scores(teacher, task, test, _cache(recipe, root))
+
+
+def _test_split(recipe: StudyRecipe, study_task: StudyTask, teachers: list[str]) -> tuple[TaskSpec, list[Example]]:
+    """The task as the kd defaults set it (its length fit to every teacher) and its test split."""
     section = recipe.defaults.get("kd", recipe.defaults.get("finetune", {})).get("task", {})
     cfg = TaskConfig.model_validate({**section, "name": study_task.name, **_data_dir(recipe)})
-    task = fit_length_to_model(task_spec(cfg), teacher)
-    test = load_task_split(task, cfg, "test")
-    cache = recipe.defaults.get("kd", {}).get("kd", {}).get("cache_dir") or str(root / "cache")
-    return teacher_test_scores(teacher, task, test, cache)
+    task = task_spec(cfg)
+    for teacher in teachers:
+        task = fit_length_to_model(task, teacher)
+    return task, load_task_split(task, cfg, "test")
+
+
+def _cache(recipe: StudyRecipe, root: Path) -> str:
+    return recipe.defaults.get("kd", {}).get("kd", {}).get("cache_dir") or str(root / "cache")
 
 
 def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], metric: str | None,
