@@ -107,7 +107,7 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
             cells.append(pm(entry["mean"], entry["std"]) + flag)
         stage = stages.get(label)
         cells = [_start(label, stage), _distillation(stage), *cells, f"{100 * macro[label]:.1f}",
-                 *([] if teacher is None else [f"{100 * macro[label] / macro[teacher]:.1f}%"])]
+                 *([] if teacher is None else [_share(macro[label], macro[teacher])])]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Seed by seed (headline score ×100):", "", "| model | " + " | ".join(
         TASK_TITLES.get(t, t) for t in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
@@ -135,6 +135,11 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
             gain, verdict = compare(per_seed[first], per_seed[second], 100, 1, paired=True)
             lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
     return "\n".join(lines)
+
+
+def _share(score: float, teacher: float) -> str:
+    """A model's share of the teacher's score; n/a when the teacher scores 0 (it predicted nothing)."""
+    return f"{100 * score / teacher:.1f}%" if teacher > 0 else "n/a (teacher 0)"
 
 
 def _start(label: str, stage: dict[str, Any] | None) -> str:
