@@ -47,11 +47,11 @@ def teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
 
 
 def _contribution(recipe: KDRecipe, mixture: str | None, weight: float) -> str:
-    if recipe.kd.combine == "mixture" and mixture is not None:
-        share = "confidence × prior" if recipe.kd.confidence else "weight"
-        return f"mixture of {mixture} probabilities ({share} {weight:.2f})" if mixture != "logits" else \
-            f"mixture of logits ({share} {weight:.2f})"
-    return f"its own term × {weight:.2f}"
+    if recipe.kd.combine != "mixture" or mixture is None:
+        return f"its own term × {weight:.2f}"
+    what = "logits" if mixture == "logits" else f"{mixture} probabilities"
+    share = "confidence × prior" if recipe.kd.confidence else "weight"
+    return f"mixture of {what} ({share} {weight:.2f})"
 
 
 def render_teacher_table(rows: list[dict[str, Any]]) -> str:
