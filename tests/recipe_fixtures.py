@@ -30,6 +30,7 @@ DISTILL = {  # recipe -> tiny overrides (student shapes that fit the 4-layer, 32
                          "max_position_embeddings: 64}"],
     "minilmv2": [TINY_ARCH, "objective.terms=[{loss: minilm_relations, teacher_layer: -1, student_layer: -1, "
                             "num_relation_heads: 2, relations: [q, k, v]}]"],
+    "distil-two-pubmedberts": [],  # two teachers: the tiny teacher twice (teachers=[...], not teacher.name_or_path)
     "vekd": ["student.layers=[0,2]", "student.vocab_expansion.vocab_size=260",
              "student.vocab_expansion.min_frequency=1"],
     # across tokenizers: a student vocabulary of its own, trained on the tiny corpus

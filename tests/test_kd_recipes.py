@@ -89,6 +89,7 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
         if study_task.overrides:
             study_task.overrides = {"finetune": {"task": {"train_examples": 8}}, "kd": {"transfer": {"labelled": 8}}}
     for arm in recipe.arms:
+        arm.seeds = None
         transfer = arm.overrides.get("transfer", {})
         if "random" in transfer:
             transfer["random"]["size"] = 24
@@ -138,6 +139,36 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     before = first.stat().st_mtime_ns
     run_study(tiny_study(RECIPES / recipe, student, init, out), resume=True)
     assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
+    if recipe.endswith("users-setting.yaml"):  # seeds added to one arm: only its new run trains
+        grown = tiny_study(RECIPES / recipe, student, init, out)
+        grown.arms[0].seeds = [1, 2]
+        run_study(grown, resume=True)
+        assert first.stat().st_mtime_ns == before
+        rows = json.loads((out / "summary.json").read_text())["rows"]
+        assert [row["seeds"] for row in rows if row["arm"] == arms[0]] == [2] * len(expected["tasks"])
+        assert all(row["seeds"] == 1 for row in rows if row["arm"] != arms[0])
+
+
+def test_a_study_continues_with_seeds_added_and_refuses_other_changes(tmp_path):
+    recipe = StudyRecipe.model_validate({
+        "run": {"output_dir": str(tmp_path / "study")}, "student": str(tmp_path), "teacher_init": str(tmp_path),
+        "seeds": [1, 2, 3],
+        "tasks": [{"name": "ncbi_disease"}],
+        "arms": [{"name": "budget", "command": "finetune"}, {"name": "kd", "overrides": {"kd": {"alpha": 1.0}}}]})
+    recorded = recipe.model_dump(mode="json")
+    grown = recipe.model_copy(deep=True)
+    grown.seeds, grown.arms[1].seeds = [1, 2, 3, 4], [1, 2, 3, 7]
+    assert grown.continued_from(recorded) == grown.model_dump(mode="json")
+    assert recorded["seeds"] == [1, 2, 3] and recorded["arms"][1]["seeds"] is None, "the record itself is kept"
+    moved = recipe.model_copy(deep=True)
+    moved.seeds = [4, 1, 2, 3]  # the teachers train with the first seed: not an extension
+    assert moved.continued_from(recorded)["seeds"] == [1, 2, 3]
+    fewer = recipe.model_copy(deep=True)
+    fewer.arms[0].seeds = [1, 2]
+    assert fewer.continued_from(recorded)["arms"][0]["seeds"] is None
+    changed = grown.model_copy(deep=True)
+    changed.arms[1].overrides = {"kd": {"alpha": 0.5}}
+    assert changed.continued_from(recorded)["arms"][1]["overrides"] == {"kd": {"alpha": 1.0}}
 
 
 def test_small_study_recipes_run_on_the_embedded_teacher_out_of_the_box():

@@ -24,7 +24,7 @@ def recipe_kind(path: Path) -> str | None:
     raw = yaml.safe_load(path.read_text())
     if "stages" in raw:
         return "pipeline"
-    if "objective" in raw and "teacher" in raw:
+    if "objective" in raw and ("teacher" in raw or "teachers" in raw):
         return "distill"
     return "pretrain" if "model" in raw and "data" in raw else None
 
@@ -66,10 +66,15 @@ def paths(tmp_path_factory, teacher_dir, tokenizer):
 def test_distill_recipe_runs_from_the_cli(name, paths, corpus_file, tmp_path):
     out = tmp_path / name
     extra = [fill(item, paths) for item in DISTILL[name]]
-    argv = ["distill", str(RECIPES / f"{name}.yaml"), f"teacher.name_or_path={paths['teacher']}",
-            *data_overrides(corpus_file, paths), *extra, f"--out={out}"]
+    several = "teachers" in yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
+    teacher = (f"teachers=[{{name_or_path: {paths['teacher']}}}, {{name_or_path: {paths['teacher']}, weight: 3}}]"
+               if several else f"teacher.name_or_path={paths['teacher']}")
+    argv = ["distill", str(RECIPES / f"{name}.yaml"), teacher, *data_overrides(corpus_file, paths), *extra,
+            f"--out={out}"]
     assert main(argv) == 0
     student = check_export(out)
+    if several:
+        assert "Teachers (pre-flight)" in (out / "report.md").read_text()
     if name == "vekd":  # the exported student and tokenizer carry the expanded vocabulary
         assert student.config.vocab_size == len(AutoTokenizer.from_pretrained(out / "model")) > 200
     if name in ("tinybiobert-4l-312", "biolm-distill-align"):

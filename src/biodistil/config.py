@@ -17,7 +17,7 @@ from biodistil.embedded import resolve_model_name
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_text, load_yaml
 from biodistil.paths import absolute, model_reference, task_reference
-from biodistil.term_specs import TASK_TERMS, TERM_NAMES, misplaced_options
+from biodistil.term_specs import TASK_TERMS, TERM_NAMES, TERM_SPECS, misplaced_options
 
 Precision = Literal["auto", "no", "bf16", "fp16"]
 
@@ -42,6 +42,11 @@ class Section(BaseModel):
     """Base of every recipe section: unknown keys are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    def continued_from(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        """The recorded recipe of the run this recipe continues, with the changes a continued run may make taken
+        as recorded (`RunFolder` compares the two): none, unless a section says otherwise."""
+        return recorded
 
 
 class RunConfig(Section):
@@ -172,6 +177,16 @@ class TeacherConfig(Section):
     trust_remote_code: bool = False
 
 
+class DistillTeacher(TeacherConfig):
+    """One of several `distill` teachers: a masked LM with the student's tokenizer, its weight λ (normalised over the
+    teachers) and, optionally, its own layer map for the layer terms that have one."""
+
+    weight: float = Field(1.0, gt=0)
+    layer_map: Literal["uniform"] | list[int] | None = Field(
+        None, description="this teacher's layer g(l) per student layer l, in place of the layer_map of every layer "
+        "term that has one (e.g. a 12-layer and a 6-layer teacher: 'uniform' maps each to its own depth)")
+
+
 class VocabExpansionConfig(Section):
     """VE-KD: train a WordPiece vocabulary on the domain corpus and append the tokens the teacher lacks."""
 
@@ -281,6 +296,13 @@ class ObjectiveConfig(Section):
 
     temperature: float = Field(2.0, gt=0)
     terms: list[TermConfig] = Field(min_length=1)
+    combine: Literal["mixture", "per_teacher"] = Field(
+        "mixture", description="several teachers (`teachers:`): a logit term whose spec has a mixture reads the "
+        "weighted mixture of the teachers' distributions, or is computed once per teacher and weighted by λ_k; layer "
+        "terms are always one per (teacher, layer map)")
+    confidence: bool = Field(
+        False, description="several teachers, mixture: weigh each teacher per position by its probability of the "
+        "original token where the position is masked, else by exp(−entropy) of its prediction")
 
     @model_validator(mode="after")
     def _task_agnostic_terms(self) -> ObjectiveConfig:
@@ -366,7 +388,10 @@ class DistillRecipe(Section):
     """`biodistil distill`: task-agnostic distillation of a masked-LM teacher into a student."""
 
     run: RunConfig = Field(default_factory=RunConfig)
-    teacher: TeacherConfig
+    teacher: TeacherConfig | None = Field(None, description="the teacher (or give `teachers:`)")
+    teachers: list[DistillTeacher] | None = Field(
+        None, min_length=2, description="several teachers sharing the student's tokenizer, each with a weight; how "
+        "the logit terms read them: objective.combine")
     student: StudentConfig = Field(default_factory=StudentConfig)
     data: CorpusConfig
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
@@ -376,6 +401,40 @@ class DistillRecipe(Section):
     teacher_cache: TeacherCacheConfig | None = Field(
         None, description="distil from cached teacher outputs instead of running the teacher (needs "
         "masking.duplication)")
+
+    @property
+    def teacher_list(self) -> list[DistillTeacher]:
+        """Every teacher in slot order (the one of `teacher:` with weight 1)."""
+        if self.teachers is not None:
+            return list(self.teachers)
+        return [DistillTeacher(**self.teacher.model_dump())]
+
+    @property
+    def teacher_weights(self) -> list[float]:
+        """λ_k, normalised to sum to 1."""
+        weights = [entry.weight for entry in self.teacher_list]
+        return [weight / sum(weights) for weight in weights]
+
+    @model_validator(mode="after")
+    def _one_spelling_of_teachers(self) -> DistillRecipe:
+        if (self.teacher is None) == (self.teachers is None):
+            raise ValueError("give the teacher (teacher:) or several (teachers:), not both")
+        if self.teachers is None:
+            if self.objective.confidence:
+                raise ValueError("objective.confidence weighs several teachers' shares of a mixture: give teachers:")
+            return self
+        if self.student.vocab_expansion is not None or self.student.tokenizer is not None:
+            raise ValueError("several teachers share the student's tokenizer: student.vocab_expansion and "
+                             "student.tokenizer take one teacher (teacher:)")
+        if self.objective.confidence and self.objective.combine != "mixture":
+            raise ValueError("objective.confidence weighs the teachers' shares of a mixture: set objective.combine: "
+                             "mixture")
+        cache = self.teacher_cache
+        if cache is not None and cache.logits == "top_k" and self.objective.combine == "mixture" and any(
+                TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher for term in self.objective.terms):
+            raise ValueError("teacher_cache.logits top_k keeps each teacher's top-k logits, not whole rows to mix: "
+                             "set objective.combine: per_teacher, or teacher_cache.logits: head")
+        return self
 
     @model_validator(mode="after")
     def _static_masks_fit(self) -> DistillRecipe:

@@ -29,7 +29,7 @@ from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
 from biodistil.kd.objective import check_loss_fits_task, kd_terms, pkd_pairs
 from biodistil.kd.recipe import KDRecipe
-from biodistil.kd.several import render_teacher_table, teacher_field, teacher_table
+from biodistil.kd.several import teacher_field, teacher_table
 from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
@@ -52,7 +52,7 @@ from biodistil.tasks.metrics import format_metric
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.teachers.loading import load_teacher_classifier
+from biodistil.teachers.loading import load_teacher_classifier, render_teacher_table
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
 from biodistil.training.engine import Collate, Engine, HeldOut, TrainData, TrainResult

@@ -9,6 +9,7 @@ docs/task-specific.md explains each section with the equations of the losses.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -292,6 +293,8 @@ class StudyArm(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     command: Literal["finetune", "kd"] = "kd"
     overrides: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int] | None = Field(None, min_length=1, description="this arm's seeds, e.g. more where a "
+                                                                    "comparison needs them; default the study's")
 
 
 class StudyRecipe(Section):
@@ -335,6 +338,22 @@ class StudyRecipe(Section):
             raw["tasks"] = [_task_with_resolved(task, commands) if isinstance(task, dict) else task
                             for task in raw["tasks"]]
         return raw
+
+    def continued_from(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        """A study continues with seeds added (its finished runs stay valid: each is its own run folder): the study's
+        list extended at its end (the teachers train with its first seed), an arm's seeds extended anywhere."""
+        recorded = copy.deepcopy(recorded)
+        old_seeds = recorded.get("seeds")
+        if isinstance(old_seeds, list) and self.seeds[:len(old_seeds)] == old_seeds:
+            recorded["seeds"] = list(self.seeds)
+        arms = recorded.get("arms") if isinstance(recorded.get("arms"), list) else []
+        for old, new in zip(arms, self.arms, strict=False):
+            if not isinstance(old, dict) or old.get("name") != new.name:
+                continue
+            before = old.get("seeds") or old_seeds or []
+            if set(before) <= set(new.seeds or self.seeds):
+                old["seeds"] = None if new.seeds is None else list(new.seeds)
+        return recorded
 
     @model_validator(mode="after")
     def _unique_arms(self) -> StudyRecipe:

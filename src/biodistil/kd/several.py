@@ -54,16 +54,6 @@ def _contribution(recipe: KDRecipe, mixture: str | None, weight: float) -> str:
     return f"mixture of {what} ({share} {weight:.2f})"
 
 
-def render_teacher_table(rows: list[dict[str, Any]]) -> str:
-    """The pre-flight table as text: teacher × term."""
-    names = list(rows[0]["terms"]) if rows else []
-    lines = ["Teachers (pre-flight):", " | ".join(["teacher", "λ", "tokens", *names])]
-    for row in rows:
-        lines.append(" | ".join([row["teacher"], f"{row['weight']:.2f}", row["tokens"],
-                                 *(row["terms"][name] for name in names)]))
-    return "\n".join(lines)
-
-
 def ensemble_test_scores(teachers: Sequence[str | Path], weights: Sequence[float], task: TaskSpec,
                          examples: Sequence[Example], cache_dir: str | Path | None = None) -> dict[str, float]:
     """The task metric of the teachers' ensemble on labelled `examples`: per example (per word of a token task: at

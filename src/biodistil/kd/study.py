@@ -88,7 +88,7 @@ def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
         name = get_task(study_task.name).name  # a built-in name or a task file: its folders take the task's name
         teacher = _teacher_model(study_task, root)
         for arm in recipe.arms:
-            for seed in recipe.seeds:
+            for seed in arm.seeds or recipe.seeds:
                 folder = root / name / arm.name / f"seed-{seed}"
                 overrides = _named_teachers(deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides),
                                             _teachers(study_task, root))
@@ -282,7 +282,9 @@ RANKING_METRICS = ("auroc",)  # threshold-free: meaningful even when every predi
 
 
 def render_study(summary: dict[str, Any], root: Path) -> str:
-    lines = ["# Study", "", f"Folder `{root}`; seeds {summary['seeds']}. Scores are test-set means over seeds; "
+    own = [f"{arm['name']} {arm['seeds']}" for arm in summary.get("settings", {}).get("arms", []) if arm.get("seeds")]
+    seeds = f"seeds {summary['seeds']}" + (f" ({'; '.join(own)})" if own else "")
+    lines = ["# Study", "", f"Folder `{root}`; {seeds}. Scores are test-set means over seeds; "
              "gap closed = (S − S_init)/(T − S_init) with S the trained student, S_init its initialisation scored "
              "with no training, T the teacher.", "",
              "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed |",

@@ -6,6 +6,7 @@ tokenizations of the same texts and their shared words (`biodistil.data.text_blo
 `MaskSameWords`, and the terms compare words (`biodistil.methods.word_units`).
 """
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -32,21 +33,30 @@ class MaskedLMModule(nn.Module):
     """
 
     def __init__(
-        self, student: PreTrainedModel, objective: Objective, teacher: PreTrainedModel | TeacherSignal | None = None,
+        self, student: PreTrainedModel, objective: Objective,
+        teacher: PreTrainedModel | TeacherSignal | Sequence[TeacherSignal] | None = None,
         shared_vocab: int | None = None,
     ):
         super().__init__()
         self.student = student
         self.objective = objective
         self.shared_vocab = shared_vocab  # VE-KD: the teacher's vocabulary size, a prefix of the student's
-        signal = OnlineTeacher(teacher) if isinstance(teacher, nn.Module) else teacher
-        self._signal = (signal,)  # a tuple hides the teacher from nn.Module registration
-        if signal is not None and signal.model is not None:
-            freeze(signal.model)
+        signals = list(teacher) if isinstance(teacher, Sequence) else [
+            OnlineTeacher(teacher) if isinstance(teacher, nn.Module) else teacher]
+        self._signals = tuple(signals)  # a tuple hides the teachers from nn.Module registration
+        for signal in signals:
+            if signal is not None and signal.model is not None:
+                freeze(signal.model)
 
     @property
     def signal(self) -> TeacherSignal | None:
-        return self._signal[0]
+        """The first teacher's signal (the only one, but for several teachers)."""
+        return self._signals[0]
+
+    @property
+    def signals(self) -> tuple[TeacherSignal, ...]:
+        """Every teacher's signal, in slot order."""
+        return self._signals
 
     @property
     def teacher(self) -> PreTrainedModel | None:
@@ -63,18 +73,19 @@ class MaskedLMModule(nn.Module):
         labels, attention = batch.labels, batch.attention_mask.bool()
         masks = position_masks(attention, labels, batch.masks.get("new_tokens"))
         units = None if batch.alignment is None else WordUnits.of(batch.alignment, self.objective.vocabulary)
-        teacher_features = None
-        if self.objective.needs_teacher:
+        teachers = []
+        if self.objective.needs_teacher:  # several teachers: one after another, each only for its own terms
             teacher_masks = masks if units is None else teacher_position_masks(batch, units)
-            teacher_features = self.signal.get_signal(
-                batch, self.objective.teacher_request(), self.objective.logit_positions(teacher_masks, teacher=True)
-            )
+            positions = self.objective.logit_positions(teacher_masks, teacher=True)
+            teachers = [signal.get_signal(batch, self.objective.teacher_request(slot), positions)
+                        for slot, signal in enumerate(self.signals)]
         student_features = extract_features(
             self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
         inputs = TermInputs(
-            student=student_features, teacher=teacher_features, labels=labels, attention_mask=attention,
-            masks=masks, temperature=self.objective.cfg.temperature, shared_vocab=self.shared_vocab, units=units,
+            student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
+            attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
+            shared_vocab=self.shared_vocab, units=units, teachers=tuple(teachers) if len(teachers) > 1 else (),
         )
         return self.objective(inputs)
 

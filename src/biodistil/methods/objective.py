@@ -15,8 +15,9 @@ max(W·L − ε, 0) before its weight. Before any term runs, `weighted_sum` decl
 student's formed logits (`planned_inputs`), so the order of the terms never changes what is computed.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Literal
 
 import torch
 from torch import nn
@@ -27,38 +28,93 @@ from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
+from biodistil.losses.multi_teacher import confidence_weights, mixed_teacher_logits
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
-from biodistil.term_specs import TERM_SPECS, Reads
+from biodistil.models.logits import LogitRows
+from biodistil.term_specs import TERM_SPECS, Reads, TermSpec
 
 __all__ = ["Objective", "Term", "TermInputs", "Weight", "planned_inputs", "position_masks", "weighted_sum"]
 _REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
+LayerMap = Literal["uniform"] | list[int]
 
 
 class Objective(nn.Module):
-    """The weighted sum of the recipe's terms; owns the learned projections the terms need."""
+    """The weighted sum of the recipe's terms; owns the learned projections the terms need.
 
-    def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel, teacher: PreTrainedModel | None,
-                 vocabulary: SharedVocabulary | None = None):
+    Several teachers (`teacher` a sequence, `teacher_weights` λ_k summing to 1, `layer_maps` per teacher or None):
+    each teacher term is resolved once per teacher (its log name `loss_x@k`, its weight w·λ_k, its own projections),
+    except the logit terms whose spec has a mixture under `cfg.combine: mixture`, resolved once and computed on the
+    teachers' mixture (`mixed_teachers`). Logit terms read only the teachers with a trained MLM head (`logit_teachers`,
+    their weights renormalised over them); the layer terms read every teacher (`contributions` says which reads
+    what, before any work)."""
+
+    def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel,
+                 teacher: PreTrainedModel | Sequence[PreTrainedModel] | None,
+                 vocabulary: SharedVocabulary | None = None, teacher_weights: Sequence[float] = (1.0,),
+                 layer_maps: Sequence[LayerMap | None] = ()):
         super().__init__()
         self.cfg = cfg
         self.vocabulary = vocabulary  # across tokenizers: the strings both vocabularies share (logit_kl)
         self.kl_rows: KLRows | None = None  # the vocabulary KL's row kernel: set by the engine (`train.compile`)
+        teachers = [] if teacher is None else list(teacher) if isinstance(teacher, Sequence) else [teacher]
+        self.teacher_weights = tuple(teacher_weights) if len(teachers) > 1 else (1.0,)
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
-        if teacher is None and needing:
+        if not teachers and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
-        if teacher is not None:
-            _check_teacher_head(cfg, teacher)
+        self.logit_teachers = tuple(k for k, model in enumerate(teachers) if not untrained_head_weights(model))
+        if teachers and (len(teachers) == 1 or not self.logit_teachers):
+            _check_teacher_head(cfg, teachers[0])
         self.terms: list[Term] = []
         for term_cfg in cfg.terms:
-            self.terms.append(_resolve(term_cfg, student, teacher, {t.name for t in self.terms}))
+            self.terms += self._resolved(term_cfg, student, teachers, list(layer_maps))
         self.projections = nn.ModuleDict()
         for term in self.terms:
             if term.spec.reads == "hidden":
-                self._add_projections(term, student, teacher)
+                self._add_projections(term, student, teachers[term.teacher])
+
+    def _resolved(self, cfg: TermConfig, student: PreTrainedModel, teachers: list[PreTrainedModel],
+                  layer_maps: list[LayerMap | None]) -> list[Term]:
+        """The recipe term as resolved terms: one, or with several teachers one per teacher (or one on their
+        mixture)."""
+        taken = {t.name for t in self.terms}
+        spec = TERM_SPECS[cfg.loss]
+        if len(teachers) < 2 or not spec.needs_teacher:
+            return [_resolve(cfg, student, teachers[0] if teachers else None, taken)]
+        if spec.mixture and self.cfg.combine == "mixture":
+            return [replace(_resolve(cfg, student, teachers[0], taken), teacher=None)]
+        terms = []
+        for k, (model, share) in enumerate(zip(teachers, self.shares(spec), strict=True)):
+            if not share:
+                continue
+            mapped = layer_maps[k] if k < len(layer_maps) and cfg.layer_map is not None else None
+            own = cfg.model_copy(update={"weight": cfg.weight * share, **({"layer_map": mapped} if mapped else {})})
+            term = _resolve(own, student, model, taken)
+            terms.append(replace(term, name=f"{term.name}@{k}", teacher=k))
+        return terms
+
+    def shares(self, spec: TermSpec) -> tuple[float, ...]:
+        """Each teacher's share of a term of kind `spec`: λ_k, renormalised over the teachers with a trained MLM head
+        for a logit term (0 for the others)."""
+        if spec.reads != "logits":
+            return self.teacher_weights
+        kept = [w if k in self.logit_teachers else 0.0 for k, w in enumerate(self.teacher_weights)]
+        return tuple(w / (sum(kept) or 1.0) for w in kept)
+
+    def contributions(self) -> list[dict[str, str]]:
+        """What each teacher contributes to each recipe term (the pre-flight table: a row per teacher)."""
+        rows = []
+        for k, weight in enumerate(self.teacher_weights):
+            row = {}
+            for term_cfg in self.cfg.terms:
+                spec = TERM_SPECS[term_cfg.loss]
+                share = self.shares(spec)[k] if spec.needs_teacher else None
+                row[term_cfg.loss] = _contribution(spec, share, self.cfg)
+            rows.append({"weight": weight, "terms": row})
+        return rows
 
     def _add_projections(self, term: Term, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
         """W_h (and W_e for the embeddings) per mapped layer pair, only when the widths differ."""
@@ -74,7 +130,8 @@ class Objective(nn.Module):
     def _projection_key(term: Term, student_layer: int, teacher_layer: int) -> str:
         if term.cfg.layer_map is None:  # a single pair keeps the recipe's own indices (as in older checkpoints)
             student_layer, teacher_layer = term.cfg.student_layer, term.cfg.teacher_layer
-        return f"{term.cfg.loss}_s{student_layer}_t{teacher_layer}".replace("-", "m")
+        key = f"{term.cfg.loss}_s{student_layer}_t{teacher_layer}".replace("-", "m")
+        return key if not term.teacher else f"{key}_k{term.teacher}"  # the first teacher's: as with one teacher
 
     def project(self, term: Term, student_layer: int, teacher_layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """h_S·W (+ b) for the pair's projection, or h_S unchanged when the widths match."""
@@ -88,10 +145,12 @@ class Objective(nn.Module):
     def student_request(self) -> FeatureRequest:
         return _merged(_request(t, teacher=False) for t in self.terms)
 
-    def teacher_request(self) -> FeatureRequest:
-        return _merged(_request(t, teacher=True) for t in self.terms if t.spec.needs_teacher)
+    def teacher_request(self, slot: int = 0) -> FeatureRequest:
+        """What teacher `slot` must give: the features of its own terms and of the terms on the mixture."""
+        return _merged(_request(t, teacher=True) for t in self.terms if t.spec.needs_teacher and (
+            t.teacher == slot or (t.teacher is None and slot in self.logit_teachers)))
 
-    def cache_request(self) -> FeatureRequest:
+    def cache_request(self, slot: int = 0) -> FeatureRequest:
         """What a teacher cache must hold for these terms (`teacher_request`), after checking that every teacher
         term can read one: a cache keeps the top-k logits at the masked positions and hidden states."""
         for term in self.terms:
@@ -104,7 +163,7 @@ class Objective(nn.Module):
                 raise BiodistilError(f"Objective term {term.cfg.loss} with positions: {term.cfg.positions}: a teacher "
                                      "cache holds the teacher's logits at the masked positions only; use positions: "
                                      "masked (DistilBERT's soft MLM) or remove teacher_cache")
-        return self.teacher_request()
+        return self.teacher_request(slot)
 
     def logit_positions(self, masks: dict[str, torch.Tensor], teacher: bool = False) -> torch.Tensor | None:
         """Union of the positions of the terms that read this model's logits (None when none does). Every named
@@ -122,7 +181,25 @@ class Objective(nn.Module):
         return chosen
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if inputs.teachers:
+            inputs = replace(inputs, mixtures=self.mixed_teachers(inputs))
         return weighted_sum(self, self.terms, inputs)
+
+    def mixed_teachers(self, inputs: TermInputs) -> dict[str, Features]:
+        """The teachers' mixture in each space a mixture term reads, as one teacher's features (their logit rows at
+        the same positions mixed by `mixed_teacher_logits`; per position by `confidence_weights` when asked, with
+        the original token as the gold label at the masked positions)."""
+        spaces = {term.spec.mixture for term in self.terms if term.teacher is None and term.spec.needs_teacher}
+        if not spaces:
+            return {}
+        first = inputs.teachers[self.logit_teachers[0]]
+        rows = [inputs.teachers[k].logits.logits() for k in self.logit_teachers]
+        shares = self.shares(TERM_SPECS["logit_kl"])
+        weights = torch.tensor([shares[k] for k in self.logit_teachers], device=rows[0].device)
+        if self.cfg.confidence:
+            weights = confidence_weights(rows, weights, inputs.labels[first.logits.positions])
+        return {space: replace(first, logits=LogitRows(first.logits.positions, mixed_teacher_logits(
+            rows, weights, space, inputs.temperature)), hidden={}) for space in spaces}
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
@@ -136,7 +213,7 @@ def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
     total = torch.zeros((), device=inputs.attention_mask.device)
     logs = {}
     for term in terms:
-        value = form_for(term, inputs)(objective, term, inputs)
+        value = form_for(term, inputs)(objective, term, inputs.for_term(term))
         if term.cfg.epsilon is not None:
             logs[f"{term.name}_raw"] = value.detach()
             value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)
@@ -152,9 +229,21 @@ def planned_inputs(terms: list[Term], inputs: TermInputs) -> TermInputs:
     the terms either)."""
     if inputs.student.logits is None:
         return inputs
-    names = sorted({term.positions for term in terms if inputs.reads_formed(term)})
+    names = sorted({term.positions for term in terms if inputs.for_term(term).reads_formed(term)})
     rows = inputs.student.logits.planned([inputs.masks[name] for name in names])
     return replace(inputs, student=replace(inputs.student, logits=rows))
+
+
+def _contribution(spec: TermSpec, share: float | None, cfg: ObjectiveConfig) -> str:
+    """One cell of the pre-flight table."""
+    if share is None:
+        return "— (the student's own loss)"
+    if not share:
+        return "— no trained MLM head (its logits would be random)"
+    if spec.mixture and spec.reads == "logits" and cfg.combine == "mixture":
+        what = "logits" if spec.mixture == "logits" else f"{spec.mixture} probabilities"
+        return f"mixture of {what} ({'confidence × ' if cfg.confidence else ''}weight {share:.2f})"
+    return f"its own term × {share:.2f}" + (" (own projections)" if spec.reads == "hidden" else "")
 
 
 def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:

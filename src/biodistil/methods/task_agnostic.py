@@ -37,6 +37,7 @@ from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
 from biodistil.models.vocab_transfer import VocabularyTransfer, vocabulary_pieces
 from biodistil.paths import recorded
+from biodistil.teachers.loading import render_teacher_table
 from biodistil.teachers.masked_lm_cache import (
     BuildReport,
     Cache,
@@ -104,15 +105,17 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
 
 
 def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """Task-agnostic distillation of a masked-LM teacher into a student with the recipe's objective (across
-    tokenizers when the student reads a vocabulary of its own)."""
+    """Task-agnostic distillation of a masked-LM teacher (or several sharing the student's tokenizer) into a student
+    with the recipe's objective (across tokenizers when the student reads a vocabulary of its own)."""
     if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
         refuse_unsupported(pair_support("different", recipe.objective.terms))
-    run, accelerator = open_run(recipe, resume, [(recipe.teacher.name_or_path, "teacher.name_or_path",
-                                                  recipe.teacher.trust_remote_code)])
-    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
-    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
-    notes = [f"Teacher: `{recipe.teacher.name_or_path}` ({count_parameters(teacher)['total']:,} parameters)."]
+    entries = recipe.teacher_list
+    run, accelerator = open_run(recipe, resume, [(entry.name_or_path, f"{_teacher_field(recipe, slot)}.name_or_path",
+                                                  entry.trust_remote_code) for slot, entry in enumerate(entries)])
+    tokenizer = load_tokenizer(entries[0].name_or_path, entries[0].trust_remote_code)
+    teachers = [load_masked_lm(entry.name_or_path, "float32", entry.trust_remote_code) for entry in entries]
+    teacher = teachers[0]
+    notes = [_teacher_note(recipe, slot, model) for slot, model in enumerate(teachers)]
     shared_vocab, prepare = None, None
     if recipe.student.vocab_expansion is not None:  # VE-KD: the student reads an expanded vocabulary
         student, tokenizer, shared_vocab = expanded_student(recipe, teacher, tokenizer, run.path, accelerator)
@@ -124,34 +127,94 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
         notes += built
     across = shared_vocab is None and tokenizer_pair(student_tokenizer, tokenizer) != "same"
     if across:
+        if len(teachers) > 1:
+            raise BiodistilError("Several teachers share the student's tokenizer in distill, and the student reads "
+                                 f"another one than {_teacher_field(recipe, 0)}: give it the teachers' tokenizer "
+                                 "(student.init: teacher_layers or architecture), or distil from one teacher")
         objective, data = _across_tokenizers(recipe, student, student_tokenizer, teacher, tokenizer, accelerator)
         notes.append(_across_note(student_tokenizer, tokenizer, objective))
     else:
         if shared_vocab is None:
-            check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-        objective = Objective(recipe.objective, student, teacher)
+            for slot, model in enumerate(teachers):
+                own = tokenizer if slot == 0 else load_tokenizer(entries[slot].name_or_path,
+                                                                 entries[slot].trust_remote_code)
+                _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+        objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
+                              layer_maps=[entry.layer_map for entry in entries])
+        if len(teachers) > 1:
+            notes.append(_preflight(recipe, objective, accelerator.is_main_process))
         data = corpus_data(recipe, tokenizer, accelerator)
-    dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
-    notes.append(dtype_note(recipe.teacher.dtype, dtype, accelerator.device))
-    signal: TeacherSignal = OnlineTeacher(teacher)
-    if recipe.teacher_cache is not None:  # the teacher runs once per (block, pattern), before training, if at all
-        caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
-        reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
-        notes.append(_cache_note(caches, reports))
-        head = head_only(teacher) if caches[0].cache.spec.logits == "head" else None
-        signal = CachedTeacher(MaskedLMOutputs(caches[0].reader(), head),
-                               MaskedLMOutputs(caches[-1].reader(), head) if data.held_out is not None else None)
-        data = replace(data, train=signal.data(data.train, data.collate)[0],
-                       held_out=None if data.held_out is None else signal.data(data.held_out, data.collate, True)[0],
-                       collate=signal.data(data.train, data.collate)[1])
-        del teacher  # what the head needs stays with the signal
-    else:
-        teacher.to(accelerator.device, dtype=dtype)
-    module = MaskedLMModule(student, objective, signal, shared_vocab)
+    signals, corpus = [], data
+    for slot, entry in enumerate(entries):
+        dtype = teacher_dtype(entry.dtype, accelerator.device)
+        notes.append(dtype_note(entry.dtype, dtype, accelerator.device))
+        signal, data, note = _teacher_signal(recipe, slot, teachers[slot], dtype, tokenizer, objective, corpus, data,
+                                             accelerator)
+        teachers[slot] = None  # a cached teacher's layers are dropped: what its head needs stays with the signal
+        signals.append(signal)
+        notes += [note] if note else []
+    del teacher
+    module = MaskedLMModule(student, objective, signals if len(signals) > 1 else signals[0], shared_vocab)
     result = _train(module, replace(data, prepare=prepare or data.prepare), recipe, run, accelerator, run.resume,
                     stop_after)
     return _finish(run, module, student_tokenizer, result, accelerator, "Task-agnostic distillation", stop_after,
                    notes)
+
+
+def _teacher_field(recipe: DistillRecipe, slot: int) -> str:
+    """The recipe field that names teacher `slot`, for messages."""
+    return "teacher" if recipe.teachers is None else f"teachers[{slot}]"
+
+
+def _teacher_note(recipe: DistillRecipe, slot: int, model: PreTrainedModel) -> str:
+    entry = recipe.teacher_list[slot]
+    share = "" if recipe.teachers is None else f", weight λ = {recipe.teacher_weights[slot]:.3g}"
+    return f"Teacher: `{entry.name_or_path}` ({count_parameters(model)['total']:,} parameters{share})."
+
+
+def _preflight(recipe: DistillRecipe, objective: Objective, show: bool) -> str:
+    """The table of teacher × term (what each teacher contributes, and why not where it cannot), printed before the
+    corpus is read and kept for the report."""
+    rows = [{"teacher": str(entry.name_or_path), "tokens": "the student's", **row}
+            for entry, row in zip(recipe.teacher_list, objective.contributions(), strict=True)]
+    table = render_teacher_table(rows)
+    if show:
+        print(table, flush=True)
+    title, header, *lines = table.splitlines()
+    return "\n".join([title, "", f"| {header} |", "|" + "---|" * (header.count(" | ") + 1),
+                      *(f"| {line} |" for line in lines)])
+
+
+def _check_shared_tokenizer(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, tokenizer,
+                            student: PreTrainedModel, student_tokenizer) -> None:
+    """Several teachers read the student's token ids: each one's vocabulary must be the student's."""
+    try:
+        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
+    except BiodistilError as err:
+        if recipe.teachers is None:
+            raise
+        raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): {err}. "
+                             "Several teachers in distill share the student's tokenizer") from None
+
+
+def _teacher_signal(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, dtype: torch.dtype, tokenizer,
+                    objective: Objective, corpus: CorpusData, data: CorpusData,
+                    accelerator) -> tuple[TeacherSignal, CorpusData, str]:
+    """Teacher `slot`'s signal: the model on this device in `dtype`, or its cache of the `corpus` (built first where
+    it lacks shards) with `data` made to attach the cached outputs to each batch (data that earlier teachers' caches
+    already attach theirs to); and the report's note on the cache."""
+    if recipe.teacher_cache is None:
+        teacher.to(accelerator.device, dtype=dtype)
+        return OnlineTeacher(teacher, slot=slot), data, ""
+    # the teacher runs once per (block, pattern), before training, if at all
+    caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, corpus, accelerator.num_processes, slot)
+    reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator) for cache in caches]
+    head = head_only(teacher) if caches[0].cache.spec.logits == "head" else None
+    signal = CachedTeacher(MaskedLMOutputs(caches[0].reader(), head),
+                           MaskedLMOutputs(caches[-1].reader(), head) if data.held_out is not None else None, slot)
+    train, collate = signal.data(data.train, data.collate)
+    held_out = None if data.held_out is None else signal.data(data.held_out, data.collate, True)[0]
+    return signal, replace(data, train=train, held_out=held_out, collate=collate), _cache_note(caches, reports)
 
 
 def _student(recipe: DistillRecipe, teacher, tokenizer, run: RunFolder,
@@ -207,24 +270,32 @@ def _across_note(student_tokenizer, tokenizer, objective: Objective) -> str:
 
 
 def run_cache_teacher(recipe: DistillRecipe) -> Path:
-    """`biodistil cache-teacher`: build (or complete) the teacher cache a distill recipe with `teacher_cache` reads,
-    every process writing its own shards; returns the training corpus's cache folder."""
+    """`biodistil cache-teacher`: build (or complete) the teacher cache a distill recipe with `teacher_cache` reads
+    (one per teacher), every process writing its own shards; returns the first teacher's training-corpus cache."""
     if recipe.teacher_cache is None:
         raise BiodistilError("cache-teacher needs a recipe with a teacher_cache section (and masking.duplication)")
-    check_model(recipe.teacher.name_or_path, "teacher.name_or_path", recipe.teacher.trust_remote_code)
+    entries = recipe.teacher_list
+    for slot, entry in enumerate(entries):
+        check_model(entry.name_or_path, f"{_teacher_field(recipe, slot)}.name_or_path", entry.trust_remote_code)
     accelerator = make_accelerator("no", device=recipe.train.device)
-    tokenizer = load_tokenizer(recipe.teacher.name_or_path, recipe.teacher.trust_remote_code)
-    teacher = load_masked_lm(recipe.teacher.name_or_path, "float32", recipe.teacher.trust_remote_code)
-    student, student_tokenizer = build_student(recipe.student, teacher, tokenizer)
-    check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-    objective = Objective(recipe.objective, student, teacher)
-    dtype = teacher_dtype(recipe.teacher.dtype, accelerator.device)
+    tokenizer = load_tokenizer(entries[0].name_or_path, entries[0].trust_remote_code)
+    teachers = [load_masked_lm(entry.name_or_path, "float32", entry.trust_remote_code) for entry in entries]
+    student, student_tokenizer = build_student(recipe.student, teachers[0], tokenizer)
+    for slot, model in enumerate(teachers):
+        own = tokenizer if slot == 0 else load_tokenizer(entries[slot].name_or_path, entries[slot].trust_remote_code)
+        _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+    objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
+                          layer_maps=[entry.layer_map for entry in entries])
     data = corpus_data(recipe, tokenizer, accelerator)
-    caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes)
-    reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator, verify=True) for cache in caches]
-    if accelerator.is_main_process:
-        print(_cache_note(caches, reports))
-    return caches[0].cache.folder
+    first = None
+    for slot, (entry, teacher) in enumerate(zip(entries, teachers, strict=True)):
+        dtype = teacher_dtype(entry.dtype, accelerator.device)
+        caches = teacher_caches(recipe, teacher, dtype, tokenizer, objective, data, accelerator.num_processes, slot)
+        reports = [_build(cache, teacher, dtype, tokenizer, recipe, accelerator, verify=True) for cache in caches]
+        if accelerator.is_main_process:
+            print(_cache_note(caches, reports))
+        first = first or caches[0].cache.folder
+    return first
 
 
 @dataclass
@@ -241,15 +312,17 @@ class CorpusCache:
 
 
 def teacher_caches(recipe: DistillRecipe, teacher, dtype: torch.dtype, tokenizer, objective: Objective,
-                   data: CorpusData, processes: int) -> list[CorpusCache]:
-    """The caches a run reads: the training corpus's (patterns 0 .. min(D, epochs of the run) − 1; pattern 0 of the
-    held-out blocks at its end too) and, when the held-out blocks come from other files, theirs (pattern 0)."""
-    cfg, request = recipe.teacher_cache, objective.cache_request()
+                   data: CorpusData, processes: int, slot: int = 0) -> list[CorpusCache]:
+    """The caches a run reads of teacher `slot`: the training corpus's (patterns 0 .. min(D, epochs of the run) − 1;
+    pattern 0 of the held-out blocks at its end too) and, when the held-out blocks come from other files, theirs
+    (pattern 0). Each teacher's cache is keyed by what it is: adding a teacher never rebuilds another's."""
+    cfg, request = recipe.teacher_cache, objective.cache_request(slot)
+    name = recipe.teacher_list[slot].name_or_path
     root = store_root(cfg.dir)
     train, held_out = data.train.blocks, data.held_out.blocks if data.held_out is not None else None
 
     def spec(files: list[str], max_lines: int | None, blocks: int) -> CacheSpec:
-        return cache_spec(recipe.teacher.name_or_path, teacher.config, dtype, tokenizer, files, max_lines,
+        return cache_spec(name, teacher.config, dtype, tokenizer, files, max_lines,
                           recipe.data.block_size, recipe.masking, request, cfg, recipe.objective.temperature, blocks)
 
     per_epoch = max(1, len(train) // (recipe.train.batch_size * processes))

@@ -1,6 +1,8 @@
-"""Loading a teacher: a fine-tuned classifier checked against its task, and freezing a teacher that only serves."""
+"""Loading a teacher: a fine-tuned classifier checked against its task, freezing a teacher that only serves, and the
+pre-flight table of several teachers (what each contributes to each term)."""
 
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
@@ -44,3 +46,13 @@ def freeze(model: nn.Module) -> None:
     model.eval()
     for param in model.parameters():
         param.requires_grad_(False)
+
+
+def render_teacher_table(rows: list[dict[str, Any]]) -> str:
+    """The pre-flight table as text: teacher × term (rows: teacher, weight, tokens and per term what it gives)."""
+    names = list(rows[0]["terms"]) if rows else []
+    lines = ["Teachers (pre-flight):", " | ".join(["teacher", "λ", "tokens", *names])]
+    for row in rows:
+        lines.append(" | ".join([row["teacher"], f"{row['weight']:.2f}", row["tokens"],
+                                 *(row["terms"][name] for name in names)]))
+    return "\n".join(lines)

@@ -56,14 +56,15 @@ def apply_compile(setting: bool | str, module: nn.Module, device: torch.device) 
 
 def compile_encoders(module: nn.Module) -> str:
     """Compile in place the encoders of the pre-trained models `module` holds (its student, a trainable teacher) and
-    of the teacher it runs online (`module.teacher`); returns their class names."""
+    of the teachers it runs online (`module.signals`); returns their class names."""
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True  # a graph that cannot compile runs eagerly, with a warning
     models = [child for child in module.children() if isinstance(child, PreTrainedModel)]
-    teacher = getattr(module, "teacher", None)
-    if isinstance(teacher, PreTrainedModel) and all(teacher is not model for model in models):
-        models.append(teacher)
+    for signal in getattr(module, "signals", ()):
+        teacher = getattr(signal, "model", None)
+        if isinstance(teacher, PreTrainedModel) and all(teacher is not model for model in models):
+            models.append(teacher)
     for model in models:
         encoder_of(model).compile()
     return ", ".join(type(model).__name__ for model in models)

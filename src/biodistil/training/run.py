@@ -276,7 +276,8 @@ def _check_same_recipe(saved: Path, recipe: Section) -> None:
         raise BiodistilError(f"{saved}: the record of the run's recipe is damaged (not a recipe); {advice}")
     old_folder = (before.get("run") or {}).get("output_dir") if isinstance(before.get("run"), dict) else None
     same = moved_paths(old_folder, after["run"]["output_dir"]) if isinstance(old_folder, str) else operator.eq
-    changed = [line for line in recipe_differences(_with_new_defaults(before, recipe), after, same=same)
+    before = recipe.continued_from(_with_new_defaults(before, recipe))
+    changed = [line for line in recipe_differences(before, after, same=same)
                if not line.startswith(SAFE_TO_CHANGE_ON_RESUME) and not line.startswith("run.output_dir:")]
     if not changed:
         return

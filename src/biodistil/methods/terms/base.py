@@ -2,7 +2,7 @@
 that owns the learned projections (`TermOwner`)."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -28,6 +28,7 @@ class Term:
     name: str
     relation_heads: int | None = None
     windows: tuple[int | None, ...] = ()  # attention terms: per pair, the narrower window of the two layers
+    teacher: int | None = 0  # several teachers: the slot of the one it reads, or None for their mixture
 
     @property
     def spec(self) -> TermSpec:
@@ -54,6 +55,15 @@ class TermInputs:
     shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
     multi_label: bool = False  # classes are independent (sigmoid per class): multi-label classification
     units: WordUnits | None = None  # across tokenizers: the words both sides share; terms compare them, not tokens
+    teachers: tuple[Features, ...] = ()  # several teachers: each one's features by slot (`teacher` is the first's)
+    mixtures: dict[str, Features] = field(default_factory=dict)  # several teachers: their mixture per mixture space
+
+    def for_term(self, term: Term) -> "TermInputs":
+        """These inputs with the teacher `term` reads: with several teachers its own, or their mixture."""
+        if not self.teachers:
+            return self
+        teacher = self.mixtures[term.spec.mixture] if term.teacher is None else self.teachers[term.teacher]
+        return self if teacher is self.teacher else replace(self, teacher=teacher)
 
     def reads_formed(self, term: Term) -> bool:
         """Whether `term` reads the student's logits formed (materialised) at its positions: declared before the terms

@@ -1,0 +1,270 @@
+"""Task-agnostic distillation from several teachers sharing the student's tokenizer: the mixture and per-teacher
+logit terms against hand-computed values, one layer term per (teacher, layer map) with its own projection, gradients
+reaching the student only, and whole runs: online teachers, cached teachers resumed, caches kept per teacher."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from distill_fixtures import cache_recipe, distill_recipe
+from numerics import CLOSE, perturbed
+from safetensors.torch import load_file
+from test_methods_masked_lm import masked_batch
+
+from biodistil.config import ArchitectureConfig, DistillRecipe, ObjectiveConfig, TermConfig, validate_recipe
+from biodistil.errors import BiodistilError
+from biodistil.methods.masked_lm import MaskedLMModule
+from biodistil.methods.objective import Objective
+from biodistil.methods.task_agnostic import run_cache_teacher, run_distill
+from biodistil.models.student import model_from_architecture
+
+T = 2.0
+
+
+@pytest.fixture(scope="module")
+def second_teacher_dir(tmp_path_factory, tokenizer):
+    """A 2-layer, 48-wide BERT with the first teacher's tokenizer (random weights): another depth and width."""
+    torch.manual_seed(5)
+    model = model_from_architecture(ArchitectureConfig(num_layers=2, hidden_size=48, num_heads=2,
+                                                       intermediate_size=96, max_position_embeddings=64), tokenizer)
+    folder = tmp_path_factory.mktemp("teacher2")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def student_of(tokenizer):
+    torch.manual_seed(1)
+    return perturbed(model_from_architecture(ArchitectureConfig(
+        num_layers=2, hidden_size=16, num_heads=2, intermediate_size=32, max_position_embeddings=64), tokenizer), 3)
+
+
+def two_teachers(teacher_dir, second_teacher_dir):
+    from transformers import AutoModelForMaskedLM
+
+    return [AutoModelForMaskedLM.from_pretrained(folder).eval() for folder in (teacher_dir, second_teacher_dir)]
+
+
+def objective(combine="mixture", confidence=False):
+    return ObjectiveConfig(temperature=T, combine=combine, confidence=confidence, terms=[
+        TermConfig(loss="logit_kl", weight=5.0), TermConfig(loss="hidden_mse", layer_map="uniform")])
+
+
+def logits_and_states(model, batch):
+    with torch.no_grad():
+        out = model(**batch.inputs, output_hidden_states=True)
+    real = batch.attention_mask.bool()
+    return out.logits[real].double(), out.hidden_states
+
+
+def hidden_mse_by_hand(obj, term, real, student_states, teacher_states):
+    """Σ_l MSE(h_S^l·W_l, h_T^g(l)) over the real tokens, each projection the objective's own for this teacher."""
+    total = 0.0
+    for s, t in term.pairs:
+        with torch.no_grad():
+            projected = obj.project(term, s, t, student_states[s])
+        total = total + F.mse_loss(projected[real], teacher_states[t][real])
+    return float(total)
+
+
+def kl_by_hand(teacher_probabilities, student_logits):
+    log_q = F.log_softmax(student_logits / T, dim=-1)
+    p = teacher_probabilities
+    return float(T * T * (p * (p.clamp_min(1e-30).log() - log_q)).sum(-1).mean())
+
+
+def test_the_mixture_and_one_layer_term_per_teacher_equal_their_hand_computed_values(
+        tokenizer, teacher_dir, second_teacher_dir):
+    teachers = two_teachers(teacher_dir, second_teacher_dir)
+    student = student_of(tokenizer).eval()
+    obj = Objective(objective(), student, teachers, teacher_weights=(0.25, 0.75))
+    module = MaskedLMModule(student, obj, [_online(teachers[0], 0), _online(teachers[1], 1)])
+    batch = masked_batch(tokenizer)
+    loss, logs = module(batch)
+    real = batch.attention_mask.bool()
+    z_s, states_s = logits_and_states(student, batch)
+    (z_1, states_1), (z_2, states_2) = (logits_and_states(teacher, batch) for teacher in teachers)
+    mixture = 0.25 * F.softmax(z_1 / T, -1) + 0.75 * F.softmax(z_2 / T, -1)
+    assert float(logs["loss_logit_kl"]) == pytest.approx(kl_by_hand(mixture, z_s), **CLOSE)
+    hidden = [term for term in obj.terms if term.spec.reads == "hidden"]
+    assert [(term.name, term.teacher, term.pairs) for term in hidden] == [
+        ("loss_hidden_mse@0", 0, ((1, 2), (2, 4))), ("loss_hidden_mse@1", 1, ((1, 1), (2, 2)))]
+    assert {key for key in obj.projections} == {"hidden_mse_s1_t2", "hidden_mse_s2_t4", "hidden_mse_s1_t1_k1",
+                                                "hidden_mse_s2_t2_k1"}, "each teacher's pairs have their own W_l"
+    by_hand = [hidden_mse_by_hand(obj, hidden[0], real, states_s, states_1),
+               hidden_mse_by_hand(obj, hidden[1], real, states_s, states_2)]
+    assert [float(logs["loss_hidden_mse@0"]), float(logs["loss_hidden_mse@1"])] == pytest.approx(by_hand, **CLOSE)
+    expected = 5.0 * kl_by_hand(mixture, z_s) + 0.25 * by_hand[0] + 0.75 * by_hand[1]
+    assert float(loss.detach()) == pytest.approx(expected, **CLOSE)
+    assert obj.teacher_request(0).hidden == {2, 4} and obj.teacher_request(1).hidden == {1, 2}
+    assert obj.teacher_request(0).logits and obj.teacher_request(1).logits, "both teachers give logits to mix"
+
+
+def test_per_teacher_sums_one_kl_per_teacher_weighted_by_its_share(tokenizer, teacher_dir, second_teacher_dir):
+    teachers = two_teachers(teacher_dir, second_teacher_dir)
+    student = student_of(tokenizer).eval()
+    obj = Objective(objective("per_teacher"), student, teachers, teacher_weights=(0.25, 0.75))
+    module = MaskedLMModule(student, obj, [_online(teachers[0], 0), _online(teachers[1], 1)])
+    batch = masked_batch(tokenizer)
+    loss, logs = module(batch)
+    z_s, _ = logits_and_states(student, batch)
+    kls = [kl_by_hand(F.softmax(logits_and_states(teacher, batch)[0] / T, -1), z_s) for teacher in teachers]
+    assert [float(logs["loss_logit_kl@0"]), float(logs["loss_logit_kl@1"])] == pytest.approx(kls, **CLOSE)
+    hidden = float(logs["loss_hidden_mse@0"]) * 0.25 + float(logs["loss_hidden_mse@1"]) * 0.75
+    assert float(loss.detach()) == pytest.approx(5.0 * (0.25 * kls[0] + 0.75 * kls[1]) + hidden, **CLOSE)
+
+
+def test_confidence_weighs_each_teacher_per_position_by_the_original_token_or_its_certainty(
+        tokenizer, teacher_dir, second_teacher_dir):
+    teachers = two_teachers(teacher_dir, second_teacher_dir)
+    perturbed(teachers[1], seed=7, scale=1.0)  # a sharper teacher: confidences that differ from the other's
+    student = student_of(tokenizer).eval()
+    obj = Objective(objective(confidence=True), student, teachers, teacher_weights=(0.5, 0.5))
+    module = MaskedLMModule(student, obj, [_online(teachers[0], 0), _online(teachers[1], 1)])
+    batch = masked_batch(tokenizer)
+    _, logs = module(batch)
+    real = batch.attention_mask.bool()
+    labels = batch.labels[real]
+    z_s, _ = logits_and_states(student, batch)
+    probabilities, confidences = [], []
+    for teacher in teachers:
+        z = logits_and_states(teacher, batch)[0]
+        p1 = F.softmax(z, -1)
+        gold = p1.gather(-1, labels.clamp_min(0)[:, None]).squeeze(-1)
+        certainty = torch.exp((p1 * p1.log()).sum(-1))
+        confidences.append(torch.where(labels != -100, gold, certainty))
+        probabilities.append(F.softmax(z / T, -1))
+    weights = torch.stack(confidences) / torch.stack(confidences).sum(0)
+    mixture = weights[0, :, None] * probabilities[0] + weights[1, :, None] * probabilities[1]
+    assert float(logs["loss_logit_kl"]) == pytest.approx(kl_by_hand(mixture, z_s), **CLOSE)
+    plain = 0.5 * probabilities[0] + 0.5 * probabilities[1]
+    assert abs(kl_by_hand(mixture, z_s) - kl_by_hand(plain, z_s)) > 0.01, "the weighting changes the target"
+
+
+def test_gradients_reach_the_student_and_each_teachers_projections_never_a_teacher(
+        tokenizer, teacher_dir, second_teacher_dir):
+    teachers = two_teachers(teacher_dir, second_teacher_dir)
+    student = student_of(tokenizer)
+    obj = Objective(objective(), student, teachers, teacher_weights=(0.5, 0.5))
+    module = MaskedLMModule(student, obj, [_online(teachers[0], 0), _online(teachers[1], 1)])
+    loss, _ = module(masked_batch(tokenizer))
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in obj.projections.parameters())
+    assert student.get_input_embeddings().weight.grad.abs().sum() > 0
+    assert all(p.grad is None for teacher in teachers for p in teacher.parameters())
+    assert all(not p.requires_grad for teacher in teachers for p in teacher.parameters())
+    assert {id(p) for p in module.parameters()}.isdisjoint(
+        id(p) for teacher in teachers for p in teacher.parameters()), "no teacher is trained or checkpointed"
+
+
+def _online(model, slot):
+    from biodistil.teachers.signal import OnlineTeacher
+
+    return OnlineTeacher(model, slot=slot)
+
+
+def several(recipe: DistillRecipe, second, **objective) -> DistillRecipe:
+    raw = recipe.model_dump(mode="json")
+    first = raw.pop("teacher")
+    raw["teachers"] = [first, {**first, "name_or_path": str(second), "weight": 3.0}]
+    raw["objective"].update(objective)
+    return validate_recipe(DistillRecipe, raw)
+
+
+def test_recipes_spell_several_teachers_one_way_and_refuse_what_cannot_be_mixed(
+        tmp_path, teacher_dir, second_teacher_dir, corpus_file):
+    recipe = several(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), second_teacher_dir)
+    assert recipe.teacher_weights == [0.25, 0.75] and recipe.teacher is None
+    raw = recipe.model_dump(mode="json")
+    with pytest.raises(BiodistilError, match="not both"):
+        validate_recipe(DistillRecipe, {**raw, "teacher": {"name_or_path": str(teacher_dir)}})
+    with pytest.raises(BiodistilError, match=r"objective\.confidence .* give teachers"):
+        validate_recipe(DistillRecipe, {**distill_recipe(teacher_dir, corpus_file, tmp_path / "one").model_dump(
+            mode="json"), "objective": {**raw["objective"], "confidence": True}})
+    cached = cache_recipe(teacher_dir, corpus_file, tmp_path).model_dump(mode="json")
+    cached["objective"]["terms"] = [{"loss": "logit_kl", "positions": "masked"}]
+    with pytest.raises(BiodistilError, match="top-k logits, not whole rows to mix"):
+        several(validate_recipe(DistillRecipe, cached), second_teacher_dir)
+    assert several(validate_recipe(DistillRecipe, cached), second_teacher_dir, combine="per_teacher").teachers
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_by_name(tmp_path, teacher_dir, corpus_file):
+    from biodistil.data.vocab import train_wordpiece
+
+    other = train_wordpiece(["alpha beta gamma delta"] * 20, vocab_size=60, min_frequency=1)
+    folder = tmp_path / "other"
+    model_from_architecture(ArchitectureConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32,
+                                               max_position_embeddings=64), other).save_pretrained(folder)
+    other.save_pretrained(folder)
+    with pytest.raises(BiodistilError, match=r"teachers\[1\] .*other.*tokenizers differ"):
+        run_distill(several(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), folder))
+
+
+@pytest.mark.slow
+def test_two_online_teachers_lower_the_loss_and_the_report_names_both(
+        tmp_path, teacher_dir, second_teacher_dir, corpus_file):
+    out = tmp_path / "run"
+    run_distill(several(distill_recipe(teacher_dir, corpus_file, out, max_steps=30), second_teacher_dir))
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert {"loss_logit_kl", "loss_hidden_cosine@0", "loss_hidden_cosine@1"} <= set(train[-1])
+    report = (out / "report.md").read_text()
+    assert str(teacher_dir) in report and str(second_teacher_dir) in report and "λ = 0.75" in report
+    weights = load_file(str(out / "model" / "model.safetensors"))
+    assert not [key for key in weights if "projection" in key]
+
+
+@pytest.mark.slow
+def test_two_cached_teachers_resume_exactly_and_keep_their_own_caches(
+        tmp_path, teacher_dir, second_teacher_dir, corpus_file):
+    one = cache_recipe(teacher_dir, corpus_file, tmp_path, out="one", max_steps=4)
+    run_distill(one)
+    stamps = {path: path.stat().st_mtime_ns for path in (tmp_path / "cache").rglob("shard-*.arrow")}
+    assert stamps
+    full = several(cache_recipe(teacher_dir, corpus_file, tmp_path, out="full", max_steps=20), second_teacher_dir,
+                   combine="per_teacher")
+    run_cache_teacher(full)  # `biodistil cache-teacher`: each teacher's cache, the first one's only checked
+    run_distill(full)
+    assert all(path.stat().st_mtime_ns == stamp for path, stamp in stamps.items()), "the first cache's shards stay"
+    caches = {path.parents[1] for path in (tmp_path / "cache").rglob("shard-*.arrow")}
+    assert len(caches) == 2, "the second teacher has a cache of its own"
+    cut = several(cache_recipe(teacher_dir, corpus_file, tmp_path, out="cut", max_steps=20), second_teacher_dir,
+                  combine="per_teacher")
+    run_distill(cut, stop_after=10)
+    run_distill(cut, resume=True)
+    a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+    report = (tmp_path / "full" / "report.md").read_text()
+    assert report.count("Teacher cache") == 2 and report.count(" 0 shards built here") == 2, "both were built before"
+
+
+def test_a_teacher_without_an_mlm_head_teaches_the_layer_terms_only_and_the_table_says_so(
+        tmp_path, tokenizer, teacher_dir, second_teacher_dir):
+    from transformers import AutoModel
+
+    from biodistil.models.loading import load_masked_lm
+
+    folder = tmp_path / "encoder-only"  # like minilm-l6 and mpnet-base: an encoder without its MLM head
+    AutoModel.from_pretrained(teacher_dir).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    teachers = [load_masked_lm(str(folder), "float32").eval(), two_teachers(teacher_dir, second_teacher_dir)[1]]
+    student = student_of(tokenizer).eval()
+    obj = Objective(objective(), student, teachers, teacher_weights=(0.25, 0.75))
+    rows = obj.contributions()
+    assert rows[0]["terms"]["logit_kl"].startswith("— no trained MLM head")
+    assert rows[1]["terms"]["logit_kl"] == "mixture of softmax probabilities (weight 1.00)"
+    assert rows[0]["terms"]["hidden_mse"] == "its own term × 0.25 (own projections)"
+    assert not obj.teacher_request(0).logits and obj.teacher_request(1).logits
+    module = MaskedLMModule(student, obj, [_online(teachers[0], 0), _online(teachers[1], 1)])
+    batch = masked_batch(tokenizer)
+    _, logs = module(batch)
+    z_s, _ = logits_and_states(student, batch)
+    alone = F.softmax(logits_and_states(teachers[1], batch)[0] / T, -1)
+    assert float(logs["loss_logit_kl"]) == pytest.approx(kl_by_hand(alone, z_s), **CLOSE)
+    per_teacher = Objective(objective("per_teacher"), student, teachers, teacher_weights=(0.25, 0.75))
+    assert [t.name for t in per_teacher.terms if t.spec.reads == "logits"] == ["loss_logit_kl@1"]
+    assert [t.cfg.weight for t in per_teacher.terms if t.spec.reads == "logits"] == [5.0]
+    with pytest.raises(BiodistilError, match="no trained MLM head"):
+        Objective(objective(), student, [teachers[0], teachers[0]], teacher_weights=(0.5, 0.5))
