@@ -32,7 +32,13 @@ machine's own ceiling: a 2048² float32 and bfloat16 matmul measured in the same
                                mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up;
     --compile auto|true|false  as `train.compile` (default auto: the vocabulary KL's row kernel compiled where a C++
                                compiler is found; true: the student's encoder and the live teacher's too); the
-                               compile happens in the unmeasured warm-up rounds and its seconds are printed.
+                               compile happens in the unmeasured warm-up rounds and its seconds are printed;
+    --teachers 2               each teacher mode also with two teachers (`<mode>-x2`: a second random teacher of the
+                               same shape, online or from its own cache; the logit KL on their mixture, from top-k
+                               caches one KL per teacher; the cosine once per teacher), plus `forward-2` (the second
+                               teacher's forward alone, live modes): the cost of two against one teacher per step
+                               (median over rounds of one-teacher tokens/s over two-teacher tokens/s) and, live, the
+                               two-teacher step against the one-teacher step plus the second forward.
 """
 
 import argparse
@@ -67,6 +73,7 @@ from biodistil.training.machine import cpu_line, dtype_note, teacher_dtype
 
 MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
+TEACHER_MODES = MODES[1:]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,6 +97,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="as `train.compile`: auto = the KL's row kernel where a C++ compiler is found; true = "
                              "also the student's encoder and the live teacher's; false = nothing; rows = the KL's "
                              "row kernel alone, on any device")
+    parser.add_argument("--teachers", type=int, choices=(1, 2), default=1,
+                        help="2: each teacher mode also with two teachers (module docstring)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")
@@ -158,26 +167,26 @@ def blocks_and_vocab(args) -> tuple[list[dict], MaskingVocabulary]:
     return [{"input_ids": row.tolist()} for row in ids], vocab
 
 
-def objective_config(positions: str | None) -> ObjectiveConfig:
+def objective_config(positions: str | None, combine: str = "mixture") -> ObjectiveConfig:
     if positions is None:
         return ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm")])
-    return ObjectiveConfig(temperature=2.0, terms=[TermConfig(loss="mlm", weight=2.0),
-                                                   TermConfig(loss="logit_kl", weight=5.0, positions=positions),
-                                                   TermConfig(loss="hidden_cosine")])
+    return ObjectiveConfig(temperature=2.0, combine=combine, terms=[
+        TermConfig(loss="mlm", weight=2.0), TermConfig(loss="logit_kl", weight=5.0, positions=positions),
+        TermConfig(loss="hidden_cosine")])
 
 
-def bench_teacher(args) -> BertForMaskedLM:
-    """The random teacher of every mode (the same weights in every process: seeded)."""
-    torch.manual_seed(0)
+def bench_teacher(args, seed: int = 0) -> BertForMaskedLM:
+    """The random teacher of every mode (the same weights in every process: seeded); `seed` 1: the second one."""
+    torch.manual_seed(seed)
     return BertForMaskedLM(BertConfig(vocab_size=args.vocab, hidden_size=args.hidden,
                                       num_hidden_layers=args.teacher_layers, num_attention_heads=args.heads,
                                       intermediate_size=4 * args.hidden,
                                       max_position_embeddings=max(512, args.seq)))
 
 
-def teacher_cache(folder: Path, args, logits: str, dtype: torch.dtype, blocks: int) -> Cache:
+def teacher_cache(folder: Path, args, logits: str, dtype: torch.dtype, blocks: int, seed: int = 0) -> Cache:
     spec = CacheSpec(
-        teacher="bench", teacher_dtype=str(dtype).removeprefix("torch."), teacher_layers=args.teacher_layers,
+        teacher=f"bench-{seed}", teacher_dtype=str(dtype).removeprefix("torch."), teacher_layers=args.teacher_layers,
         width=args.hidden, tokenizer="bench", corpus="bench", block_size=args.seq, masking=MASKING.model_dump(),
         top_k=args.top_k if logits == "top_k" else 0, tail_samples=args.tail_samples if logits == "top_k" else 0,
         temperature=2.0, hidden_layers=(args.teacher_layers,), logits=logits, shard_blocks=256, blocks=blocks,
@@ -185,30 +194,32 @@ def teacher_cache(folder: Path, args, logits: str, dtype: torch.dtype, blocks: i
     return Cache(folder, spec)
 
 
-def build_teacher_cache(folder: Path, args, logits: str) -> None:
+def build_teacher_cache(folder: Path, args, logits: str, seed: int = 0) -> None:
     """Run the teacher over every block once and store what `logits` asks for (the cache a run finds built)."""
     device = torch.device(args.device)
     dtype = teacher_dtype(args.teacher_dtype, device)
-    teacher = bench_teacher(args).to(device, dtype=dtype).eval()
+    teacher = bench_teacher(args, seed).to(device, dtype=dtype).eval()
     blocks, vocab = blocks_and_vocab(args)
-    cache = teacher_cache(folder, args, logits, dtype, len(blocks))
+    cache = teacher_cache(folder, args, logits, dtype, len(blocks), seed)
     build_cache(cache, teacher, lambda b: blocks[b]["input_ids"], vocab, MASKING, [0], args.batch, 0, progress=False)
 
 
 def cached_signal(folder: Path, args, logits: str, teacher, dtype: torch.dtype, blocks: int,
-                  separate: bool) -> CachedTeacher:
-    """The cached teacher of a cache mode; with `separate` the cache is built by a child process, so that this
-    process's peak memory is that of a run which finds its cache built (as `distill` does after `cache-teacher`)."""
+                  separate: bool, seed: int = 0) -> CachedTeacher:
+    """The cached teacher of a cache mode (slot `seed`: the second teacher's is slot 1); with `separate` the cache is
+    built by a child process, so that this process's peak memory is that of a run which finds its cache built (as
+    `distill` does after `cache-teacher`)."""
     if separate:
-        child = multiprocessing.get_context("spawn").Process(target=build_teacher_cache, args=(folder, args, logits))
+        child = multiprocessing.get_context("spawn").Process(target=build_teacher_cache,
+                                                             args=(folder, args, logits, seed))
         child.start()
         child.join()
         if child.exitcode != 0:
             raise SystemExit(f"building the teacher cache failed (exit code {child.exitcode})")
     else:
-        build_teacher_cache(folder, args, logits)
-    reader = CacheReader(teacher_cache(folder, args, logits, dtype, blocks), [0])
-    return CachedTeacher(MaskedLMOutputs(reader, teacher if logits == "head" else None))
+        build_teacher_cache(folder, args, logits, seed)
+    reader = CacheReader(teacher_cache(folder, args, logits, dtype, blocks, seed), [0])
+    return CachedTeacher(MaskedLMOutputs(reader, teacher if logits == "head" else None), slot=seed)
 
 
 HEAD_ROWS = {"mlm": 0.15, "mlm-fp32": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15,
@@ -226,10 +237,13 @@ def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: in
     def head(cfg: BertConfig) -> float:
         return 2 * (cfg.hidden_size ** 2 + cfg.hidden_size * cfg.vocab_size)
 
-    rows = HEAD_ROWS[mode]
+    if mode == "forward-2":  # the second teacher's forward alone (KL at every position)
+        return {"student": 0.0, "teacher": layers(teacher) + head(teacher)}
+    base, teachers = mode.removesuffix("-x2"), 2 if mode.endswith("-x2") else 1
+    rows = HEAD_ROWS[base]
     teacher_flops = {"mlm": 0.0, "mlm-fp32": 0.0, "cache-top-k": 0.0, "cache-head": rows * head(teacher)}.get(
-        mode, layers(teacher) + rows * head(teacher))
-    return {"student": 3 * (layers(student) + rows * head(student)), "teacher": teacher_flops}
+        base, layers(teacher) + rows * head(teacher))
+    return {"student": 3 * (layers(student) + rows * head(student)), "teacher": teachers * teacher_flops}
 
 
 def profile_modes(modes: list[str], step, first: int, rounds: int, device: torch.device) -> None:
@@ -293,6 +307,10 @@ def measure(args: argparse.Namespace) -> dict:
             folder = Path(workdir.name) / logits
             signals[mode] = cached_signal(folder, args, logits, teacher, dtype, len(blocks), args.only is not None)
             data[mode] = signals[mode].data(masked, collate)
+    second = None
+    if args.teachers == 2:
+        second = bench_teacher(args, seed=1).to(device, dtype=dtype).eval()
+        modes += two_teacher_modes(modes, signals, data, second, args, dtype, len(blocks), Path(workdir.name))
     if args.only == "cache-head":
         head_only(teacher)  # the rest of the teacher leaves memory
     elif args.only == "cache-top-k":
@@ -301,7 +319,14 @@ def measure(args: argparse.Namespace) -> dict:
                  "cache-top-k": "masked"}
     modules = {}
     for mode in modes:
-        objective = Objective(objective_config(positions[mode]), student, None if positions[mode] is None else teacher)
+        base = mode.removesuffix("-x2")
+        if mode == "forward-2":
+            modules[mode] = (SecondForward(second, Objective(objective_config("all"), student, second)), None)
+            continue
+        teachers = None if positions[base] is None else [teacher, second] if mode.endswith("-x2") else teacher
+        combine = "per_teacher" if base == "cache-top-k" else "mixture"
+        objective = Objective(objective_config(positions[base], combine), student, teachers,
+                              teacher_weights=(0.5, 0.5))
         objective.kl_rows = compiled.kl_rows  # as the engine hands it to a stage's objective
         module = MaskedLMModule(student, objective, signals[mode]).train()
         optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5,
@@ -320,6 +345,10 @@ def measure(args: argparse.Namespace) -> dict:
         batch = collate_fn([dataset[i] for i in range(index * args.batch, (index + 1) * args.batch)])
         batch = batch.to(device)
         clock.lap("data")
+        if optimizer is None:  # the second teacher's forward alone
+            module(batch)
+            clock.lap("forward")
+            return int(batch.attention_mask.sum())
         bf16 = args.student_precision == "bf16" and mode != "mlm-fp32"
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module(batch)
@@ -390,11 +419,59 @@ def measure(args: argparse.Namespace) -> dict:
         result["phase_peak_mb"] = {mode: {phase: round(max(values) / 2**20) for phase, values in peaks.items()}
                                    for mode, peaks in phase_peaks.items()}
     result["compile"] = f"{compiled.note} (warm-up rounds, the compile included: {warmup_seconds:.0f} s)"
+    if args.teachers == 2:
+        result["two_teachers"] = two_teacher_costs(rates)
     if "mlm-fp32" in rates:
         result["bf16_speedup"] = round(statistics.median(
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)
     workdir.cleanup()
     return result
+
+
+class SecondForward:
+    """The second teacher's forward of a live mode alone (what its terms request, under inference mode)."""
+
+    def __init__(self, teacher, objective: Objective):
+        self.signal, self.objective = OnlineTeacher(teacher), objective
+
+    def __call__(self, batch) -> None:
+        masks = {"all": batch.attention_mask.bool(), "masked": batch.labels != -100}
+        self.signal.get_signal(batch, self.objective.teacher_request(), self.objective.logit_positions(masks, True))
+
+
+def two_teacher_modes(modes: list[str], signals: dict, data: dict, second, args, dtype: torch.dtype, blocks: int,
+                      workdir: Path) -> list[str]:
+    """The `-x2` twin of each teacher mode in `modes` (both teachers' signals, the second in slot 1; a cache mode's
+    second cache built like the first) and `forward-2` where a live mode runs; their signals and data added."""
+    added = []
+    for mode in [mode for mode in modes if mode in TEACHER_MODES]:
+        twin = f"{mode}-x2"
+        if mode.startswith("live"):
+            signals[twin], data[twin] = [signals[mode], OnlineTeacher(second, slot=1)], data[mode]
+        else:
+            logits = "head" if mode == "cache-head" else "top_k"
+            other = cached_signal(workdir / f"{logits}-2", args, logits, second, dtype, blocks, args.only is not None,
+                                  seed=1)
+            signals[twin], data[twin] = [signals[mode], other], other.data(*data[mode])
+        added.append(twin)
+    if any(mode.startswith("live") for mode in modes):
+        added.append("forward-2")
+        data["forward-2"] = data["live-all" if "live-all" in modes else "live-masked"]
+    return added
+
+
+def two_teacher_costs(rates: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per teacher mode: the two-teacher step's time over the one-teacher step's (median over rounds) and, live, over
+    the one-teacher step plus the second teacher's forward (time per token = 1 / tokens per second)."""
+    costs = {}
+    for twin in [mode for mode in rates if mode.endswith("-x2")]:
+        one, two = rates[twin.removesuffix("-x2")], rates[twin]
+        entry = {"two_over_one": round(statistics.median(a / b for a, b in zip(one, two, strict=True)), 3)}
+        if twin.startswith("live") and "forward-2" in rates:
+            entry["two_over_one_plus_forward"] = round(statistics.median(
+                (1 / b) / (1 / a + 1 / f) for a, b, f in zip(one, two, rates["forward-2"], strict=True)), 3)
+        costs[twin] = entry
+    return costs
 
 
 def show(result: dict, args: argparse.Namespace) -> None:
@@ -419,6 +496,10 @@ def show(result: dict, args: argparse.Namespace) -> None:
                                       for mode, peaks in result["phase_peak_mb"].items()))
     if "bf16_speedup" in result:
         print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
+    for twin, cost in result.get("two_teachers", {}).items():
+        extra = (f", {cost['two_over_one_plus_forward']:.3f} x (one-teacher step + second forward)"
+                 if "two_over_one_plus_forward" in cost else "")
+        print(f"two teachers, {twin}: step time {cost['two_over_one']:.3f} x one teacher's{extra}")
     print(json.dumps(result))
 
 

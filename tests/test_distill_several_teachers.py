@@ -268,3 +268,24 @@ def test_a_teacher_without_an_mlm_head_teaches_the_layer_terms_only_and_the_tabl
     assert [t.cfg.weight for t in per_teacher.terms if t.spec.reads == "logits"] == [5.0]
     with pytest.raises(BiodistilError, match="no trained MLM head"):
         Objective(objective(), student, [teachers[0], teachers[0]], teacher_weights=(0.5, 0.5))
+
+
+def test_the_throughput_bench_measures_two_teachers_against_one(tmp_path, monkeypatch):
+    """`bench/throughput.py --teachers 2` at tiny shapes: each teacher mode's twin with two teachers runs, and the
+    costs it reports are the ratios of its own per-round rates."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import throughput
+
+    args = throughput.parse(["--teachers", "2", "--teacher-layers", "2", "--hidden", "32", "--heads", "2", "--vocab",
+                             "300", "--seq", "16", "--batch", "2", "--repeats", "1", "--warmup", "0", "--compile",
+                             "false", "--device", "cpu", "--modes", "mlm", "live-masked", "cache-top-k"])
+    result = throughput.measure(args)
+    assert set(result["tokens_per_s"]) == {"mlm", "live-masked", "cache-top-k", "live-masked-x2", "cache-top-k-x2",
+                                           "forward-2"}
+    rates = result["tokens_per_s"]
+    costs = result["two_teachers"]
+    assert set(costs) == {"live-masked-x2", "cache-top-k-x2"} and "two_over_one_plus_forward" in costs["live-masked-x2"]
+    assert costs["cache-top-k-x2"]["two_over_one"] == pytest.approx(rates["cache-top-k"] / rates["cache-top-k-x2"],
+                                                                    rel=0.01)
