@@ -289,3 +289,30 @@ def test_the_throughput_bench_measures_two_teachers_against_one(tmp_path, monkey
     assert set(costs) == {"live-masked-x2", "cache-top-k-x2"} and "two_over_one_plus_forward" in costs["live-masked-x2"]
     assert costs["cache-top-k-x2"]["two_over_one"] == pytest.approx(rates["cache-top-k"] / rates["cache-top-k-x2"],
                                                                     rel=0.01)
+
+
+def test_mixed_rows_form_the_mixture_a_chunk_at_a_time_as_the_dense_mixture(monkeypatch):
+    from biodistil.losses import distillation
+    from biodistil.losses.distillation import linear_soft_kl_loss, soft_kl_loss
+    from biodistil.losses.multi_teacher import MixedRows
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(shape, generator=generator) for shape in ((7, 5), (11, 5), (11,)))
+    dense = 3 * torch.randn(7, 11, generator=generator)
+    shares = torch.tensor([[0.2] * 7, [0.8] * 7])
+    shares[:, 3] = torch.tensor([0.9, 0.1])
+    mixed = MixedRows(((x, weight, bias), dense), shares, 2.0)
+    p = shares[0, :, None] * F.softmax((x @ weight.T + bias) / 2, -1) + shares[1, :, None] * F.softmax(dense / 2, -1)
+    assert torch.allclose(mixed.logits(), 2 * p.log(), atol=1e-5)
+    rows = torch.tensor([True, False, True, True, False, False, True])
+    assert torch.allclose(mixed.select(rows).logits(), 2 * p[rows].log(), atol=1e-5)
+    student = torch.randn(7, 11, generator=generator)
+    by_hand = 4 * (p * (p.log() - F.log_softmax(student / 2, -1))).sum(-1).mean()
+    monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 22)  # chunks of 2 rows: the mixture formed per chunk
+    assert float(soft_kl_loss(student, mixed, 2.0)) == pytest.approx(float(by_hand), rel=1e-5)
+    h = torch.randn(7, 5, generator=generator)
+    w = torch.randn(11, 5, generator=generator)
+    fused = linear_soft_kl_loss(h, w, None, mixed, 2.0)
+    assert float(fused) == pytest.approx(float(soft_kl_loss((h @ w.T), 2 * p.log(), 2.0)), rel=1e-5)
+    with pytest.raises(ValueError, match=r"temperature 2\.0 read at 1\.0"):
+        soft_kl_loss(student, mixed, 1.0)

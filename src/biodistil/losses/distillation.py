@@ -2,6 +2,7 @@
 
 import functools
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,13 +28,24 @@ KL_CHUNK_ELEMENTS = 1 << 22
 # a linear layer's input and parameters (x [N, d], W [V, d], b [V] or None) standing for the logit rows
 # z = x·Wᵀ + b (an MLM head's decoder): the losses that take them form the logits a chunk of rows at a time
 Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+class RowSource(Protocol):
+    """Teacher logit rows [N, V] that form themselves on demand, a chunk of rows at a time, as z/T (several teachers'
+    mixture: `losses.multi_teacher.MixedRows`); the fused KLs take them as a teacher like a tensor or a `Linear`."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor: ...
+
+
+Teacher = torch.Tensor | Linear | RowSource
 # a fused row kernel of the chunked KL: (z_S/T, z_T/T, scale) of a chunk of rows -> (Σ_rows KL, scale·(p_S − p_T));
 # `compiled_kl_rows()` makes one; without one (the default) the rows are computed eagerly
 KLRows = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 def soft_kl_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor | Linear, temperature: float = 1.0,
+    student_logits: torch.Tensor, teacher_logits: Teacher, temperature: float = 1.0,
     kernel: KLRows | None = None,
 ) -> torch.Tensor:
     """Temperature-scaled distillation loss T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) (Hinton et al., 2015).
@@ -61,7 +73,7 @@ def soft_kl_loss(
 
 
 def linear_soft_kl_loss(
-    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: torch.Tensor | Linear,
+    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: Teacher,
     temperature: float = 1.0, kernel: KLRows | None = None,
 ) -> torch.Tensor:
     """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b (`inputs` x [N, d], `weight` W [V, d], `bias` b [V] or
@@ -80,12 +92,14 @@ def linear_soft_kl_loss(
     return _LinearSoftKL.apply(inputs, weight, bias, teacher, float(temperature), kernel)
 
 
-def _shape(logits: torch.Tensor | Linear) -> tuple[int, ...]:
-    """(rows, vocabulary) of logit rows given whole or as `Linear`."""
+def _shape(logits: Teacher) -> tuple[int, ...]:
+    """(rows, vocabulary) of logit rows given whole, as `Linear` or as a `RowSource`."""
     return (logits[0].size(0), logits[1].size(0)) if isinstance(logits, tuple) else tuple(logits.shape)
 
 
-def _takes_grad(logits: torch.Tensor | Linear) -> bool:
+def _takes_grad(logits: Teacher) -> bool:
+    if not isinstance(logits, torch.Tensor | tuple):  # a RowSource: a teacher mixture, never trained
+        return False
     tensors = logits if isinstance(logits, tuple) else (logits,)
     return any(tensor is not None and tensor.requires_grad for tensor in tensors)
 
@@ -99,9 +113,11 @@ def _spend(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     return tuple(None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.grads)
 
 
-def _scaled(logits: torch.Tensor | Linear, rows: slice, temperature: float) -> torch.Tensor:
+def scaled_chunk(logits: Teacher, rows: slice, temperature: float) -> torch.Tensor:
     """z/T for a chunk of logit rows, in a new tensor (float32, or the head's dtype: the 1/T is folded into the
-    matmul that forms logits from `Linear`)."""
+    matmul that forms logits from `Linear`; a `RowSource` forms its own)."""
+    if not isinstance(logits, torch.Tensor | tuple):
+        return logits.scaled_rows(rows, temperature)
     if isinstance(logits, tuple):
         inputs, weight, bias = logits[0][rows], logits[1].t(), logits[2]
         if bias is None:
@@ -173,7 +189,7 @@ class _ChunkedSoftKL(_FusedKL):
     """T²·mean_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)), row chunk by row chunk, with its student gradient."""
 
     @staticmethod
-    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor | Linear, temperature: float,
+    def forward(ctx, student: torch.Tensor, teacher: Teacher, temperature: float,
                 kernel: KLRows | None) -> torch.Tensor:
         rows = student.size(0)
         step = _chunk_rows(student.size(-1))
@@ -182,7 +198,7 @@ class _ChunkedSoftKL(_FusedKL):
         total = torch.zeros((), dtype=torch.float32, device=student.device)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
-            total += _kl_rows(_scaled(student, chunk, temperature), _scaled(teacher, chunk, temperature),
+            total += _kl_rows(scaled_chunk(student, chunk, temperature), scaled_chunk(teacher, chunk, temperature),
                               temperature / rows, None if grad is None else grad[chunk], kernel)
         return _FusedKL._keep(ctx, (None if grad is None else grad.to(student.dtype),), total, temperature, rows)
 
@@ -192,7 +208,7 @@ class _LinearSoftKL(_FusedKL):
 
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                teacher: torch.Tensor | Linear, temperature: float, kernel: KLRows | None) -> torch.Tensor:
+                teacher: Teacher, temperature: float, kernel: KLRows | None) -> torch.Tensor:
         rows, vocab = inputs.size(0), weight.size(0)
         step = _chunk_rows(vocab)
         grads = [torch.zeros_like(tensor, dtype=torch.float32) if tensor is not None and tensor.requires_grad
@@ -207,7 +223,8 @@ class _LinearSoftKL(_FusedKL):
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
             student = matmul.logits(x, temperature)
-            total += _kl_rows(student, _scaled(teacher, chunk, temperature), 1.0, grad, kernel)  # ∂L/∂z_S = scale·grad
+            teacher_rows = scaled_chunk(teacher, chunk, temperature)
+            total += _kl_rows(student, teacher_rows, 1.0, grad, kernel)  # ∂L/∂z_S = scale·grad
             if grad_inputs is not None or grad_weight is not None:
                 matmul.backward_rows(grad, x, None if grad_inputs is None else grad_inputs[chunk])
             if grad_bias is not None:
@@ -242,7 +259,8 @@ class _Matmuls:
 
     def logits(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
         """z/T for the chunk's rows x (the 1/T folded into the matmul)."""
-        return _scaled((x if self.low is None else x.to(self.low), self.weight, self.bias), slice(None), temperature)
+        inputs = x if self.low is None else x.to(self.low)
+        return scaled_chunk((inputs, self.weight, self.bias), slice(None), temperature)
 
     def backward_rows(self, grad: torch.Tensor, x: torch.Tensor, grad_inputs: torch.Tensor | None) -> None:
         """grad_inputs = scale·G·W for the chunk's gradient rows G and inputs x; grad_W += scale·Gᵀ·x (under

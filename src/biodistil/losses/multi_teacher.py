@@ -15,27 +15,68 @@ z_mix is the term on the mixture:
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from biodistil.losses.distillation import Linear, scaled_chunk
+
 Space = Literal["softmax", "sigmoid", "logits"]
 _TINY = 1e-12
+
+
+@dataclass(frozen=True)
+class MixedRows:
+    """K teachers' logit rows [N, V] as their softmax-space mixture at temperature T, formed on demand: a chunk of rows
+    at a time inside a fused KL (`scaled_rows`: log Σ_k w_k·softmax(z_k/T) = z_mix/T, a `RowSource`), or whole
+    (`logits`: z_mix), so that neither the mixture nor a teacher's [N, V] logits need exist whole. Each teacher's rows
+    are a tensor or its head's `Linear` (x, W, b); `weights` [K] or [K, N]."""
+
+    sources: tuple[torch.Tensor | Linear, ...]
+    weights: torch.Tensor
+    temperature: float
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        first = self.sources[0]
+        return (first[0].size(0), first[1].size(0)) if isinstance(first, tuple) else tuple(first.shape)
+
+    def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor:
+        """z_mix/T = log Σ_k w_k·softmax(z_k/T) for a chunk of rows, float32."""
+        if float(temperature) != float(self.temperature):
+            raise ValueError(f"a mixture formed at temperature {self.temperature} read at {temperature}")
+        mixed = None
+        for k, source in enumerate(self.sources):
+            share = self.weights[k] if self.weights.dim() == 1 else self.weights[k, rows][:, None]
+            part = torch.softmax(scaled_chunk(source, rows, temperature), dim=-1, dtype=torch.float32).mul_(share)
+            mixed = part if mixed is None else mixed.add_(part)
+        return mixed.clamp_min_(_TINY).log_()
+
+    def logits(self) -> torch.Tensor:
+        """z_mix [N, V] = T·log Σ_k w_k·softmax(z_k/T)."""
+        return self.scaled_rows(slice(None), self.temperature).mul_(self.temperature)
+
+    def select(self, rows: torch.Tensor) -> "MixedRows":
+        """These rows at `rows` (a bool mask or indices of the N rows)."""
+        sources = tuple((source[0][rows], source[1], source[2]) if isinstance(source, tuple) else source[rows]
+                        for source in self.sources)
+        return MixedRows(sources, self.weights if self.weights.dim() == 1 else self.weights[:, rows],
+                         self.temperature)
 
 
 def mixed_teacher_logits(logits: Sequence[torch.Tensor], weights: torch.Tensor, space: Space,
                          temperature: float = 1.0, binary_pair: bool = False) -> torch.Tensor:
     """z_mix [N, C] of K teachers' logits [N, C]; `weights` [K] or [K, N] (summing to 1 over K). `binary_pair`: two
     logits whose difference z_1 − z_0 is the positive logit (sigmoid space): z_mix = [0, T·logit(q_mix)]."""
+    t = float(temperature)
+    if space == "softmax":  # one teacher's probabilities at a time, summed in place (no [K, N, C] stack)
+        return MixedRows(tuple(logits), weights.float().to(logits[0].device), t).logits()
     stacked = torch.stack([z.float() for z in logits])  # [K, N, C]
     w = _per_row(weights.float().to(stacked.device), stacked)
-    t = float(temperature)
     if space == "logits":
         return (w * stacked).sum(0)
-    if space == "softmax":
-        mixed = (w * F.softmax(stacked / t, dim=-1)).sum(0)
-        return t * mixed.clamp_min(_TINY).log()
     if space == "sigmoid":
         positive = stacked[..., 1:] - stacked[..., :1] if binary_pair else stacked
         q = (w * torch.sigmoid(positive / t)).sum(0).clamp(_TINY, 1 - _TINY)

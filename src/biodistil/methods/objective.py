@@ -26,15 +26,15 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import KLRows
+from biodistil.losses.distillation import KLRows, Linear
 from biodistil.losses.layers import tolerance_hinge
-from biodistil.losses.multi_teacher import confidence_weights, mixed_teacher_logits
+from biodistil.losses.multi_teacher import MixedRows, confidence_weights, mixed_teacher_logits
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
-from biodistil.models.logits import LogitRows
+from biodistil.models.logits import LinearRows, LogitRows
 from biodistil.term_specs import TERM_SPECS, Reads, TermSpec
 
 __all__ = ["Objective", "Term", "TermInputs", "Weight", "planned_inputs", "position_masks", "weighted_sum"]
@@ -193,13 +193,22 @@ class Objective(nn.Module):
         if not spaces:
             return {}
         first = inputs.teachers[self.logit_teachers[0]]
-        rows = [inputs.teachers[k].logits.logits() for k in self.logit_teachers]
+        positions = first.logits.positions
         shares = self.shares(TERM_SPECS["logit_kl"])
-        weights = torch.tensor([shares[k] for k in self.logit_teachers], device=rows[0].device)
+        weights = torch.tensor([shares[k] for k in self.logit_teachers], device=positions.device)
         if self.cfg.confidence:
-            weights = confidence_weights(rows, weights, inputs.labels[first.logits.positions])
-        return {space: replace(first, logits=LogitRows(first.logits.positions, mixed_teacher_logits(
-            rows, weights, space, inputs.temperature)), hidden={}) for space in spaces}
+            dense = [inputs.teachers[k].logits.logits() for k in self.logit_teachers]
+            weights = confidence_weights(dense, weights, inputs.labels[positions])
+        mixed = {}
+        for space in spaces:
+            if space == "softmax":  # formed a chunk of rows at a time inside the KL, never whole
+                rows = MixedRows(tuple(_rows(inputs.teachers[k].logits) for k in self.logit_teachers), weights,
+                                 inputs.temperature)
+            else:
+                rows = mixed_teacher_logits([inputs.teachers[k].logits.logits() for k in self.logit_teachers],
+                                            weights, space, inputs.temperature)
+            mixed[space] = replace(first, logits=LogitRows(positions, rows), hidden={})
+        return mixed
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
@@ -232,6 +241,11 @@ def planned_inputs(terms: list[Term], inputs: TermInputs) -> TermInputs:
     names = sorted({term.positions for term in terms if inputs.for_term(term).reads_formed(term)})
     rows = inputs.student.logits.planned([inputs.masks[name] for name in names])
     return replace(inputs, student=replace(inputs.student, logits=rows))
+
+
+def _rows(logits: LogitRows) -> torch.Tensor | Linear:
+    """What stands for a teacher's logit rows in a mixture: its head's (x, W, b), else the logits."""
+    return logits.rows.linear if isinstance(logits.rows, LinearRows) else logits.logits()
 
 
 def _contribution(spec: TermSpec, share: float | None, cfg: ObjectiveConfig) -> str:

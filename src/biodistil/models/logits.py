@@ -1,12 +1,14 @@
 """The vocabulary logit rows of one model for one batch: where they are, what stands for them, who forms them.
 
 A model's logits are wanted only at some positions (`positions`, [B, L] bool: the union of the positions of the
-terms that read them), one row per True entry in row-major order. Three things stand for the logits there:
+terms that read them), one row per True entry in row-major order. Four things stand for the logits there:
 
 - a tensor [N, V]: the logits themselves (a classifier's outputs, a teacher's formed logits);
 - `TopKLogits`: a teacher cache's top-k logits, their ids and the log-normaliser (no whole rows exist);
 - `LinearRows`: a masked LM's MLM head up to its decoder, z = x·Wᵀ + b, whose [N, V] logits are formed only where
-  a loss asks for them.
+  a loss asks for them;
+- `MixedRows`: several teachers' rows (logits or heads) as their mixture at the objective's temperature, formed
+  likewise (`losses.multi_teacher`).
 
 `LogitRows` owns them. `at(mask)` restricts them to some of the rows (no copy when the mask is `positions`);
 `logits()` forms the logits of a head, once per set of rows (memoised here, shared by the views `at` returns);
@@ -26,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import KLRows, Linear, linear_soft_kl_loss, soft_kl_loss, topk_kl_loss
+from biodistil.losses.distillation import KLRows, Linear, Teacher, linear_soft_kl_loss, soft_kl_loss, topk_kl_loss
+from biodistil.losses.multi_teacher import MixedRows
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class TopKLogits:
         return TopKLogits(self.values[rows], self.ids[rows], self.log_norm[rows], self.temperature, *tail)
 
 
-LogitSource = torch.Tensor | TopKLogits | LinearRows
+LogitSource = torch.Tensor | TopKLogits | LinearRows | MixedRows
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class _Root:
         if mask is self.positions:
             return self.source
         rows = mask[self.positions]
-        return self.source.select(rows) if isinstance(self.source, LinearRows) else self.source[rows]
+        return self.source.select(rows) if isinstance(self.source, LinearRows | MixedRows) else self.source[rows]
 
     def formed_at(self, mask: torch.Tensor) -> torch.Tensor:
         """The head's logits at `mask`'s rows, formed the first time they are asked for."""
@@ -140,7 +143,7 @@ class LogitRows:
         source = self._root.source
         if isinstance(source, TopKLogits):
             raise TypeError("a teacher cache's top-k logits are not whole logit rows")
-        if isinstance(source, LinearRows):
+        if isinstance(source, LinearRows | MixedRows):
             return self._root.formed_at(self.positions)
         return self.rows
 
@@ -198,9 +201,12 @@ class LogitRows:
             logits = logits[part[first]]
         return part, logits, self.positions & ~first
 
-    def _operand(self) -> torch.Tensor | Linear:
-        """These rows as a KL's teacher: a head's (x, W, b), formed a chunk at a time inside the loss, else logits."""
+    def _operand(self) -> Teacher:
+        """These rows as a KL's teacher: a head's (x, W, b) or several teachers' mixture, formed a chunk at a time
+        inside the loss, else logits."""
         source = self.rows
+        if isinstance(source, MixedRows):
+            return source
         return source.linear if isinstance(source, LinearRows) else self.logits()
 
 
