@@ -1,4 +1,5 @@
-"""`biodistil pipeline RECIPE.yaml`: existing commands (pretrain, distill, evaluate) run one after another.
+"""`biodistil pipeline RECIPE.yaml`: existing commands (pretrain, distill, evaluate, study, deploy) run one after
+another.
 
 A pipeline recipe names its stages; each stage is a command, a recipe file (relative to the pipeline file) and/or
 inline `settings`, and dotted overrides. `${name}` in an override or a settings string stands for a pipeline
@@ -8,7 +9,10 @@ all). Stage k writes <output_dir>/<name> and runs as every stage of a multi-stag
 (`biodistil.training.run.run_stage`): a stage whose model is already exported is skipped and an interrupted one
 continues from its checkpoint, so a re-run continues where the last one stopped (with or without --resume). An
 `evaluate` stage (usually the last: fine-tune the models the earlier stages made on tasks × seeds) keeps its
-finished cells and runs the others. At the end `<output_dir>/pipeline.json` gathers every stage's summary (steps,
+finished cells and runs the others; so does a `study` stage (`biodistil study`: a teacher, finetune and kd arms over
+seeds) with its finished runs, and a `deploy` stage (`evaluation.deploy`: ONNX int8 exports, test scores and speed of
+chosen models side by side) with its exports. `${name}` of those three is the stage's folder.
+At the end `<output_dir>/pipeline.json` gathers every stage's summary (steps,
 wall time, losses; the evaluation's results), the machine and the resolved pipeline recipe: the record of a study
 built as a pipeline.
 """
@@ -31,14 +35,18 @@ from biodistil.config import (
     validate_recipe,
 )
 from biodistil.errors import BiodistilError
+from biodistil.evaluation.deploy import DeployRecipe
 from biodistil.evaluation.recipe import EvaluateRecipe
 from biodistil.io import atomic_write_json, jsonable, read_json, read_text
+from biodistil.kd.recipe import StudyRecipe
 from biodistil.paths import absolute
 from biodistil.training.machine import describe_machine
 from biodistil.training.run import run_stage
 
-COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe}
+COMMANDS = {"pretrain": PretrainRecipe, "distill": DistillRecipe, "evaluate": EvaluateRecipe, "study": StudyRecipe,
+            "deploy": DeployRecipe}
 TRAINING = ("pretrain", "distill")  # the stages `shared` applies to (evaluate's train and data differ)
+FOLDER_STAGES = {"evaluate": "results.json", "study": "summary.json", "deploy": "deploy.json"}  # always run; records
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 
 
@@ -46,7 +54,7 @@ class StageConfig(Section):
     """One step of a pipeline: an existing command with its recipe and overrides."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="folder name; ${name} = this stage's model")
-    command: Literal["pretrain", "distill", "evaluate"]
+    command: Literal["pretrain", "distill", "evaluate", "study", "deploy"]
     recipe: str | None = Field(None, description="recipe file, relative to the pipeline recipe")
     settings: dict[str, Any] = Field(default_factory=dict, description="partial recipe merged over the file's (or "
                                                                         "the whole recipe); strings may use ${...}")
@@ -103,7 +111,7 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
             stage_recipe = stage_recipe_for(recipe, stage, Path(base_dir), values, stage_dir)
             _run_stage(stage.command, stage_recipe, resume)
 
-        if stage.command == "evaluate":  # always run: it skips its finished cells (a task or seed added runs)
+        if stage.command in FOLDER_STAGES:  # always run: each skips its finished work (a task or seed added runs)
             output = stage_dir
             run(True)
         else:
@@ -116,15 +124,16 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
 
 
 def pipeline_record(recipe: PipelineRecipe, root: Path) -> dict[str, Any]:
-    """The pipeline's record: its recipe, the machine, and per stage its summary (pretrain, distill) or results
-    (evaluate)."""
+    """The pipeline's record: its recipe, the machine, and per stage its summary (pretrain, distill, study), results
+    (evaluate) or record (deploy)."""
     stages = []
     for stage in recipe.stages:
         folder = root / stage.name
-        name = "results.json" if stage.command == "evaluate" else "summary.json"
+        name = FOLDER_STAGES.get(stage.command, "summary.json")
         record = read_json(folder / name) if (folder / name).is_file() else None
+        key = {"evaluate": "results", "deploy": "deploy"}.get(stage.command, "summary")
         stages.append({"name": stage.name, "command": stage.command, "folder": stage.name,
-                       "config": _config(folder), ("results" if stage.command == "evaluate" else "summary"): record})
+                       "config": _config(folder), key: record})
     return jsonable({"recipe": recipe.model_dump(mode="json"), "machine": describe_machine(), "stages": stages})
 
 
@@ -158,10 +167,13 @@ def stage_recipe_for(
 
 
 def _run_stage(command: str, recipe: Section, resume: bool) -> Path:
+    from biodistil.evaluation.deploy import run_deploy
     from biodistil.evaluation.runner import run_evaluate
+    from biodistil.kd.study import run_study
     from biodistil.methods.task_agnostic import run_distill, run_pretrain
 
-    runner = {"pretrain": run_pretrain, "distill": run_distill, "evaluate": run_evaluate}[command]
+    runner = {"pretrain": run_pretrain, "distill": run_distill, "evaluate": run_evaluate, "study": run_study,
+              "deploy": run_deploy}[command]
     return runner(recipe, resume=resume)
 
 

@@ -1,0 +1,73 @@
+"""The `deploy` stage of a pipeline: the chosen fine-tuned models exported to ONNX fp32 and int8 (`biodistil export
+--int8`, the int8 graph checked on the task's dev split), then every model and export scored on the task's test split
+and timed side by side (`biodistil evaluate --finetuned ... --bench`): parameters, score, batch-1 latency and batch-32
+throughput of PyTorch and ONNX int8 in one process. Its folder:
+
+    DIR/onnx/<name>/            each export (export.json: the parity and dev-split checks)
+    DIR/scored/                 results.json, bench.json, report.md (an evaluation run folder)
+    DIR/deploy.json             the three together: the stage's record in pipeline.json
+
+A re-run keeps the exports it finds and scores again only when the scores or timings are missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from biodistil.config import LocalPath, RunConfig, Section
+from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
+from biodistil.evaluation.recipe import BenchConfig
+from biodistil.export.command import ExportOptions, run_export
+from biodistil.io import atomic_write_json, lock_folder, read_json
+
+
+class DeployModel(Section):
+    """One model of the stage: a fine-tuned model folder, and whether to export it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    path: LocalPath
+    export: bool = Field(True, description="export to ONNX fp32 and int8 and score and time the exports too")
+
+
+class DeployRecipe(Section):
+    """`deploy` (a pipeline stage): exports, test scores and speed of fine-tuned models side by side."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    task: str = Field(min_length=1, description="built-in task name or task file")
+    data_dir: LocalPath | None = Field(None, description="the data folder (default: the task's own)")
+    split: str = "test"
+    models: list[DeployModel] = Field(min_length=1)
+    bench: BenchConfig = Field(default_factory=lambda: BenchConfig(
+        enabled=True, lengths=[128], latency_batch=1, throughput_batch=32, warmup=3, repeats=20, threads=1))
+
+
+def run_deploy(recipe: DeployRecipe, resume: bool = False) -> Path:
+    """Export, score and time (see the module docstring); returns the stage's folder."""
+    out = Path(recipe.run.output_dir)
+    lock_folder(out, "deploy folder")
+    exports = {model.name: _export(recipe, model, out / "onnx" / model.name) for model in recipe.models
+               if model.export}
+    scored = out / "scored"
+    if not ((scored / "results.json").is_file() and (scored / "bench.json").is_file()):
+        specs = [(model.name, str(model.path)) for model in recipe.models]
+        specs += [(f"{name}-onnx", str(out / "onnx" / name)) for name in exports]
+        run_scoring(specs, ScoringPlan(recipe.task, recipe.split, data_root=_root(recipe)), scored, recipe.bench)
+    record = {"exports": exports, "results": read_json(scored / "results.json"),
+              "bench": read_json(scored / "bench.json")}
+    atomic_write_json(out / "deploy.json", record)
+    return out
+
+
+def _export(recipe: DeployRecipe, model: DeployModel, folder: Path) -> dict[str, Any]:
+    """The model's ONNX export (kept when a finished one is there), its record."""
+    if not (folder / "export.json").is_file():
+        run_export(model.path, folder, ExportOptions(int8=True, task=recipe.task, split="dev",
+                                                     data_root=_root(recipe)))
+    return read_json(folder / "export.json")
+
+
+def _root(recipe: DeployRecipe) -> str | None:
+    return None if recipe.data_dir is None else str(recipe.data_dir)
