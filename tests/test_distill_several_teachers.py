@@ -189,16 +189,157 @@ def test_recipes_spell_several_teachers_one_way_and_refuse_what_cannot_be_mixed(
     assert several(validate_recipe(DistillRecipe, cached), second_teacher_dir, combine="per_teacher").teachers
 
 
-def test_a_teacher_with_another_vocabulary_is_refused_by_name(tmp_path, teacher_dir, corpus_file):
+LINES = ["IL-2 induced p53-deficient cells in Müller glia (n=12).", "The café patients' TNF-α levels rose.",
+         "BRCA1 mutation carriers; p53 and IL-2 pathways (±SD)."] * 10
+
+
+@pytest.fixture(scope="module")
+def three_tokenizers(tmp_path_factory):
+    """A cased WordPiece student, an uncased WordPiece teacher with another vocabulary and a byte-level BPE teacher
+    (ModernBERT's convention), with a tiny model each (the teachers without dropout)."""
+    from modernbert_fixtures import modernbert_arch
+
+    from biodistil.data.synthetic import train_bpe
     from biodistil.data.vocab import train_wordpiece
 
-    other = train_wordpiece(["alpha beta gamma delta"] * 20, vocab_size=60, min_frequency=1)
-    folder = tmp_path / "other"
-    model_from_architecture(ArchitectureConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32,
-                                               max_position_embeddings=64), other).save_pretrained(folder)
-    other.save_pretrained(folder)
-    with pytest.raises(BiodistilError, match=r"teachers\[1\] .*other.*tokenizers differ"):
-        run_distill(several(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), folder))
+    root = tmp_path_factory.mktemp("three")
+    student_tokenizer = train_wordpiece(LINES, 150, lowercase=False, min_frequency=1)
+    uncased = train_wordpiece(LINES, 120, lowercase=True, min_frequency=1)
+    bpe = train_bpe(LINES, 300, root / "bpe")
+    torch.manual_seed(0)
+    teachers = [model_from_architecture(ArchitectureConfig(num_layers=2, hidden_size=32, num_heads=2,
+                                                           intermediate_size=64, max_position_embeddings=128,
+                                                           dropout=0.0), uncased).eval(),
+                model_from_architecture(modernbert_arch(layers=2, hidden=32, heads=2, window=4), bpe).eval()]
+    student = model_from_architecture(ArchitectureConfig(num_layers=2, hidden_size=24, num_heads=2,
+                                                         intermediate_size=48, max_position_embeddings=64,
+                                                         dropout=0.0), student_tokenizer).eval()
+    return student_tokenizer, [uncased, bpe], teachers, student
+
+
+def aligned_batch(student_tokenizer, tokenizers, seed=0):
+    from biodistil.config import MaskingConfig
+    from biodistil.data.masking import MaskingVocabulary
+    from biodistil.data.text_blocks import AlignedTextCollate
+    from biodistil.methods.masked_lm import MaskSameWords
+
+    collate = AlignedTextCollate(student_tokenizer, tokenizers[0], 48, 96,
+                                 more_teachers=tuple((own, 96) for own in tokenizers[1:]))
+    mask = MaskSameWords(MaskingVocabulary.from_tokenizer(student_tokenizer),
+                         MaskingVocabulary.from_tokenizer(tokenizers[0]),
+                         MaskingConfig(probability=0.5, random_ratio=0.0),  # no random tokens: sides comparable
+                         [MaskingVocabulary.from_tokenizer(own) for own in tokenizers[1:]])
+    return mask(collate([{"text": line} for line in LINES[:3]]), torch.Generator().manual_seed(seed))
+
+
+def spelled(tokenizer, ids) -> str:
+    """A word as a side's tokens spell it, compared without case, accents or spaces."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFD", tokenizer.decode(ids).replace(" ", "").replace("##", "").lower())
+    return "".join(c for c in text if unicodedata.category(c) != "Mn")
+
+
+def test_several_tokenizers_share_the_words_every_side_holds_whole_and_mask_the_same_ones(three_tokenizers):
+    from biodistil.data.token_alignment import align_texts
+    from biodistil.methods.masked_lm import teacher_alignment
+    from biodistil.methods.word_units import WordUnits
+
+    student_tokenizer, tokenizers, _, _ = three_tokenizers
+    together = align_texts(LINES[:3], student_tokenizer, tokenizers[0], more_teachers=[(tokenizers[1], None)])
+    for index, text in enumerate(LINES[:3]):
+        pairwise = [align_texts([text], student_tokenizer, own).alignments[0] for own in tokenizers]
+        shared = set(together.alignments[index].spans) - {None}
+        assert shared == set.intersection(*(set(a.spans) - {None} for a in pairwise)), text
+        assert shared < set(pairwise[0].spans) or shared < set(pairwise[1].spans), "a word one side splits is out"
+    plain = aligned_batch(student_tokenizer, tokenizers)
+    batch = aligned_batch(student_tokenizer, tokenizers)  # the same draw: `plain` keeps the unmasked ids below
+    chosen = batch.alignment.chosen
+    assert chosen.any() and not (chosen & ~batch.alignment.word_mask.bool()).any()
+    from biodistil.data.text_blocks import AlignedTextCollate
+
+    original = AlignedTextCollate(student_tokenizer, tokenizers[0], 48, 96, more_teachers=((tokenizers[1], 96),))(
+        [{"text": line} for line in LINES[:3]])
+    sides = [(student_tokenizer, original.input_ids, batch.alignment.student_units),
+             (tokenizers[0], original.payload(0)["input_ids"], batch.alignment.teacher_units),
+             (tokenizers[1], original.payload(1)["input_ids"], batch.payload(1)["unit_ids"])]
+    words = 0
+    for row, unit in chosen.nonzero().tolist():
+        texts = {spelled(own, ids[row][units[row] == unit].tolist()) for own, ids, units in sides}
+        assert len(texts) == 1, texts  # the masked word's tokens spell the same word on every side
+        words += 1
+    assert words == int(chosen.sum()) > 0
+    for slot in (0, 1):
+        units = WordUnits.of(teacher_alignment(batch, slot))
+        assert int(units.first_masked("teacher").sum()) == int(chosen.sum())
+    assert torch.equal(plain.alignment.chosen, chosen)
+    assert batch.payload(1)["unit_ids"].shape == batch.payload(1)["input_ids"].shape
+
+
+def test_the_same_teacher_twice_across_tokenizers_teaches_what_it_teaches_alone(three_tokenizers):
+    from biodistil.data.shared_vocabulary import shared_vocabulary
+
+    student_tokenizer, tokenizers, teachers, student = three_tokenizers
+    bpe, model = tokenizers[1], teachers[1]
+    terms = ObjectiveConfig(temperature=2.0, combine="per_teacher", terms=[
+        TermConfig(loss="logit_kl", positions="masked"), TermConfig(loss="hidden_mse"),
+        TermConfig(loss="attention_kl", student_layer=-1, teacher_layer=-1)])
+    vocabulary = shared_vocabulary(student_tokenizer, bpe, student.config.vocab_size, model.config.vocab_size)
+    alone = MaskedLMModule(student, Objective(terms, student, model, vocabulary), model)
+    twice = MaskedLMModule(student, Objective(terms, student, [model, model], [vocabulary, vocabulary],
+                                              teacher_weights=(0.5, 0.5)), [_online(model, 0), _online(model, 1)])
+    assert {key.removesuffix("_k1") for key in twice.objective.projections} == set(alone.objective.projections)
+    for key, projection in twice.objective.projections.items():  # each teacher's W_l the same as alone's
+        projection.load_state_dict(alone.objective.projections[key.removesuffix("_k1")].state_dict())
+    batch_two = aligned_batch(student_tokenizer, [bpe, bpe])
+    batch_one = aligned_batch(student_tokenizer, [bpe])
+    assert torch.equal(batch_two.alignment.chosen, batch_one.alignment.chosen)
+    loss_alone, logs_alone = alone(batch_one)
+    loss_twice, logs_twice = twice(batch_two)
+    for name in ("loss_logit_kl", "loss_hidden_mse", "loss_attention_kl"):
+        assert float(logs_alone[name]) > 1e-3, name
+        for k in (0, 1):
+            assert float(logs_twice[f"{name}@{k}"]) == pytest.approx(float(logs_alone[name]), **CLOSE), (name, k)
+    assert float(loss_twice.detach()) == pytest.approx(float(loss_alone.detach()), **CLOSE)
+
+
+def test_teachers_of_several_vocabularies_are_not_mixed(tmp_path, teacher_dir, corpus_file, three_tokenizers):
+    _, tokenizers, teachers, _ = three_tokenizers
+    folder = tmp_path / "bpe-teacher"
+    teachers[1].save_pretrained(folder)
+    tokenizers[1].save_pretrained(folder)
+    recipe = several(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), folder)
+    with pytest.raises(BiodistilError, match=r"teachers\[1\] \(.*bpe-teacher\): .*logit_kl: positions: all"):
+        run_distill(recipe)  # the pre-flight of each teacher's tokenizer pair, the teacher named
+    raw = recipe.model_dump(mode="json")
+    raw["objective"]["terms"][1]["positions"] = "masked"
+    with pytest.raises(BiodistilError, match=r"would mix several teachers' vocabularies.*combine: per_teacher"):
+        run_distill(validate_recipe(DistillRecipe, raw))
+    assert not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.slow
+def test_a_wordpiece_and_a_bpe_teacher_distil_into_one_student_across_tokenizers(
+        tmp_path, teacher_dir, corpus_file, three_tokenizers):
+    from modernbert_fixtures import save_modernbert
+
+    from biodistil.data.synthetic import train_bpe
+
+    bpe = train_bpe(corpus_file.read_text().splitlines(), 400, tmp_path / "bpe")
+    other = save_modernbert(bpe, tmp_path / "bpe-teacher", dropout=0.0)
+    out = tmp_path / "run"
+    recipe = several(distill_recipe(teacher_dir, corpus_file, out, max_steps=30), other, combine="per_teacher")
+    raw = recipe.model_dump(mode="json")
+    raw["objective"]["terms"] = [{"loss": "mlm"}, {"loss": "hidden_mse", "weight": 5.0},
+                                 {"loss": "minilm_relations", "num_relation_heads": 2}]
+    run_distill(validate_recipe(DistillRecipe, raw))
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+    assert {"loss_hidden_mse@0", "loss_hidden_mse@1", "loss_minilm_relations@0", "loss_minilm_relations@1"} <= set(
+        train[0])
+    first, last = (sum(r["loss"] for r in rows) / 3 for rows in (train[:3], train[-3:]))
+    assert last < first, (first, last)
+    report = (out / "report.md").read_text()
+    assert "teachers 200, 400" in report and "its own: the words every side shares" in report
 
 
 @pytest.mark.slow

@@ -390,8 +390,8 @@ class DistillRecipe(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     teacher: TeacherConfig | None = Field(None, description="the teacher (or give `teachers:`)")
     teachers: list[DistillTeacher] | None = Field(
-        None, min_length=2, description="several teachers sharing the student's tokenizer, each with a weight; how "
-        "the logit terms read them: objective.combine")
+        None, min_length=2, description="several teachers, each with a weight (and its own tokenizer: the terms then "
+        "compare the words every side shares); how the logit terms read them: objective.combine")
     student: StudentConfig = Field(default_factory=StudentConfig)
     data: CorpusConfig
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
@@ -423,9 +423,9 @@ class DistillRecipe(Section):
             if self.objective.confidence:
                 raise ValueError("objective.confidence weighs several teachers' shares of a mixture: give teachers:")
             return self
-        if self.student.vocab_expansion is not None or self.student.tokenizer is not None:
-            raise ValueError("several teachers share the student's tokenizer: student.vocab_expansion and "
-                             "student.tokenizer take one teacher (teacher:)")
+        if self.student.vocab_expansion is not None:
+            raise ValueError("student.vocab_expansion (VE-KD) extends one teacher's vocabulary: give teacher:, not "
+                             "teachers:")
         if self.objective.confidence and self.objective.combine != "mixture":
             raise ValueError("objective.confidence weighs the teachers' shares of a mixture: set objective.combine: "
                              "mixture")

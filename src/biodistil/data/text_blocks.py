@@ -187,16 +187,18 @@ def load_text_splits(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase
 class AlignedTextCollate:
     """Text blocks → one aligned batch (`AlignedBatch.to_batch()`): both tokenizations, padded, and their unit ids and
     masks; the student's side truncated at `student_max_length` (the block size), the teacher's at
-    `teacher_max_length`."""
+    `teacher_max_length`; several teachers: `more_teachers`, (tokenizer, max length) of each further one."""
 
     student_tokenizer: PreTrainedTokenizerBase
     teacher_tokenizer: PreTrainedTokenizerBase
     student_max_length: int
     teacher_max_length: int
     words: WordRule = "bert"
+    more_teachers: tuple[tuple[PreTrainedTokenizerBase, int], ...] = ()
 
     def __call__(self, examples: list[dict[str, Any]]) -> Batch:
         batch = align_texts([example["text"] for example in examples], self.student_tokenizer,
                             self.teacher_tokenizer, student_max_length=self.student_max_length,
-                            teacher_max_length=self.teacher_max_length, words=self.words)
+                            teacher_max_length=self.teacher_max_length, words=self.words,
+                            more_teachers=self.more_teachers)
         return batch.to_batch()

@@ -88,6 +88,7 @@ class TextAlignment:
     student_units: tuple[int, ...]
     teacher_units: tuple[int, ...]
     spans: tuple[Span | None, ...]
+    more_units: tuple[tuple[int, ...], ...] = ()  # several teachers: the units of each further teacher's tokens
 
     @property
     def num_units(self) -> int:
@@ -111,6 +112,7 @@ class AlignedBatch:
     unit_mask: torch.Tensor
     word_mask: torch.Tensor
     alignments: tuple[TextAlignment, ...]
+    more_teachers: tuple[tuple[dict[str, torch.Tensor], torch.Tensor], ...] = ()  # (inputs, unit ids) per teacher
 
     @property
     def num_units(self) -> int:
@@ -118,11 +120,14 @@ class AlignedBatch:
 
     def to_batch(self) -> Batch:
         """The aligned batch as the engine carries it: the student's inputs, the teacher's as its payload, the unit
-        ids and masks as the batch's alignment."""
+        ids and masks as the batch's alignment; several teachers: each further teacher's inputs and unit ids
+        (`unit_ids`) as its payload."""
         sides = [{key: inputs[key] for key in ("input_ids", "attention_mask")}
                  for inputs in (self.student_inputs, self.teacher_inputs)]
+        more = [{**{key: inputs[key] for key in ("input_ids", "attention_mask")}, "unit_ids": units}
+                for inputs, units in self.more_teachers]
         return Batch(sides[0], alignment=UnitIds(self.student_units, self.teacher_units, self.unit_mask,
-                                                 self.word_mask), teachers=[sides[1]])
+                                                 self.word_mask), teachers=[sides[1], *more])
 
     @classmethod
     def from_batch(cls, batch: Batch) -> "AlignedBatch":
@@ -216,28 +221,40 @@ def _owners(text: str, spans: Sequence[Span]) -> list[int]:
 
 
 def align_tokens(
-    text: str, student: SideTokens, teacher: SideTokens, words: WordRule = "bert", sequence_units: bool = True
+    text: str, student: SideTokens, teacher: SideTokens, words: WordRule = "bert", sequence_units: bool = True,
+    more: Sequence[SideTokens] = (),
 ) -> TextAlignment:
     """The shared units of `text` (module docstring): the words complete on both sides in text order, between the
-    sequence start unit and the sequence end unit (`sequence_units`, `_sequence_pairs`)."""
+    sequence start unit and the sequence end unit (`sequence_units`, `_sequence_pairs`). Several teachers (`more`,
+    the further teachers' tokens): the words complete on every side, and a sequence unit only where every teacher
+    pairs it with the student, so that the same units — and later the same masked words — exist on every side."""
     spans = word_spans(text, words)
-    student_words, teacher_words = token_words(text, student, spans), token_words(text, teacher, spans)
-    shared = sorted(complete_words(text, student, student_words, spans)
-                    & complete_words(text, teacher, teacher_words, spans))
-    starts, ends = (_sequence_pairs(text, student, teacher, student_words, teacher_words) if sequence_units
-                    else (None, None))
-    offset = int(starts is not None)
-    unit_of_word = {word: offset + i for i, word in enumerate(shared)}
-    unit_spans: list[Span | None] = [None] * offset + [spans[word] for word in shared] + [None] * int(ends is not None)
-    sides = []
-    for index, words_of_tokens in enumerate((student_words, teacher_words)):
+    teachers = [teacher, *more]
+    student_words = token_words(text, student, spans)
+    teacher_words = [token_words(text, side, spans) for side in teachers]
+    shared = complete_words(text, student, student_words, spans)
+    for side, words_of_tokens in zip(teachers, teacher_words, strict=True):
+        shared &= complete_words(text, side, words_of_tokens, spans)
+    pairs = [_sequence_pairs(text, student, side, student_words, words_of_tokens) if sequence_units
+             else (None, None) for side, words_of_tokens in zip(teachers, teacher_words, strict=True)]
+    starts, ends = ([pair[edge] for pair in pairs] for edge in (0, 1))
+    has_start, has_end = all(p is not None for p in starts), all(p is not None for p in ends)
+    offset = int(has_start)
+    unit_of_word = {word: offset + i for i, word in enumerate(sorted(shared))}
+    unit_spans: list[Span | None] = [None] * offset + [spans[w] for w in sorted(shared)] + [None] * int(has_end)
+
+    def units_of(words_of_tokens: Sequence[int], start: int | None, end: int | None) -> tuple[int, ...]:
         units = [unit_of_word.get(word, NO_UNIT) for word in words_of_tokens]
-        if starts is not None:
-            units[starts[index]] = 0
-        if ends is not None:
-            units[ends[index]] = len(unit_spans) - 1
-        sides.append(tuple(units))
-    return TextAlignment(sides[0], sides[1], tuple(unit_spans))
+        if has_start:
+            units[start] = 0
+        if has_end:
+            units[end] = len(unit_spans) - 1
+        return tuple(units)
+
+    student_units = units_of(student_words, starts[0] and starts[0][0], ends[0] and ends[0][0])
+    sides = [units_of(words_of_tokens, start and start[1], end and end[1])
+             for words_of_tokens, start, end in zip(teacher_words, starts, ends, strict=True)]
+    return TextAlignment(student_units, sides[0], tuple(unit_spans), tuple(sides[1:]))
 
 
 def _sequence_pairs(
@@ -279,21 +296,26 @@ def align_texts(
     teacher_max_length: int | None = None,
     words: WordRule = "bert",
     sequence_units: bool = True,
+    more_teachers: Sequence[tuple[PreTrainedTokenizerBase, int | None]] = (),
 ) -> AlignedBatch:
     """Tokenize `texts` with both fast tokenizers (each truncated at its own max length, padded to its longest text)
-    and align them (`align_tokens`); units are padded to the batch's largest W."""
+    and align them (`align_tokens`); units are padded to the batch's largest W. Several teachers: `more_teachers`,
+    (tokenizer, max length) of each further teacher, aligned with all the others (units every side shares)."""
     student_inputs, student_sides = _encode(student_tokenizer, texts, student_max_length)
     teacher_inputs, teacher_sides = _encode(teacher_tokenizer, texts, teacher_max_length)
-    alignments = tuple(align_tokens(text, s, t, words, sequence_units)
-                       for text, s, t in zip(texts, student_sides, teacher_sides, strict=True))
+    more = [_encode(tokenizer, texts, max_length) for tokenizer, max_length in more_teachers]
+    alignments = tuple(align_tokens(text, s, t, words, sequence_units, [sides[i] for _, sides in more])
+                       for i, (text, s, t) in enumerate(zip(texts, student_sides, teacher_sides, strict=True)))
     width = max((a.num_units for a in alignments), default=0)
+    more_units = tuple((inputs, _padded([a.more_units[k] for a in alignments], inputs["input_ids"].size(1), NO_UNIT))
+                       for k, (inputs, _) in enumerate(more))
     return AlignedBatch(
         student_inputs, teacher_inputs,
         _padded([a.student_units for a in alignments], student_inputs["input_ids"].size(1), NO_UNIT),
         _padded([a.teacher_units for a in alignments], teacher_inputs["input_ids"].size(1), NO_UNIT),
         _padded([[True] * a.num_units for a in alignments], width, False).bool(),
         _padded([a.is_word for a in alignments], width, False).bool(),
-        alignments,
+        alignments, more_units,
     )
 
 
@@ -394,23 +416,32 @@ def mask_same_words(
     [MASK] (`cfg.mask_ratio`), random ordinary tokens of each side's vocabulary (`cfg.random_ratio`), or stay. Labels
     hold the original id at every token of a chosen word. (`cfg.whole_word` is implied; static masks are not offered.)
     """
-    shape = batch.word_mask.shape
-    chosen = (torch.rand(shape, generator=generator) < cfg.probability) & batch.word_mask
-    action = torch.rand(shape, generator=generator)
+    words = draw_words(batch.word_mask, cfg, generator)
+    sides = [corrupt_side(inputs["input_ids"], units, words, vocab, generator)
+             for inputs, units, vocab in ((batch.student_inputs, batch.student_units, student_vocab),
+                                          (batch.teacher_inputs, batch.teacher_units, teacher_vocab))]
+    return words[0], sides[0], sides[1]
+
+
+WordDraw = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (chosen, to [MASK], to random tokens), each [B, W]
+
+
+def draw_words(word_mask: torch.Tensor, cfg: MaskingConfig, generator: torch.Generator) -> WordDraw:
+    """Which words `mask_same_words` masks and how: each word of `word_mask` chosen with `cfg.probability`, one draw per
+    chosen word for its corruption (the same on every side)."""
+    chosen = (torch.rand(word_mask.shape, generator=generator) < cfg.probability) & word_mask
+    action = torch.rand(word_mask.shape, generator=generator)
     to_mask = chosen & (action < cfg.mask_ratio)
     to_random = chosen & (action >= cfg.mask_ratio) & (action < cfg.mask_ratio + cfg.random_ratio)
-    sides = [
-        _corrupt(inputs["input_ids"], units, (chosen, to_mask, to_random), vocab, generator)
-        for inputs, units, vocab in ((batch.student_inputs, batch.student_units, student_vocab),
-                                     (batch.teacher_inputs, batch.teacher_units, teacher_vocab))
-    ]
-    return chosen, sides[0], sides[1]
+    return chosen, to_mask, to_random
 
 
-def _corrupt(
-    input_ids: torch.Tensor, unit_ids: torch.Tensor, words: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    vocab: MaskingVocabulary, generator: torch.Generator,
+def corrupt_side(
+    input_ids: torch.Tensor, unit_ids: torch.Tensor, words: WordDraw, vocab: MaskingVocabulary,
+    generator: torch.Generator,
 ) -> MaskedSide:
+    """One side's tokens of the drawn words corrupted as drawn (random tokens from this side's vocabulary), and its
+    labels."""
     chosen, to_mask, to_random = (tokens_of_units(unit_ids, w) for w in words)
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     corrupted = input_ids.masked_fill(to_mask, vocab.mask_id)

@@ -14,9 +14,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from biodistil.config import MaskingConfig
-from biodistil.data.batch import Batch
+from biodistil.data.batch import Batch, UnitIds
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
-from biodistil.data.token_alignment import AlignedBatch, mask_same_words
+from biodistil.data.token_alignment import AlignedBatch, corrupt_side, draw_words
 from biodistil.methods.objective import Objective, TermInputs, position_masks
 from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import extract_features
@@ -72,28 +72,40 @@ class MaskedLMModule(nn.Module):
         tokenizers (its `alignment`) gives the terms its shared words, and the teacher its own positions."""
         labels, attention = batch.labels, batch.attention_mask.bool()
         masks = position_masks(attention, labels, batch.masks.get("new_tokens"))
-        units = None if batch.alignment is None else WordUnits.of(batch.alignment, self.objective.vocabulary)
+        units = [] if batch.alignment is None else [  # across tokenizers: the words each teacher shares
+            WordUnits.of(teacher_alignment(batch, slot), self.objective.vocabularies[slot])
+            for slot in range(len(self.signals))]
         teachers = []
         if self.objective.needs_teacher:  # several teachers: one after another, each only for its own terms
-            teacher_masks = masks if units is None else teacher_position_masks(batch, units)
-            positions = self.objective.logit_positions(teacher_masks, teacher=True)
-            teachers = [signal.get_signal(batch, self.objective.teacher_request(slot), positions)
-                        for slot, signal in enumerate(self.signals)]
+            for slot, signal in enumerate(self.signals):
+                teacher_masks = teacher_position_masks(batch, units[slot], slot) if units else masks
+                teachers.append(signal.get_signal(batch, self.objective.teacher_request(slot),
+                                                  self.objective.logit_positions(teacher_masks, teacher=True)))
         student_features = extract_features(
             self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
+        several = len(self.signals) > 1
         inputs = TermInputs(
             student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
             attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
-            shared_vocab=self.shared_vocab, units=units, teachers=tuple(teachers) if len(teachers) > 1 else (),
+            shared_vocab=self.shared_vocab, units=units[0] if units else None,
+            teachers=tuple(teachers) if several and teachers else (), teacher_units=tuple(units) if several else (),
         )
         return self.objective(inputs)
 
 
-def teacher_position_masks(batch: Batch, units: WordUnits) -> dict[str, torch.Tensor]:
-    """The teacher's named position sets across tokenizers ([B, L_T]): "all" and "known" its real tokens, "masked"
+def teacher_alignment(batch: Batch, slot: int) -> UnitIds:
+    """The batch's alignment as teacher `slot` reads it: its own tokens' unit ids (a further teacher's payload holds
+    them), the units every side shares."""
+    if slot == 0:
+        return batch.alignment
+    return replace(batch.alignment, teacher_units=batch.payload(slot)["unit_ids"])
+
+
+def teacher_position_masks(batch: Batch, units: WordUnits, slot: int = 0) -> dict[str, torch.Tensor]:
+    """Teacher `slot`'s named position sets across tokenizers ([B, L_T]): "all" and "known" its real tokens, "masked"
     the first token of each masked word — where its logits are compared with the student's."""
-    real = batch.teacher["attention_mask"].bool()
+    real = batch.payload(slot)["attention_mask"].bool()
     return {"all": real, "known": real, "masked": units.first_masked("teacher")}
 
 
@@ -114,12 +126,22 @@ class MaskSameWords:
     sides) with the engine's seeded generator. Sets the student's `labels` (every token of a chosen word), the
     teacher's corrupted `input_ids` and the alignment's `chosen` words [B, W]."""
 
-    def __init__(self, student_vocab: MaskingVocabulary, teacher_vocab: MaskingVocabulary, cfg: MaskingConfig):
+    def __init__(self, student_vocab: MaskingVocabulary, teacher_vocab: MaskingVocabulary, cfg: MaskingConfig,
+                 more_vocabs: Sequence[MaskingVocabulary] = ()):
         self.student_vocab, self.teacher_vocab, self.cfg = student_vocab, teacher_vocab, cfg
+        self.more_vocabs = tuple(more_vocabs)  # several teachers: each further teacher's vocabulary
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        chosen, student, teacher = mask_same_words(AlignedBatch.from_batch(batch), self.student_vocab,
-                                                   self.teacher_vocab, self.cfg, generator)
+        aligned = AlignedBatch.from_batch(batch)
+        words = draw_words(aligned.word_mask, self.cfg, generator)
+        student = corrupt_side(aligned.student_inputs["input_ids"], aligned.student_units, words, self.student_vocab,
+                               generator)
+        teachers = [{**batch.teacher, "input_ids": corrupt_side(aligned.teacher_inputs["input_ids"],
+                                                                aligned.teacher_units, words, self.teacher_vocab,
+                                                                generator).input_ids}]
+        for slot, vocab in enumerate(self.more_vocabs, start=1):
+            payload = batch.payload(slot)
+            side = corrupt_side(payload["input_ids"], payload["unit_ids"], words, vocab, generator)
+            teachers.append({**payload, "input_ids": side.input_ids})
         return batch.replace(inputs={**batch.inputs, "input_ids": student.input_ids}, labels=student.labels,
-                             teachers=[{**batch.teacher, "input_ids": teacher.input_ids}],
-                             alignment=replace(batch.alignment, chosen=chosen))
+                             teachers=teachers, alignment=replace(batch.alignment, chosen=words[0]))

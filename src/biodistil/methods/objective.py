@@ -54,13 +54,16 @@ class Objective(nn.Module):
 
     def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel,
                  teacher: PreTrainedModel | Sequence[PreTrainedModel] | None,
-                 vocabulary: SharedVocabulary | None = None, teacher_weights: Sequence[float] = (1.0,),
-                 layer_maps: Sequence[LayerMap | None] = ()):
+                 vocabulary: SharedVocabulary | Sequence[SharedVocabulary | None] | None = None,
+                 teacher_weights: Sequence[float] = (1.0,), layer_maps: Sequence[LayerMap | None] = ()):
         super().__init__()
         self.cfg = cfg
-        self.vocabulary = vocabulary  # across tokenizers: the strings both vocabularies share (logit_kl)
-        self.kl_rows: KLRows | None = None  # the vocabulary KL's row kernel: set by the engine (`train.compile`)
         teachers = [] if teacher is None else list(teacher) if isinstance(teacher, Sequence) else [teacher]
+        # across tokenizers: the strings the student's and each teacher's vocabularies share (logit_kl)
+        self.vocabularies = tuple(vocabulary) if isinstance(vocabulary, Sequence) else (vocabulary,) * max(
+            1, len(teachers))
+        self.vocabulary = self.vocabularies[0]
+        self.kl_rows: KLRows | None = None  # the vocabulary KL's row kernel: set by the engine (`train.compile`)
         self.teacher_weights = tuple(teacher_weights) if len(teachers) > 1 else (1.0,)
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
         if not teachers and needing:

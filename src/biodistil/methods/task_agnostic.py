@@ -49,6 +49,7 @@ from biodistil.teachers.masked_lm_cache import (
 )
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.teachers.store import store_root
+from biodistil.term_specs import TERM_SPECS
 from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainData, TrainResult, make_accelerator
 from biodistil.training.machine import dtype_note, teacher_dtype
 from biodistil.training.run import Report, RunFolder, open_run
@@ -105,14 +106,15 @@ def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int |
 
 
 def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
-    """Task-agnostic distillation of a masked-LM teacher (or several sharing the student's tokenizer) into a student
-    with the recipe's objective (across tokenizers when the student reads a vocabulary of its own)."""
+    """Task-agnostic distillation of a masked-LM teacher (or several) into a student with the recipe's objective
+    (across tokenizers when the student and a teacher read different vocabularies)."""
     if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
         refuse_unsupported(pair_support("different", recipe.objective.terms))
     entries = recipe.teacher_list
     run, accelerator = open_run(recipe, resume, [(entry.name_or_path, f"{_teacher_field(recipe, slot)}.name_or_path",
                                                   entry.trust_remote_code) for slot, entry in enumerate(entries)])
-    tokenizer = load_tokenizer(entries[0].name_or_path, entries[0].trust_remote_code)
+    tokenizers = [load_tokenizer(entry.name_or_path, entry.trust_remote_code) for entry in entries]
+    tokenizer = tokenizers[0]
     teachers = [load_masked_lm(entry.name_or_path, "float32", entry.trust_remote_code) for entry in entries]
     teacher = teachers[0]
     notes = [_teacher_note(recipe, slot, model) for slot, model in enumerate(teachers)]
@@ -125,25 +127,19 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     else:
         student, student_tokenizer, built = _student(recipe, teacher, tokenizer, run, accelerator)
         notes += built
-    across = shared_vocab is None and tokenizer_pair(student_tokenizer, tokenizer) != "same"
-    if across:
-        if len(teachers) > 1:
-            raise BiodistilError("Several teachers share the student's tokenizer in distill, and the student reads "
-                                 f"another one than {_teacher_field(recipe, 0)}: give it the teachers' tokenizer "
-                                 "(student.init: teacher_layers or architecture), or distil from one teacher")
-        objective, data = _across_tokenizers(recipe, student, student_tokenizer, teacher, tokenizer, accelerator)
-        notes.append(_across_note(student_tokenizer, tokenizer, objective))
+    pairs = [tokenizer_pair(student_tokenizer, own) for own in tokenizers]
+    if shared_vocab is None and any(pair != "same" for pair in pairs):
+        objective, data = _across_tokenizers(recipe, student, student_tokenizer, teachers, tokenizers, accelerator)
+        notes.append(_across_note(student_tokenizer, tokenizers, objective))
     else:
         if shared_vocab is None:
-            for slot, model in enumerate(teachers):
-                own = tokenizer if slot == 0 else load_tokenizer(entries[slot].name_or_path,
-                                                                 entries[slot].trust_remote_code)
+            for slot, (model, own) in enumerate(zip(teachers, tokenizers, strict=True)):
                 _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
         objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
                               layer_maps=[entry.layer_map for entry in entries])
-        if len(teachers) > 1:
-            notes.append(_preflight(recipe, objective, accelerator.is_main_process))
         data = corpus_data(recipe, tokenizer, accelerator)
+    if len(teachers) > 1:
+        notes.append(_preflight(recipe, objective, pairs, accelerator.is_main_process))
     signals, corpus = [], data
     for slot, entry in enumerate(entries):
         dtype = teacher_dtype(entry.dtype, accelerator.device)
@@ -172,11 +168,15 @@ def _teacher_note(recipe: DistillRecipe, slot: int, model: PreTrainedModel) -> s
     return f"Teacher: `{entry.name_or_path}` ({count_parameters(model)['total']:,} parameters{share})."
 
 
-def _preflight(recipe: DistillRecipe, objective: Objective, show: bool) -> str:
+def _preflight(recipe: DistillRecipe, objective: Objective, pairs: list[str], show: bool) -> str:
     """The table of teacher × term (what each teacher contributes, and why not where it cannot), printed before the
     corpus is read and kept for the report."""
-    rows = [{"teacher": str(entry.name_or_path), "tokens": "the student's", **row}
-            for entry, row in zip(recipe.teacher_list, objective.contributions(), strict=True)]
+    across = any(pair != "same" for pair in pairs)
+    tokens = {"same": "the student's", "different": "its own: the words every side shares",
+              "extended": "the student's, extended"}
+    rows = [{"teacher": str(entry.name_or_path),
+             "tokens": "the student's: the words every side shares" if across and pair == "same" else tokens[pair],
+             **row} for entry, pair, row in zip(recipe.teacher_list, pairs, objective.contributions(), strict=True)]
     table = render_teacher_table(rows)
     if show:
         print(table, flush=True)
@@ -234,24 +234,43 @@ def _student(recipe: DistillRecipe, teacher, tokenizer, run: RunFolder,
     return student, student_tokenizer, notes
 
 
-def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teacher, tokenizer,
-                       accelerator) -> tuple[Objective, CorpusData]:
-    """Across tokenizers: the pre-flight (each refused term named), the objective with the strings both
-    vocabularies share, and the corpus as text blocks both tokenizers read, masked word by word on both sides."""
-    refuse_unsupported(term_support(student_tokenizer, tokenizer, recipe.objective.terms))
+def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teachers: list[PreTrainedModel],
+                       tokenizers: list, accelerator) -> tuple[Objective, CorpusData]:
+    """Across tokenizers: the pre-flight (each refused term named, per teacher), the objective with the strings the
+    student's and each teacher's vocabularies share, and the corpus as text blocks every tokenizer reads, masked word
+    by word on every side (several teachers: the words all of them share)."""
+    for slot, own in enumerate(tokenizers):
+        try:
+            refuse_unsupported(term_support(student_tokenizer, own, recipe.objective.terms))
+        except BiodistilError as err:
+            if recipe.teachers is None:
+                raise
+            raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): "
+                                 f"{err}") from None
     if recipe.teacher_cache is not None or recipe.masking.duplication is not None or recipe.train.group_by_length:
         raise BiodistilError("teacher_cache, masking.duplication (static masks) and train.group_by_length are not "
                              "supported across tokenizers: blocks are text, the same words are masked on both sides "
                              "batch by batch and the teacher reads its own tokens online; remove them, or give the "
                              "student the teacher's tokenizer")
-    vocabulary = shared_vocabulary(student_tokenizer, tokenizer, student.config.vocab_size, teacher.config.vocab_size)
-    objective = Objective(recipe.objective, student, teacher, vocabulary)
+    mixed = [term.loss for term in recipe.objective.terms
+             if TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher]
+    if len(teachers) > 1 and recipe.objective.combine == "mixture" and mixed:
+        raise BiodistilError(f"Objective terms {mixed} would mix several teachers' vocabularies, and across tokenizers "
+                             "each teacher is compared with the student over the strings their two vocabularies "
+                             "share: set objective.combine: per_teacher (one term per teacher)")
+    vocabularies = [shared_vocabulary(student_tokenizer, own, student.config.vocab_size, model.config.vocab_size)
+                    for own, model in zip(tokenizers, teachers, strict=True)]
+    objective = Objective(recipe.objective, student, teachers, vocabularies, teacher_weights=recipe.teacher_weights,
+                          layer_maps=[entry.layer_map for entry in recipe.teacher_list])
     with accelerator.main_process_first():
         train, held_out = load_text_splits(recipe.data, student_tokenizer)
-    collate = AlignedTextCollate(student_tokenizer, tokenizer, recipe.data.block_size,
-                                 teacher_length(teacher.config, recipe.data.block_size))
+    block = recipe.data.block_size
+    collate = AlignedTextCollate(student_tokenizer, tokenizers[0], block, teacher_length(teachers[0].config, block),
+                                 more_teachers=tuple((own, teacher_length(model.config, block))
+                                                     for own, model in zip(tokenizers[1:], teachers[1:], strict=True)))
     prepare = MaskSameWords(MaskingVocabulary.from_tokenizer(student_tokenizer),
-                            MaskingVocabulary.from_tokenizer(tokenizer), recipe.masking)
+                            MaskingVocabulary.from_tokenizer(tokenizers[0]), recipe.masking,
+                            [MaskingVocabulary.from_tokenizer(own) for own in tokenizers[1:]])
     return objective, CorpusData(train, held_out, collate, prepare)
 
 
@@ -262,11 +281,16 @@ def teacher_length(config, block_size: int) -> int:
     return min(2 * block_size, int(getattr(config, "max_position_embeddings", 2 * block_size)) - reserved)
 
 
-def _across_note(student_tokenizer, tokenizer, objective: Objective) -> str:
-    vocabulary = objective.vocabulary
-    return (f"Across tokenizers: student {len(student_tokenizer):,} tokens, teacher {len(tokenizer):,}; terms compare "
-            f"the words both tokenizations hold whole; the logit terms read the first token of each masked word "
-            f"({vocabulary.size:,} strings both vocabularies name).")
+def _across_note(student_tokenizer, tokenizers: list, objective: Objective) -> str:
+    if len(tokenizers) == 1:
+        return (f"Across tokenizers: student {len(student_tokenizer):,} tokens, teacher {len(tokenizers[0]):,}; terms "
+                f"compare the words both tokenizations hold whole; the logit terms read the first token of each "
+                f"masked word ({objective.vocabulary.size:,} strings both vocabularies name).")
+    sizes = ", ".join(f"{len(own):,}" for own in tokenizers)
+    shared = ", ".join(f"{vocabulary.size:,}" for vocabulary in objective.vocabularies)
+    return (f"Across tokenizers: student {len(student_tokenizer):,} tokens, teachers {sizes}; terms compare the words "
+            f"every tokenization holds whole; the logit terms read the first token of each masked word, per teacher "
+            f"over the strings its vocabulary and the student's both name ({shared}).")
 
 
 def run_cache_teacher(recipe: DistillRecipe) -> Path:

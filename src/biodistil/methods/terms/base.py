@@ -57,13 +57,17 @@ class TermInputs:
     units: WordUnits | None = None  # across tokenizers: the words both sides share; terms compare them, not tokens
     teachers: tuple[Features, ...] = ()  # several teachers: each one's features by slot (`teacher` is the first's)
     mixtures: dict[str, Features] = field(default_factory=dict)  # several teachers: their mixture per mixture space
+    teacher_units: tuple[WordUnits, ...] = ()  # several teachers across tokenizers: each one's words (`units`: 1st)
 
     def for_term(self, term: Term) -> "TermInputs":
-        """These inputs with the teacher `term` reads: with several teachers its own, or their mixture."""
+        """These inputs with the teacher `term` reads: with several teachers its own (and across tokenizers the
+        words it shares with the student), or their mixture."""
         if not self.teachers:
             return self
         teacher = self.mixtures[term.spec.mixture] if term.teacher is None else self.teachers[term.teacher]
-        return self if teacher is self.teacher else replace(self, teacher=teacher)
+        units = self.units if term.teacher is None or not self.teacher_units else self.teacher_units[term.teacher]
+        return self if teacher is self.teacher and units is self.units else replace(self, teacher=teacher,
+                                                                                     units=units)
 
     def reads_formed(self, term: Term) -> bool:
         """Whether `term` reads the student's logits formed (materialised) at its positions: declared before the terms

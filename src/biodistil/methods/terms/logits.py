@@ -38,8 +38,9 @@ def logit_kl_tokens(owner: TermOwner, term: Term, x: TermInputs) -> torch.Tensor
 
 def logit_kl_words(owner: TermOwner, term: Term, x: TermInputs) -> torch.Tensor:
     """The shared-string KL T²·(1/N)·Σ_rows Σ_k q_T(k)·log(q_T(k)/q_S(k)) at the first token of each masked word
-    (`shared_vocab_kl_loss`)."""
-    vocabulary = owner.vocabulary
+    (`shared_vocab_kl_loss`), over the strings the student's and this teacher's vocabularies share (the batch's
+    words carry them: several teachers, several vocabularies)."""
+    vocabulary = x.units.vocabulary if x.units is not None and x.units.vocabulary is not None else owner.vocabulary
     if vocabulary is None:
         raise BiodistilError(f"Objective term {term.cfg.loss} across tokenizers needs the strings both vocabularies "
                              "share (Objective(..., vocabulary=shared_vocabulary(...)))")
