@@ -290,7 +290,8 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
 
 
 def _wall_time(summary: dict[str, Any]) -> str:
-    teachers = sum(t.get("wall_seconds") or 0 for t in summary["teachers"].values())
+    teachers = sum((t.get("wall_seconds") or 0) + sum(m.get("wall_seconds") or 0 for m in t.get("more_teachers", {})
+                                                      .values()) for t in summary["teachers"].values())
     runs = len(summary["runs"])
     return (f"Wall time: {summary['wall_seconds'] / 60:.1f} min in all (teachers {teachers / 60:.1f} min, "
             f"{runs} student runs {(summary['wall_seconds'] - teachers) / 60:.1f} min), "

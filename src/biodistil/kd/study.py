@@ -148,11 +148,18 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     records = [_run_record(run, root) for run in runs]
     summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
-               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in [*records, *teachers.values()]), 1)}
+               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1)}
     atomic_write_json(root / "summary.json", jsonable(summary))
     atomic_write_text(root / "report.md", render_study(summary, root))
     plot_study(summary["rows"], root / "scores.png")
     return root / "report.md"
+
+
+def teacher_seconds(teachers: dict[str, dict[str, Any]]) -> float:
+    """The wall time of the teachers a study fine-tuned, its more teachers' included."""
+    return sum((record.get("wall_seconds") or 0) + sum(more.get("wall_seconds") or 0
+                                                       for more in record.get("more_teachers", {}).values())
+               for record in teachers.values())
 
 
 def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
