@@ -14,7 +14,7 @@ from biodistil.pipeline import PipelineRecipe
 DOCS = RECIPES.parent / "docs"
 STUDY_RECIPES = {"task-agnostic": "task-agnostic.yaml", "transfer-data": "transfer-data.yaml",
                  "meta-kd": "meta-kd.yaml", "cross-tokenizer": "cross-tokenizer.yaml",
-                 "users-setting": "users-setting.yaml"}
+                 "users-setting": "users-setting.yaml", "multi-teacher": "multi-teacher.yaml"}
 RUN_SPECIFIC = {"run", "data_dir", "student", "teacher_init"}  # output folder, data folder, resolved model paths
 
 
@@ -27,7 +27,7 @@ def test_the_results_page_shows_the_tables_of_the_committed_record(name):
         "--write")
 
 
-@pytest.mark.parametrize("name", ["transfer-data", "meta-kd", "users-setting"])
+@pytest.mark.parametrize("name", ["transfer-data", "meta-kd", "users-setting", "multi-teacher"])
 def test_each_study_record_was_produced_by_the_committed_recipe(name):
     record = json.loads((DOCS / "results" / f"{name}.json").read_text())
     recipe = load_recipe(StudyRecipe, RECIPES / "studies" / STUDY_RECIPES[name]).model_dump(mode="json")
