@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
@@ -40,6 +41,14 @@ DISTILL = {  # recipe -> tiny overrides (student shapes that fit the 4-layer, 32
                                "{loss: minilm_relations}]"],
 }
 QUIET = ["train.progress_bar=false", "train.tensorboard=false", "train.batch_size=8"]
+
+
+def teacher_override(recipe: Path, teacher: str) -> str:
+    """The override that puts `teacher` in a recipe: `teacher.name_or_path`, or for a recipe of several teachers the
+    same teacher twice (weights 1 and 3)."""
+    if "teachers" in yaml.safe_load(recipe.read_text()):
+        return f"teachers=[{{name_or_path: {teacher}}}, {{name_or_path: {teacher}, weight: 3}}]"
+    return f"teacher.name_or_path={teacher}"
 
 
 def data_root() -> Path | None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from recipe_fixtures import DISTILL, RECIPES, TINY_ARCH, check_export, data_overrides, fill
+from recipe_fixtures import DISTILL, RECIPES, TINY_ARCH, check_export, data_overrides, fill, teacher_override
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
@@ -66,14 +66,11 @@ def paths(tmp_path_factory, teacher_dir, tokenizer):
 def test_distill_recipe_runs_from_the_cli(name, paths, corpus_file, tmp_path):
     out = tmp_path / name
     extra = [fill(item, paths) for item in DISTILL[name]]
-    several = "teachers" in yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
-    teacher = (f"teachers=[{{name_or_path: {paths['teacher']}}}, {{name_or_path: {paths['teacher']}, weight: 3}}]"
-               if several else f"teacher.name_or_path={paths['teacher']}")
-    argv = ["distill", str(RECIPES / f"{name}.yaml"), teacher, *data_overrides(corpus_file, paths), *extra,
-            f"--out={out}"]
+    argv = ["distill", str(RECIPES / f"{name}.yaml"), teacher_override(RECIPES / f"{name}.yaml", paths["teacher"]),
+            *data_overrides(corpus_file, paths), *extra, f"--out={out}"]
     assert main(argv) == 0
     student = check_export(out)
-    if several:
+    if "teachers" in yaml.safe_load((RECIPES / f"{name}.yaml").read_text()):
         assert "Teachers (pre-flight)" in (out / "report.md").read_text()
     if name == "vekd":  # the exported student and tokenizer carry the expanded vocabulary
         assert student.config.vocab_size == len(AutoTokenizer.from_pretrained(out / "model")) > 200

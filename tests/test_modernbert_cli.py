@@ -18,6 +18,7 @@ from recipe_fixtures import (
     data_root,
     fill,
     needs_data,
+    teacher_override,
 )
 from transformers import AutoConfig
 
@@ -47,7 +48,7 @@ def paths(tmp_path_factory, corpus_file):
 
 
 def distill(name: str, paths: dict, corpus_file, out, extra: list[str] = ()) -> int:
-    argv = ["distill", str(RECIPES / f"{name}.yaml"), f"teacher.name_or_path={paths['teacher']}",
+    argv = ["distill", str(RECIPES / f"{name}.yaml"), teacher_override(RECIPES / f"{name}.yaml", paths["teacher"]),
             *data_overrides(corpus_file, paths), *[fill(item, paths) for item in DISTILL[name]], *extra,
             f"--out={out}"]
     return main(argv)

@@ -178,8 +178,8 @@ class TeacherConfig(Section):
 
 
 class DistillTeacher(TeacherConfig):
-    """One of several `distill` teachers: a masked LM with the student's tokenizer, its weight λ (normalised over the
-    teachers) and, optionally, its own layer map for the layer terms that have one."""
+    """One of several `distill` teachers: a masked LM (the student's tokenizer or its own), its weight λ (normalised
+    over the teachers) and, optionally, its own layer map for the layer terms that have one."""
 
     weight: float = Field(1.0, gt=0)
     layer_map: Literal["uniform"] | list[int] | None = Field(

@@ -187,14 +187,14 @@ def _preflight(recipe: DistillRecipe, objective: Objective, pairs: list[str], sh
 
 def _check_shared_tokenizer(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, tokenizer,
                             student: PreTrainedModel, student_tokenizer) -> None:
-    """Several teachers read the student's token ids: each one's vocabulary must be the student's."""
+    """A teacher that reads the student's token ids: its model and tokenizer must fit them (named when several)."""
     try:
         check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
     except BiodistilError as err:
         if recipe.teachers is None:
             raise
-        raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): {err}. "
-                             "Several teachers in distill share the student's tokenizer") from None
+        raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): "
+                             f"{err}") from None
 
 
 def _teacher_signal(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, dtype: torch.dtype, tokenizer,
