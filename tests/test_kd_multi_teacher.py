@@ -5,6 +5,7 @@ with two cached teachers that resumes exactly."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from kd_fixtures import kd_recipe, save_teacher
@@ -224,3 +225,33 @@ def test_a_study_fine_tunes_more_teachers_and_its_arms_name_them(kd_models, pair
            "run": {"output_dir": str(tmp_path / "bad")}}
     with pytest.raises(BiodistilError, match="@nobody"):
         run_study(validate_recipe(StudyRecipe, bad))
+
+
+def test_a_teacher_runs_in_its_own_dtype_online_and_cached_apart(kd_models, pair_task, tmp_path):
+    """`teachers[].dtype`: online the teacher's weights are bf16 (its outputs reach the losses as float32); cached, a
+    bf16 teacher's outputs are an entry of their own beside the float32 one, and close to them."""
+    from biodistil.kd.command import teacher_signal
+    from biodistil.tasks.splits import read_split
+    from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
+    from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs
+
+    teacher, student = kd_models
+    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
+    recipe = kd_recipe(task_file, [{"name_or_path": str(teacher), "dtype": "bfloat16"},
+                                   {"name_or_path": str(teacher)}], student, tmp_path / "run",
+                       kd={"teacher_outputs": "online"})
+    assert [entry.dtype for entry in recipe.teacher_entries()] == ["bfloat16", "float32"]
+    examples = read_split(pair_task, "train", None)[:8]
+    online = teacher_signal(recipe, str(teacher), pair_task, examples, [], 4, torch.device("cpu"), 0, torch.bfloat16)
+    assert isinstance(online, OnlineTeacher) and next(online.model.parameters()).dtype == torch.bfloat16
+    outputs = {dtype: cached_teacher_outputs(teacher, examples, TeacherRequest(pair_task, progress_bar=False,
+                                                                              dtype=dtype), tmp_path / "store")
+               for dtype in (torch.float32, torch.bfloat16)}
+    assert outputs[torch.float32].folder != outputs[torch.bfloat16].folder, "one entry per dtype"
+    full, half = (np.asarray(outputs[d].logits[: len(examples)], dtype=np.float32) for d in outputs)
+    assert np.abs(full - half).max() < 0.05 * max(1.0, float(np.abs(full).max())), "bf16 rounding, not another model"
+    assert np.abs(full - half).max() > 0, "the bf16 teacher really ran in bf16"
+    cached_recipe = recipe.model_copy(update={"kd": recipe.kd.model_copy(update={"teacher_outputs": "cached"})})
+    cached = teacher_signal(cached_recipe, str(teacher), pair_task, examples, [], 4, torch.device("cpu"), 1,
+                            torch.bfloat16)
+    assert isinstance(cached, CachedTeacher) and cached.slot == 1

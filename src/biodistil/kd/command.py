@@ -56,6 +56,7 @@ from biodistil.teachers.loading import load_teacher_classifier, render_teacher_t
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
 from biodistil.training.engine import Collate, Engine, HeldOut, TrainData, TrainResult
+from biodistil.training.machine import teacher_dtype
 from biodistil.training.run import Report, RunFolder, open_run
 
 
@@ -220,7 +221,8 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
         depths = [int(AutoConfig.from_pretrained(entry.name_or_path).num_hidden_layers) for entry in entries]
         pairs = pkd_pairs(recipe.kd, student, depths[0])
         cls_layers = [t for _, t in pairs]
-        signals = [teacher_signal(recipe, entry.name_or_path, task, train_examples, cls_layers, depth, device, slot)
+        signals = [teacher_signal(recipe, entry.name_or_path, task, train_examples, cls_layers, depth, device, slot,
+                                  teacher_dtype(entry.dtype, device))
                    for slot, (entry, depth) in enumerate(zip(entries, depths, strict=True))]
     signal = signals[0] if len(signals) == 1 else signals or None
     meta = recipe.meta
@@ -238,15 +240,18 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
 
 
 def teacher_signal(recipe: KDRecipe, teacher_path: str, task: TaskSpec, examples: list[Example],
-                   cls_layers: list[int], teacher_layers: int, device: torch.device, slot: int = 0) -> TeacherSignal:
+                   cls_layers: list[int], teacher_layers: int, device: torch.device, slot: int = 0,
+                   dtype: torch.dtype = torch.float32) -> TeacherSignal:
     """One teacher's source of outputs: cached once over the transfer examples (its own cache entry, keyed by what
-    the teacher is), or the teacher online; `slot`: its payload in each batch (several teachers: their order)."""
+    the teacher is), or the teacher online, in `dtype`; `slot`: its payload in each batch (several teachers: their
+    order)."""
     if recipe.outputs_mode() == "cached":
         request = TeacherRequest(task, tuple(cls_layers), recipe.train.batch_size * 2, recipe.train.progress_bar,
-                                 teacher_layers)
+                                 teacher_layers, dtype)
         outputs = cached_teacher_outputs(teacher_path, examples, request, recipe.kd.cache_dir, device)
         return CachedTeacher(outputs, slot=slot)
-    return OnlineTeacher(load_teacher_classifier(teacher_path, task).to(device), classifier_forward, slot)
+    model = load_teacher_classifier(teacher_path, task).to(device, dtype=dtype)
+    return OnlineTeacher(model, classifier_forward, slot)
 
 
 def online_teacher_tokenizer(recipe: KDRecipe, task: TaskSpec, tokenizer: PreTrainedTokenizerBase,

@@ -190,6 +190,9 @@ class KDTeacher(Section):
 
     name_or_path: ModelRef = Field(min_length=1)
     weight: float = Field(1.0, gt=0)
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="the dtype the teacher runs in (online, or while its outputs are cached: a dtype other "
+        "than float32 is part of the cache's key); auto = bfloat16 where the hardware computes it fast")
 
 
 class KDRecipe(Section):

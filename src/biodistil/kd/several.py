@@ -39,7 +39,8 @@ def teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
         except BiodistilError as err:
             raise BiodistilError(f"{teacher_field(recipe, index)}: {err}") from None
         same = tokenizer_pair(student_tokenizer, load_tokenizer(entry.name_or_path)) == "same"
-        rows.append({"teacher": str(entry.name_or_path), "weight": round(entry.weight, 4),
+        dtype = "" if entry.dtype == "float32" else f" ({entry.dtype})"
+        rows.append({"teacher": f"{entry.name_or_path}{dtype}", "weight": round(entry.weight, 4),
                      "tokens": "the student's" if same else (
                          "its own: outputs stored per word" if recipe.outputs_mode() == "cached" else "its own"),
                      "terms": {term.name: _contribution(recipe, term.spec.mixture, entry.weight) for term in terms}})

@@ -84,7 +84,8 @@ def classifier_forward(model: PreTrainedModel, batch: Batch, request: FeatureReq
         logits, states = forward_teacher(model, model_inputs(model, batch.teacher_inputs(slot)), bool(request.hidden))
         if "word_index" in batch.payload(slot):
             logits = at_student_tokens(logits, batch.payload(slot)["word_index"])
-    hidden = {layer: states[layer] for layer in sorted(request.hidden)} if states else {}
+    logits = logits.float()  # a teacher run in bf16 (`teachers[].dtype`) gives its outputs to float32 losses
+    hidden = {layer: states[layer].float() for layer in sorted(request.hidden)} if states else {}
     return classifier_features(logits, hidden, len(states) - 1 if states else 0)
 
 

@@ -60,11 +60,15 @@ class TeacherRequest:
     batch_size: int = 64
     progress_bar: bool = True
     teacher_layers: int = 0  # the teacher's depth, for layer indices counted from the end (not part of the key)
+    dtype: torch.dtype = torch.float32  # the teacher's while it runs (in the key unless float32: older entries stay)
 
     def key(self) -> dict[str, Any]:
         task = self.task
-        return {"task": task.name, "kind": task.kind, "labels": task.labels, "max_length": task.max_length,
-                "truncation": task.truncation, "label_policy": task.label_policy, "cls_layers": list(self.cls_layers)}
+        key = {"task": task.name, "kind": task.kind, "labels": task.labels, "max_length": task.max_length,
+               "truncation": task.truncation, "label_policy": task.label_policy, "cls_layers": list(self.cls_layers)}
+        if self.dtype != torch.float32:
+            key["dtype"] = str(self.dtype).removeprefix("torch.")
+        return key
 
     @property
     def token_task(self) -> bool:
@@ -120,7 +124,7 @@ def _read_entry(folder: Path, key: str, request: TeacherRequest) -> "TaskOutputs
 
 def _write_entry(folder: Path, key: str, teacher: str | Path, examples: Sequence[Example], request: TeacherRequest,
                  device: torch.device | str, payload: dict[str, Any]) -> None:
-    model = load_teacher_classifier(teacher, request.task).to(device)
+    model = load_teacher_classifier(teacher, request.task).to(device, dtype=request.dtype)
     tokenizer = load_tokenizer(str(teacher))
     encoded = encode_split(request.task, with_placeholder_labels(examples, request.task), tokenizer)
     columns = teacher_columns(model, tokenizer, request, encoded)
