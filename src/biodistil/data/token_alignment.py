@@ -251,8 +251,11 @@ def align_tokens(
             units[end] = len(unit_spans) - 1
         return tuple(units)
 
-    student_units = units_of(student_words, starts[0] and starts[0][0], ends[0] and ends[0][0])
-    sides = [units_of(words_of_tokens, start and start[1], end and end[1])
+    def position(pair: tuple[int, int] | None, side: int) -> int | None:  # side 0: the student's, 1: the teacher's
+        return None if pair is None else pair[side]
+
+    student_units = units_of(student_words, position(starts[0], 0), position(ends[0], 0))
+    sides = [units_of(words_of_tokens, position(start, 1), position(end, 1))
              for words_of_tokens, start, end in zip(teacher_words, starts, ends, strict=True)]
     return TextAlignment(student_units, sides[0], tuple(unit_spans), tuple(sides[1:]))
 

@@ -28,6 +28,8 @@ KL_CHUNK_ELEMENTS = 1 << 22
 # a linear layer's input and parameters (x [N, d], W [V, d], b [V] or None) standing for the logit rows
 # z = x·Wᵀ + b (an MLM head's decoder): the losses that take them form the logits a chunk of rows at a time
 Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
 class RowSource(Protocol):
     """Teacher logit rows [N, V] that form themselves on demand, a chunk of rows at a time, as z/T (several teachers'
     mixture: `losses.multi_teacher.MixedRows`); the fused KLs take them as a teacher like a tensor or a `Linear`."""
@@ -39,6 +41,7 @@ class RowSource(Protocol):
 
 
 Teacher = torch.Tensor | Linear | RowSource
+
 # a fused row kernel of the chunked KL: (z_S/T, z_T/T, scale) of a chunk of rows -> (Σ_rows KL, scale·(p_S − p_T));
 # `compiled_kl_rows()` makes one; without one (the default) the rows are computed eagerly
 KLRows = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
@@ -67,8 +70,8 @@ def soft_kl_loss(
         log_p_student, log_p_teacher = tempered_log_probs(student_logits, teacher_logits, temperature)
         kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
         return kl.mean() * temperature * temperature
-    if tuple(student_logits.shape) != _shape(teacher_logits):
-        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {_shape(teacher_logits)}")
+    if tuple(student_logits.shape) != rows_shape(teacher_logits):
+        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {rows_shape(teacher_logits)}")
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature), kernel)
 
 
@@ -85,14 +88,14 @@ def linear_soft_kl_loss(
     which are all it keeps for the backward pass ([N, d] + [V, d] + [V] values instead of [N, V]). The teacher takes
     no gradient. `kernel`: as in `soft_kl_loss`.
     """
-    if (inputs.size(0), weight.size(0)) != _shape(teacher):
-        raise ValueError(f"student logits {(inputs.size(0), weight.size(0))} != teacher {_shape(teacher)}")
+    if (inputs.size(0), weight.size(0)) != rows_shape(teacher):
+        raise ValueError(f"student logits {(inputs.size(0), weight.size(0))} != teacher {rows_shape(teacher)}")
     if inputs.size(0) == 0:
         return inputs.sum() * 0.0
     return _LinearSoftKL.apply(inputs, weight, bias, teacher, float(temperature), kernel)
 
 
-def _shape(logits: Teacher) -> tuple[int, ...]:
+def rows_shape(logits: Teacher) -> tuple[int, ...]:
     """(rows, vocabulary) of logit rows given whole, as `Linear` or as a `RowSource`."""
     return (logits[0].size(0), logits[1].size(0)) if isinstance(logits, tuple) else tuple(logits.shape)
 

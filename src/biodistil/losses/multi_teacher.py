@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from biodistil.losses.distillation import Linear, scaled_chunk
+from biodistil.losses.distillation import Linear, rows_shape, scaled_chunk
 
 Space = Literal["softmax", "sigmoid", "logits"]
 _TINY = 1e-12
@@ -40,8 +40,7 @@ class MixedRows:
 
     @property
     def shape(self) -> tuple[int, int]:
-        first = self.sources[0]
-        return (first[0].size(0), first[1].size(0)) if isinstance(first, tuple) else tuple(first.shape)
+        return rows_shape(self.sources[0])
 
     def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor:
         """z_mix/T = log Σ_k w_k·softmax(z_k/T) for a chunk of rows, float32."""

@@ -100,10 +100,12 @@ class Objective(nn.Module):
         return terms
 
     def shares(self, spec: TermSpec) -> tuple[float, ...]:
-        """Each teacher's share of a term of kind `spec`: λ_k, renormalised over the teachers with a trained MLM head
-        for a logit term (0 for the others)."""
-        if spec.reads != "logits":
-            return self.teacher_weights
+        """Each teacher's share of a term of kind `spec`: λ_k, or for a logit term `logit_shares`."""
+        return self.logit_shares if spec.reads == "logits" else self.teacher_weights
+
+    @property
+    def logit_shares(self) -> tuple[float, ...]:
+        """λ_k renormalised over the teachers with a trained MLM head (0 for the others)."""
         kept = [w if k in self.logit_teachers else 0.0 for k, w in enumerate(self.teacher_weights)]
         return tuple(w / (sum(kept) or 1.0) for w in kept)
 
@@ -197,8 +199,7 @@ class Objective(nn.Module):
             return {}
         first = inputs.teachers[self.logit_teachers[0]]
         positions = first.logits.positions
-        shares = self.shares(TERM_SPECS["logit_kl"])
-        weights = torch.tensor([shares[k] for k in self.logit_teachers], device=positions.device)
+        weights = torch.tensor([self.logit_shares[k] for k in self.logit_teachers], device=positions.device)
         if self.cfg.confidence:
             dense = [inputs.teachers[k].logits.logits() for k in self.logit_teachers]
             weights = confidence_weights(dense, weights, inputs.labels[positions])

@@ -177,12 +177,9 @@ def _preflight(recipe: DistillRecipe, objective: Objective, pairs: list[str], sh
     rows = [{"teacher": str(entry.name_or_path),
              "tokens": "the student's: the words every side shares" if across and pair == "same" else tokens[pair],
              **row} for entry, pair, row in zip(recipe.teacher_list, pairs, objective.contributions(), strict=True)]
-    table = render_teacher_table(rows)
     if show:
-        print(table, flush=True)
-    title, header, *lines = table.splitlines()
-    return "\n".join([title, "", f"| {header} |", "|" + "---|" * (header.count(" | ") + 1),
-                      *(f"| {line} |" for line in lines)])
+        print(render_teacher_table(rows), flush=True)
+    return render_teacher_table(rows, markdown=True)
 
 
 def _check_shared_tokenizer(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, tokenizer,

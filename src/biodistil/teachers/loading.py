@@ -48,11 +48,14 @@ def freeze(model: nn.Module) -> None:
         param.requires_grad_(False)
 
 
-def render_teacher_table(rows: list[dict[str, Any]]) -> str:
-    """The pre-flight table as text: teacher × term (rows: teacher, weight, tokens and per term what it gives)."""
+def render_teacher_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    """The pre-flight table as text (or a Markdown table, for a report): teacher × term (rows: teacher, weight, tokens
+    and per term what it gives)."""
     names = list(rows[0]["terms"]) if rows else []
-    lines = ["Teachers (pre-flight):", " | ".join(["teacher", "λ", "tokens", *names])]
-    for row in rows:
-        lines.append(" | ".join([row["teacher"], f"{row['weight']:.2f}", row["tokens"],
-                                 *(row["terms"][name] for name in names)]))
-    return "\n".join(lines)
+    cells = [["teacher", "λ", "tokens", *names]]
+    cells += [[row["teacher"], f"{row['weight']:.2f}", row["tokens"], *(row["terms"][name] for name in names)]
+              for row in rows]
+    if not markdown:
+        return "\n".join(["Teachers (pre-flight):", *(" | ".join(line) for line in cells)])
+    header, *body = (f"| {' | '.join(line)} |" for line in cells)
+    return "\n".join(["Teachers (pre-flight):", "", header, "|" + "---|" * len(cells[0]), *body])
