@@ -14,6 +14,11 @@ given threads (same process, same inputs).
 `--greedy TARGET` searches node by node instead: starting from the shipped int8 graph, each round keeps in fp32 the
 one quantisable node (a MatMul, fused Attention or Gemm) whose exclusion keeps the most of PyTorch's predictions,
 until the share reaches TARGET (e.g. 0.99) or `--rounds` rounds; every candidate of every round is recorded.
+
+`--schemes` compares whole quantisation schemes instead: `export --int8`'s own (`per-tensor`, `per-channel`,
+`blockwise`: `biodistil.export.onnx.quantize_scheme`) and `static` (ONNX Runtime's `quantize_static`, per-channel
+int8 weights, uint8 activations with scales calibrated (min-max) on the task's first 128 dev sentences — measured
+to say why the export does not offer it). Rows: one per scheme, named in `keep_fp32`'s place by `scheme`.
 """
 
 import argparse
@@ -45,6 +50,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--greedy", type=float, metavar="TARGET", help="node-by-node search up to this share")
     parser.add_argument("--rounds", type=int, default=3, help="--greedy: at most this many nodes kept in fp32")
+    parser.add_argument("--schemes", nargs="+", choices=("per-tensor", "per-channel", "blockwise", "static"),
+                        help="compare these quantisation schemes instead of fp32 layers or nodes")
     parser.add_argument("--out", help="also write the record as JSON")
     return parser.parse_args(argv)
 
@@ -82,6 +89,17 @@ def excluded_nodes(graph_path: Path, keep: str) -> list[str]:
     return sorted(chosen)
 
 
+def quantised_nodes(graph_path: Path) -> dict[str, int]:
+    """How many nodes of each quantised operator type the graph holds (MatMulNBits, QAttention, QLinearMatMul, ...)."""
+    import onnx
+
+    found: dict[str, int] = {}
+    for node in onnx.load(str(graph_path)).graph.node:
+        if node.op_type.startswith(("Q", "MatMulInteger", "MatMulNBits", "DynamicQuantize")):
+            found[node.op_type] = found.get(node.op_type, 0) + 1
+    return dict(sorted(found.items()))
+
+
 def greedy(prepared: Path, measure, target: float, rounds: int) -> list[dict]:
     """Node-by-node search (module docstring): the rows of every candidate, the chosen ones marked."""
     import onnx
@@ -101,10 +119,37 @@ def greedy(prepared: Path, measure, target: float, rounds: int) -> list[dict]:
     return rows
 
 
+def quantize_static_calibrated(prepared: Path, target: Path, folder: Path, examples: list) -> None:
+    """ONNX Runtime's static quantisation (QOperator, per-channel weights, min-max activation scales) calibrated on
+    `examples` (pre-tokenised sentences), one sentence per calibration batch."""
+    import numpy as np
+    import onnxruntime
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    names = [i.name for i in onnxruntime.InferenceSession(str(prepared)).get_inputs()]
+
+    class Sentences(CalibrationDataReader):
+        def __init__(self) -> None:
+            encoded = (tokenizer(e.tokens, is_split_into_words=True, truncation=True, max_length=128,
+                                 return_tensors="np") for e in examples)
+            self.feeds = iter([{k: enc[k].astype(np.int64) for k in names} for enc in encoded])
+
+        def get_next(self) -> dict | None:
+            return next(self.feeds, None)
+
+    quantize_static(str(prepared), str(target), Sentences(), quant_format=QuantFormat.QOperator, per_channel=True,
+                    weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8, op_types_to_quantize=["MatMul",
+                    "Attention"])
+
+
 def main() -> int:
     args = parse()
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from biodistil.export.onnx import quantize_scheme
 
     task = get_task(args.task)
     examples = read_split(task, "test", args.data)
@@ -119,21 +164,30 @@ def main() -> int:
         prepared = work / ".prepared.onnx"
         quant_pre_process(str(work / "model.onnx"), str(prepared), skip_optimization=True, auto_merge=True)
 
-        def measure(keep: str, excluded: list[str]) -> dict:
-            quantize_dynamic(str(prepared), str(work / "model.int8.onnx"), weight_type=QuantType.QInt8,
-                             per_channel=True, nodes_to_exclude=excluded)
+        def measure(keep: str, excluded: list[str], scheme: str | None = None) -> dict:
+            target = work / "model.int8.onnx"
+            if scheme == "static":
+                quantize_static_calibrated(prepared, target, work, read_split(task, "dev", args.data)[:128])
+            elif scheme:
+                quantize_scheme(prepared, target, scheme)
+            else:
+                quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                                 nodes_to_exclude=excluded)
             predictor = Predictor(work, runtime="onnx-int8", threads=args.threads)
             began = time.perf_counter()
             found = predictions(predictor(documents))
             seconds = time.perf_counter() - began
-            row = {"keep_fp32": keep, "nodes_kept_fp32": len(excluded),
+            row = {**({"scheme": scheme, "int8_nodes": quantised_nodes(target)} if scheme
+                      else {"keep_fp32": keep, "nodes_kept_fp32": len(excluded)}),
                    "share_of_pytorch": round(len(found & reference) / max(1, len(reference)), 4),
                    "added": len(found - reference), "seconds": round(seconds, 2),
                    "records_per_s": round(len(documents) / seconds, 1)}
             print(json.dumps(row), flush=True)
             return row
 
-        if args.greedy is None:
+        if args.schemes:
+            rows = [measure("none", [], scheme) for scheme in args.schemes]
+        elif args.greedy is None:
             rows = [measure(keep, excluded_nodes(prepared, keep)) for keep in args.keep]
         else:
             rows = greedy(prepared, measure, args.greedy, args.rounds)

@@ -132,6 +132,15 @@ def op_types(graph: Path) -> Counter:
     return Counter(node.op_type for node in onnx.load(str(graph)).graph.node)
 
 
+def weighted_matmuls(graph: Path) -> int:
+    """MatMul nodes whose second input is a weight (an initializer), not another activation."""
+    import onnx
+
+    model = onnx.load(str(graph))
+    weights = {tensor.name for tensor in model.graph.initializer}
+    return sum(node.op_type == "MatMul" and node.input[1] in weights for node in model.graph.node)
+
+
 # ------------------------------------------------------------------------------------------ export
 
 
@@ -156,6 +165,26 @@ def test_token_classifier_fp32_matches_pytorch_and_int8_stays_close(token_dir, t
     # dynamic axes: a batch and a length that neither the trace (2 × 17) nor the checks used
     assert close_at(out, token_dir, batch=3, length=41) < 1e-5
     assert close_at(out, token_dir, batch=3, length=41, variant="int8") < 0.5
+
+
+@needs_onnx
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_blockwise_int8_quantises_every_matmul_in_blocks(family, token_dir, modernbert_dir, tmp_path):
+    source = token_dir if family == "bert" else modernbert_dir
+    out = tmp_path / "onnx"
+    description = run_export(source, out, ExportOptions(int8=True, int8_scheme="blockwise"))
+    quantization = description["quantization"]
+    assert quantization["schemes"] == ["blockwise"] and quantization["scheme"] == "blockwise"
+    assert "MatMulNBits" in quantization["method"] and "block 128" in quantization["method"]
+    fp32, int8 = op_types(out / "model.onnx"), op_types(out / "model.int8.onnx")
+    weighted = weighted_matmuls(out / "model.onnx")
+    assert int8["MatMulNBits"] == weighted > 0 and int8["MatMulInteger"] == 0
+    assert int8["MatMul"] == fp32["MatMul"] - weighted, "only the activation products (scores, values) stay fp32"
+    assert int8["QAttention"] == fp32["Attention"] == (2 if family == "bert" else 0)
+    assert int8.get("QEmbedLayerNormalization", 0) == 0, "the embeddings stay fp32"
+    assert description["checks"]["int8"]["min_agreement"] >= 0.9
+    assert close_at(out, source, batch=3, length=41, variant="int8") < 0.5
+    assert "MatMulNBits" in (out / "README.md").read_text()
 
 
 @needs_onnx
@@ -397,7 +426,8 @@ def test_the_gate_picks_the_int8_graph_that_ships(token_dir, tmp_path, monkeypat
     card = (out / "README.md").read_text()
     assert f"shipped: {quantization['choice']}" in card
     if shipped:
-        assert quantization["per_channel"] == (shipped == "per-channel") and description["checks"]["int8"]
+        assert quantization["weights"].endswith("per column" if shipped == "per-channel" else "per tensor")
+        assert description["checks"]["int8"]
         assert accuracy["int8_drop"] == pytest.approx(0.005) and "| onnx int8 | 0.7950 |" in card
     else:
         assert "no int8 graph" in quantization["choice"] and "int8" not in description["files"]

@@ -219,3 +219,13 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path):
     assert rows["0"]["nodes_kept_fp32"] >= 2, "layer 0's attention and matmuls"
     everything = rows["embeddings,0,1,2,3,head"]
     assert everything["share_of_pytorch"] == 1.0 and everything["added"] == 0
+
+    task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "dev": 8, "test": 24})
+    done = subprocess.run([sys.executable, str(bench), str(model), str(tmp_path / "onnx"), "--task", str(task_file),
+                           "--schemes", "per-channel", "blockwise", "static", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    nodes = {row["scheme"]: row["int8_nodes"] for row in json.loads(out.read_text())["rows"]}
+    assert nodes["per-channel"]["MatMulInteger"] > 0 and nodes["per-channel"]["QAttention"] > 0
+    assert nodes["blockwise"]["MatMulNBits"] > 0 and "MatMulInteger" not in nodes["blockwise"]
+    assert nodes["static"]["QLinearMatMul"] > 0 and "DynamicQuantizeLinear" not in nodes["static"]

@@ -86,10 +86,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="export folder (written atomically; an earlier export there is "
                         "replaced)")
     parser.add_argument("--int8", action="store_true", help="also write model.int8.onnx (dynamic int8 quantisation)")
-    parser.add_argument("--int8-scheme", choices=["auto", "per-tensor", "per-channel"], default="auto",
-                        help="int8 weights' scales: one per tensor or one per column; auto (default) makes both and "
-                        "ships the one the accuracy gate picks (with --task: the smaller drop; without: the smaller "
-                        "logit drift against PyTorch)")
+    parser.add_argument("--int8-scheme", choices=["auto", "per-tensor", "per-channel", "blockwise"], default="auto",
+                        help="per-tensor or per-channel: int8 weights with one scale per tensor or per column, "
+                        "activations per tensor (fast); blockwise: weights and activations in blocks of 128 (closer "
+                        "to fp32, slower); auto (default) makes per-tensor and per-channel and ships the one the "
+                        "accuracy gate picks (with --task: the smaller drop; without: the smaller logit drift "
+                        "against PyTorch)")
     parser.add_argument("--no-fuse", action="store_true", help="export the unfused graph (dynamo exporter) even "
                         "where ONNX Runtime's transformer optimizer could fuse it")
     parser.add_argument("--atol", type=float, default=1e-3,

@@ -23,6 +23,7 @@ from biodistil.export.card import export_card
 from biodistil.export.deployed import check_task_fits, parameter_counts, task_data_root
 from biodistil.export.fusion import FUSED_OPSET, export_fused, format_fusion, fusion_note, unfused
 from biodistil.export.onnx import (
+    FAST_INT8_SCHEMES,
     INT8_SCHEMES,
     OPSET,
     LoadedModel,
@@ -34,6 +35,7 @@ from biodistil.export.onnx import (
     load_model_folder,
     parity_batches,
     quantize_int8,
+    scheme_description,
 )
 from biodistil.export.runtime import (
     DESCRIPTION_FILE,
@@ -56,7 +58,7 @@ class ExportOptions:
     """What `biodistil export` writes and checks."""
 
     int8: bool = False
-    int8_scheme: str = "auto"  # auto (both, the gate picks) | per-tensor | per-channel
+    int8_scheme: str = "auto"  # auto (per-tensor and per-channel, the gate picks) | one of INT8_SCHEMES
     fuse: bool = True  # BERT-family graphs fused by ONNX Runtime's transformer optimizer
     atol: float = 1e-3  # bound on the largest |ONNX fp32 − PyTorch| logit difference
     task: str | None = None  # score PyTorch fp32 / ONNX fp32 / ONNX int8 on this task's split
@@ -68,7 +70,7 @@ class ExportOptions:
 
     @property
     def schemes(self) -> list[str]:
-        return list(INT8_SCHEMES) if self.int8_scheme == "auto" else [self.int8_scheme]
+        return list(FAST_INT8_SCHEMES) if self.int8_scheme == "auto" else [self.int8_scheme]
 
     def validate(self) -> None:
         if self.max_int8_drop is not None and not (self.int8 and self.task):
@@ -76,7 +78,7 @@ class ExportOptions:
         if self.atol <= 0:
             raise BiodistilError(f"--atol must be positive, got {self.atol}")
         if self.int8_scheme != "auto" and self.int8_scheme not in INT8_SCHEMES:
-            raise BiodistilError(f"--int8-scheme must be auto, {' or '.join(INT8_SCHEMES)}; got {self.int8_scheme}")
+            raise BiodistilError(f"--int8-scheme must be auto, {', '.join(INT8_SCHEMES)}; got {self.int8_scheme}")
 
 
 def run_export(model_dir: str | Path, out: str | Path, options: ExportOptions) -> dict[str, Any]:
@@ -198,7 +200,7 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
         paths[chosen].replace(folder / VARIANT_FILES["int8"])
     for path in paths.values():
         path.unlink(missing_ok=True)
-    quantization.update(scheme=chosen, per_channel=INT8_SCHEMES[chosen] if chosen else None, choice=reason,
+    quantization.update(scheme=chosen, **(scheme_description(chosen) if chosen else {}), choice=reason,
                         candidates=candidates)
     return quantization, drifts[chosen] if chosen else None, int8_scores
 

@@ -6,9 +6,13 @@
   `token_type_ids` where the model takes it) to `logits`; an exporter has been seen to fix shapes silently, so
   parity is checked at lengths and batch sizes other than the traced ones (2 × 17), and a fixed shape fails the check.
 * int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, basic graph
-  optimisation unless the graph is already fused, ONNX shape inference), then `quantize_dynamic` once per scheme
-  (per-tensor, per-channel): int8 weights, activations quantised per batch at run time (the usual choice for
-  transformers on CPU; no calibration data). Which scheme ships is decided by `biodistil.export.command`.
+  optimisation unless the graph is already fused, ONNX shape inference), then one quantisation per scheme:
+  `per-tensor` and `per-channel` (`quantize_dynamic`: int8 weights, each activation tensor quantised whole per
+  batch at run time — the fast choice for transformers on CPU, no calibration data); `blockwise` (every MatMul with
+  constant weights becomes ONNX Runtime's `MatMulNBits` at 8 bits, weights and activations quantised in blocks of
+  128 along the reduction, int8 arithmetic; fused Attention nodes as per-channel — slower, closer to fp32: an
+  outlier in one channel costs one block its resolution, not the whole tensor). Calibrated static quantisation was
+  measured and dropped (docs/deployment.md). Which scheme ships is decided by `biodistil.export.command`.
 * Checks: outputs of the ONNX graph against PyTorch's on real biomedical sentences cut or repeated to several
   lengths, with a padded row; the largest absolute logit difference (over non-padding positions) and the
   share of equal predictions (argmax, or sign for multi-label).
@@ -38,7 +42,9 @@ from biodistil.export.runtime import require_onnx
 OPSET = 18
 TRACE_BATCH, TRACE_LENGTH = 2, 17  # traced shapes; the checks use others
 CHECK_LENGTHS = (9, 64, 512)  # capped at what the model allows
-INT8_SCHEMES = {"per-tensor": False, "per-channel": True}  # scheme → quantize_dynamic's per_channel
+INT8_SCHEMES = ("per-tensor", "per-channel", "blockwise")
+FAST_INT8_SCHEMES = ("per-tensor", "per-channel")  # what --int8-scheme auto tries
+BLOCK_SIZE = 128  # blockwise: weights and activations quantised per 128 values along the reduction
 MAX_PROTO_BYTES = 1_900_000_000  # a single-file ONNX graph must stay under protobuf's 2 GB
 HEAD_SUFFIXES = {
     "ForTokenClassification": "token_classification",
@@ -229,11 +235,10 @@ def check_graph(path: Path) -> None:
 
 
 def quantize_int8(fp32_path: Path, targets: dict[str, Path], fused: bool) -> dict[str, Any]:
-    """Pre-process an fp32 graph once, then quantise it dynamically to int8 weights once per scheme of `targets`
-    (scheme → output file); returns how it was done. A fused graph skips the pre-processing's graph optimisation
-    (it is already optimised, and its fused nodes are what `quantize_dynamic` maps to QAttention)."""
+    """Pre-process an fp32 graph once, then quantise it to int8 once per scheme of `targets` (scheme → output file);
+    returns how it was done. A fused graph skips the pre-processing's graph optimisation (it is already optimised,
+    and its fused nodes are what `quantize_dynamic` maps to QAttention)."""
     require_onnx("int8 quantisation")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     with tempfile.TemporaryDirectory(prefix=".quant-", dir=fp32_path.parent) as tmp:
@@ -242,16 +247,83 @@ def quantize_int8(fp32_path: Path, targets: dict[str, Path], fused: bool) -> dic
             # auto_merge: the dynamo graph's mask arithmetic leaves symbolic dims that must be merged
             quant_pre_process(str(fp32_path), str(prepared), skip_optimization=fused, auto_merge=True)
             for scheme, target in targets.items():
-                quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8,
-                                 per_channel=INT8_SCHEMES[scheme])
+                quantize_scheme(prepared, target, scheme)
         except Exception as err:  # ONNX Runtime's tools raise bare Exceptions
             raise BiodistilError(f"int8 quantisation of {fp32_path} failed ({type(err).__name__}: {err}); export "
                                  "without --int8 to keep the fp32 graph") from err
     optimisation = "skipped (the graph is fused already)" if fused else "ORT basic optimisation"
-    return {"method": "onnxruntime.quantization.quantize_dynamic", "weights": "int8 (QInt8)",
-            "activations": "uint8, quantised per batch at run time", "schemes": list(targets),
+    return {"schemes": list(targets),
             "pre_process": f"quant_pre_process: symbolic shape inference (auto_merge), {optimisation}, "
                            "ONNX shape inference"}
+
+
+def quantize_scheme(prepared: Path, target: Path, scheme: str) -> None:
+    """Quantise the pre-processed graph `prepared` to `target` with one of `INT8_SCHEMES` (module docstring)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if scheme not in INT8_SCHEMES:
+        raise BiodistilError(f"int8 scheme must be one of {', '.join(INT8_SCHEMES)}; got {scheme!r}")
+    if scheme != "blockwise":
+        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8, per_channel=scheme == "per-channel")
+        return
+    blocked = target.with_name(target.name + ".blocked")
+    try:
+        _matmuls_to_nbits(prepared, blocked)
+        # the fused Attention nodes (no MatMul for MatMulNBits to take) as per-channel; embeddings stay fp32
+        quantize_dynamic(str(blocked), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["Attention"])
+    finally:
+        blocked.unlink(missing_ok=True)
+
+
+def _matmuls_to_nbits(source: Path, target: Path) -> None:
+    """Every MatMul with constant weights → MatMulNBits: 8-bit symmetric weights per block of `BLOCK_SIZE`, int8
+    compute with activations quantised per block (accuracy level 4)."""
+    import onnx
+
+    nbits = _nbits_module()
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=4, bits=8)
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=BLOCK_SIZE, is_symmetric=True,
+                                     accuracy_level=4, algo_config=config)
+    with _quiet_quantizer():
+        quantizer.process()
+    quantizer.model.save_model_to_file(str(target), False)
+
+
+def _nbits_module() -> Any:
+    """ONNX Runtime's `matmul_nbits_quantizer`, imported without the root-logger set-up its import does."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization import matmul_nbits_quantizer
+
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    return matmul_nbits_quantizer
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """ONNX Runtime's weight quantiser logs a line per node at INFO; keep its warnings only."""
+    quantizer_log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quantizer_log.level
+    quantizer_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        quantizer_log.setLevel(level)
+
+
+def scheme_description(scheme: str) -> dict[str, str]:
+    """How one int8 scheme quantises: method, weights and activations (for export.json and the card)."""
+    if scheme == "blockwise":
+        return {"method": f"onnxruntime MatMulNBits for MatMul (8 bits, symmetric, block {BLOCK_SIZE}, accuracy "
+                          "level 4), quantize_dynamic per-channel for fused Attention",
+                "weights": f"int8 per block of {BLOCK_SIZE} (per column in fused Attention)",
+                "activations": f"int8 per block of {BLOCK_SIZE}, quantised at run time (uint8 per tensor in fused "
+                               "Attention)"}
+    return {"method": "onnxruntime.quantization.quantize_dynamic",
+            "weights": f"int8 (QInt8) per {'column' if scheme == 'per-channel' else 'tensor'}",
+            "activations": "uint8, quantised per tensor and batch at run time"}
 
 
 # ------------------------------------------------------------------------------------------ checks

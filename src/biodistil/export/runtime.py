@@ -7,8 +7,8 @@ An export folder (written by `biodistil export`) holds:
 
     model.onnx          fp32 graph (inputs: input_ids, attention_mask[, token_type_ids]; output: logits), fused
                         by ONNX Runtime's transformer optimizer for BERT-family models
-    model.int8.onnx     the same graph with dynamically quantised int8 weights (with --int8; the scheme, per-tensor
-                        or per-channel, chosen by the export's accuracy gate)
+    model.int8.onnx     the same graph with int8 weights (with --int8; the scheme — per-tensor or per-channel,
+                        chosen by the export's accuracy gate, or blockwise when asked for — in export.json)
     export.json         inputs, outputs, labels, the checks' figures and the accuracy side by side
     config.json, tokenizer files
 """
