@@ -457,3 +457,38 @@ def test_mixed_rows_form_the_mixture_a_chunk_at_a_time_as_the_dense_mixture(monk
     assert float(fused) == pytest.approx(float(soft_kl_loss((h @ w.T), 2 * p.log(), 2.0)), rel=1e-5)
     with pytest.raises(ValueError, match=r"temperature 2\.0 read at 1\.0"):
         soft_kl_loss(student, mixed, 1.0)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["row-function", "compiled"])
+def test_a_row_kernel_mixes_the_teachers_in_its_own_pass(compiled, monkeypatch):
+    """With a row kernel, the mixture reaches it unmixed (each teacher's z_k/T and log w_k) and the kernel forms
+    log Σ_k w_k·softmax(z_k/T) itself: the same loss and student gradient as the mixture formed by hand."""
+    from biodistil.losses import distillation
+    from biodistil.losses.distillation import linear_soft_kl_loss, soft_kl_loss
+    from biodistil.losses.multi_teacher import MixedRows
+    from biodistil.training.compiling import cpp_compiler
+
+    if compiled and cpp_compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    kernel = distillation.compiled_kl_rows() if compiled else distillation._kl_rows_fused
+    generator = torch.Generator().manual_seed(1)
+    x, weight, bias = (torch.randn(shape, generator=generator) for shape in ((7, 5), (11, 5), (11,)))
+    dense = 3 * torch.randn(7, 11, generator=generator)
+    for shares in (torch.tensor([0.3, 0.7]), torch.rand(2, 7, generator=generator).softmax(0)):
+        per_row = shares[:, :, None] if shares.dim() == 2 else shares[:, None, None]
+        p = per_row[0] * F.softmax((x @ weight.T + bias) / 2, -1) + per_row[1] * F.softmax(dense / 2, -1)
+        mixed = MixedRows(((x, weight, bias), dense), shares, 2.0)
+        student = torch.randn(7, 11, generator=generator, requires_grad=True)
+        monkeypatch.setattr(distillation, "KL_CHUNK_ELEMENTS", 22)  # chunks of 2 rows
+        loss = soft_kl_loss(student, mixed, 2.0, kernel=kernel)
+        loss.backward()
+        log_s = F.log_softmax(student.detach() / 2, -1)
+        assert loss.item() == pytest.approx(float(4 * (p * (p.log() - log_s)).sum(-1).mean()), rel=1e-5)
+        assert torch.allclose(student.grad, 2 * (log_s.exp() - p) / 7, atol=1e-6)
+        h = torch.randn(7, 5, generator=generator, requires_grad=True)
+        w = torch.randn(11, 5, generator=generator)
+        fused = linear_soft_kl_loss(h, w, None, mixed, 2.0, kernel=kernel)
+        fused.backward()
+        log_s = F.log_softmax(h.detach() @ w.T / 2, -1)
+        assert fused.item() == pytest.approx(float(4 * (p * (p.log() - log_s)).sum(-1).mean()), rel=1e-5)
+        assert torch.allclose(h.grad, (2 * (log_s.exp() - p) / 7) @ w, atol=1e-5)

@@ -7,6 +7,7 @@
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
 `users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml;
+`seeds-scale.json` the `pipeline.json` of recipes/studies/seeds-scale.yaml;
 `demo.json` the `report.json` of `biodistil demo --out DIR --record docs/results/demo.json` (docs/demo.md).
 A difference between two arms is a finding only when the 95% confidence interval of a t-test on the per-seed scores
 excludes 0 (biodistil's one verdict rule, `biodistil.tasks.significance`: paired where the arms share seeds and data
@@ -330,6 +331,85 @@ def multi_teacher_tables(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, _wall_time(summary)])
 
 
+# ------------------------------------------------------------------------------------------ study 6
+
+PAPER_NCBI = {"BioBERT (12 × 768)": 88.62, "DistilBioBERT (6 × 768)": 87.93}  # Rohanian et al., NCBI-disease F1
+SEEDS_SCALE_PAIRS = (("kd-6x768", "ft-6x768"), ("ft-6x768-distilled", "ft-6x768"), ("kd-3x384", "ft-3x384"))
+
+
+def seeds_scale_tables(record: dict[str, Any]) -> str:
+    """Study 6 (the `pipeline.json` of recipes/studies/seeds-scale.yaml): every arm's F1 with its 95% interval and
+    share of the teacher; each distilled arm against its fine-tuned peer; the deploy stage's size, scores and speed
+    of the teacher and of each arm's first seed, PyTorch fp32 and ONNX int8 side by side."""
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary = stages["study"]["summary"]
+    task = summary["rows"][0]["task"]
+    teacher = summary["teachers"][task]["test"]
+    deploy = stages["deploy"]["deploy"] if stages.get("deploy") and stages["deploy"].get("deploy") else None
+    papers = "; ".join(f"{name} {score:.2f}" for name, score in PAPER_NCBI.items())
+    lines = [f"**{TASK_TITLES.get(task, task)}**, full training and test sets — teacher `mpnet-base` (a general-domain "
+             f"sentence encoder, not a biomedical one) fine-tuned: F1 {100 * teacher['f1']:.1f} (P "
+             f"{100 * teacher['precision']:.1f}, R {100 * teacher['recall']:.1f}); the papers: {papers}.", "",
+             "| arm | F1 (mean ± sd) | 95% CI | P | R | seeds | share of the teacher |",
+             "|---|---|---|---|---|---|---|"]
+    rows = {row["arm"]: row for row in summary["rows"]}
+    for arm, row in rows.items():
+        group = [r["test"] for r in summary["runs"] if r["arm"] == arm]
+        precision, recall = (statistics.fmean(t[key] for t in group) for key in ("precision", "recall"))
+        flag = " (degenerate)" if row["degenerate_seeds"] else ""
+        lines.append(f"| {arm} | {pm(row['mean'], row['sd'])}{flag} | {_mean_interval(row['scores'])} | "
+                     f"{100 * precision:.1f} | {100 * recall:.1f} | "
+                     f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | {_share(row['mean'], teacher['f1'])} |")
+    lines += ["", "| comparison | difference (F1) | verdict |", "|---|---|---|"]
+    for first, second in SEEDS_SCALE_PAIRS:
+        if first in rows and second in rows:
+            gain, verdict = compare(rows[first]["scores"], rows[second]["scores"], 100, 1)
+            lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
+    lines += ["", f"Task-agnostic stage (`distilled`): {_distillation(stages.get('distilled'))}.", ""]
+    if deploy:
+        lines += [_deploy_table(deploy), ""]
+    return "\n".join([*lines, _wall_time(summary)])
+
+
+def _mean_interval(scores: list[float]) -> str:
+    """The 95% t-interval of a mean over seeds, in F1 points."""
+    from scipy import stats
+
+    if len(scores) < 2:
+        return "n/a (one seed)"
+    half = stats.t.ppf(0.975, len(scores) - 1) * statistics.stdev(scores) / math.sqrt(len(scores))
+    mean = statistics.fmean(scores)
+    return f"{100 * (mean - half):.1f} to {100 * (mean + half):.1f}"
+
+
+def _deploy_table(deploy: dict[str, Any]) -> str:
+    """Per deployed model (first seed): parameters, test F1 in PyTorch fp32 and ONNX int8, batch-1 latency and
+    batch-32 throughput at 128 tokens, 1 thread, and the speed against the PyTorch teacher's batch-1 latency."""
+    cells = {cell["model"]: cell for cell in deploy["results"]["cells"]}
+    timed = {row["label"]: row for row in deploy["bench"]["models"]}
+    length = str(deploy["bench"]["settings"]["lengths"][0]) if deploy["bench"].get("settings") else "128"
+    teacher_ms = timed["teacher"]["latency"][length]["median_ms"]
+    lines = [f"Deployed (first seed of each arm; test split; {length} tokens, 1 thread, one process):", "",
+             "| model | parameters | F1 PyTorch fp32 | F1 ONNX int8 | batch 1 ms (fp32 → int8) | batch 32 seq/s "
+             "(fp32 → int8) | int8 × the teacher's batch-1 speed |", "|---|---|---|---|---|---|---|"]
+    for name in (label for label in timed if not label.endswith(("-onnx", "-onnx-int8"))):
+        int8 = timed.get(f"{name}-onnx-int8")
+        fp32 = timed[name]
+        score = cells[name]["test"]["f1"]
+        int8_score = cells[f"{name}-onnx-int8"]["test"]["f1"] if f"{name}-onnx-int8" in cells else None
+        latency = f"{fp32['latency'][length]['median_ms']:.1f}"
+        throughput = f"{fp32['throughput'][length]['sequences_per_s']:.0f}"
+        speed = ""
+        if int8:
+            latency += f" → {int8['latency'][length]['median_ms']:.1f}"
+            throughput += f" → {int8['throughput'][length]['sequences_per_s']:.0f}"
+            speed = f"{teacher_ms / int8['latency'][length]['median_ms']:.1f}×"
+        int8_cell = "" if int8_score is None else f"{100 * int8_score:.1f}"
+        lines.append(f"| {name} | {fp32['parameters'] / 1e6:.1f} M | {100 * score:.1f} | {int8_cell} | {latency} | "
+                     f"{throughput} | {speed} |")
+    return "\n".join(lines)
+
+
 def demo_tables(report: dict[str, Any]) -> str:
     """The demo's table and what it shows, as its report renders them (`biodistil.demo.results_block`)."""
     from biodistil.demo import results_block
@@ -339,7 +419,7 @@ def demo_tables(report: dict[str, Any]) -> str:
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
-           "multi-teacher": multi_teacher_tables, "demo": demo_tables}
+           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 
 

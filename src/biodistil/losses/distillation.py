@@ -2,7 +2,7 @@
 
 import functools
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,19 +32,24 @@ Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 class RowSource(Protocol):
     """Teacher logit rows [N, V] that form themselves on demand, a chunk of rows at a time, as z/T (several teachers'
-    mixture: `losses.multi_teacher.MixedRows`); the fused KLs take them as a teacher like a tensor or a `Linear`."""
+    mixture: `losses.multi_teacher.MixedRows`); the fused KLs take them as a teacher like a tensor or a `Linear`.
+    `parts` gives a chunk unmixed — each teacher's z_k/T [rows, V] and log w_k ([K, 1, 1] or [K, rows, 1]) — for a
+    row kernel that mixes them in its own pass: log p_T = log Σ_k exp(z_k/T − logsumexp(z_k/T) + log w_k)."""
 
     @property
     def shape(self) -> tuple[int, int]: ...
 
     def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor: ...
 
+    def parts(self, rows: slice, temperature: float) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
+
 
 Teacher = torch.Tensor | Linear | RowSource
 
-# a fused row kernel of the chunked KL: (z_S/T, z_T/T, scale) of a chunk of rows -> (Σ_rows KL, scale·(p_S − p_T));
+# a fused row kernel of the chunked KL: (z_S/T, z_T/T, scale[, log_weights]) of a chunk of rows -> (Σ_rows KL,
+# scale·(p_S − p_T)); with log_weights, z_T/T is a tuple of K teachers' rows and p_T their mixture (`RowSource`).
 # `compiled_kl_rows()` makes one; without one (the default) the rows are computed eagerly
-KLRows = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+KLRows = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def soft_kl_loss(
@@ -130,15 +135,28 @@ def scaled_chunk(logits: Teacher, rows: slice, temperature: float) -> torch.Tens
     return chunk / temperature if chunk.dtype == torch.float32 else chunk.float().div_(temperature)
 
 
-def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: torch.Tensor | None,
-             kernel: KLRows | None = None) -> torch.Tensor:
+def _teacher_chunk(teacher: Teacher, rows: slice, temperature: float,
+                   kernel: KLRows | None) -> torch.Tensor | tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The teacher's z/T for a chunk of rows; a mixture left unmixed (`RowSource.parts`) when a row kernel will mix
+    it in its own pass."""
+    if kernel is not None and not isinstance(teacher, torch.Tensor | tuple):
+        return teacher.parts(rows, temperature)
+    return scaled_chunk(teacher, rows, temperature)
+
+
+def _kl_rows(student: torch.Tensor, teacher: torch.Tensor | tuple[tuple[torch.Tensor, ...], torch.Tensor],
+             scale: float, grad: torch.Tensor | None, kernel: KLRows | None = None) -> torch.Tensor:
     """Σ_rows KL(softmax(teacher) ‖ softmax(student)) of a chunk of tempered logit rows (z/T); when `grad` ([rows, V]
     float32) is given, it receives scale·(softmax(student) − softmax(teacher)) (scale 1: left to the caller). Two
-    [rows, V] float32 temporaries; with a `kernel` (`compiled_kl_rows()`), one fused kernel instead."""
+    [rows, V] float32 temporaries; with a `kernel` (`compiled_kl_rows()`), one fused kernel instead. `teacher` may be
+    a mixture's parts (`RowSource.parts`), mixed by the kernel, or here without one."""
     if kernel is not None and grad is not None:
-        kl, rows_grad = kernel(student, teacher, scale)
+        kl, rows_grad = kernel(student, *teacher, scale) if isinstance(teacher, tuple) else \
+            kernel(student, teacher, scale)
         grad.copy_(rows_grad)
         return kl
+    if isinstance(teacher, tuple):
+        teacher = _log_probs(*teacher)
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
     log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
     p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
@@ -150,15 +168,33 @@ def _kl_rows(student: torch.Tensor, teacher: torch.Tensor, scale: float, grad: t
     return kl
 
 
-def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor | tuple[torch.Tensor, ...],
+                   *weights_and_scale: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`_kl_rows` as one pure function for TorchInductor, which fuses its reductions and pointwise steps into two
-    passes over the rows (the eager version makes ~20): (Σ_rows KL, scale·(softmax(student) − softmax(teacher)))."""
-    student, teacher = student.float(), teacher.float()
+    passes over the rows (the eager version makes ~20): (Σ_rows KL, scale·(softmax(student) − softmax(teacher))).
+    Arguments (student, teacher, scale), or (student, parts, log_weights, scale) for a mixture of teachers."""
+    *log_weights, scale = weights_and_scale
+    student = student.float()
     log_p_student = student - torch.logsumexp(student, -1, keepdim=True)
-    log_p_teacher = teacher - torch.logsumexp(teacher, -1, keepdim=True)
+    log_p_teacher = _log_probs(teacher, *log_weights)
     p_teacher = log_p_teacher.exp()
     kl = (p_teacher * (log_p_teacher - log_p_student)).sum()
     return kl, (log_p_student.exp() - p_teacher) * scale
+
+
+def _log_probs(teacher: torch.Tensor | tuple[torch.Tensor, ...], log_weights: torch.Tensor | None = None,
+               ) -> torch.Tensor:
+    """log softmax of z/T rows, float32; of K teachers' rows with `log_weights` ([K, 1, 1] or [K, rows, 1]), the log
+    of their mixture: log Σ_k w_k·softmax(z_k/T), pairwise by logaddexp (no [K, rows, V] stack)."""
+    if log_weights is None:
+        teacher = teacher.float()
+        return teacher - torch.logsumexp(teacher, -1, keepdim=True)
+    mixed = None
+    for part, log_weight in zip(teacher, log_weights, strict=True):
+        part = part.float()
+        part = part - torch.logsumexp(part, -1, keepdim=True) + log_weight
+        mixed = part if mixed is None else torch.logaddexp(mixed, part)
+    return mixed
 
 
 @functools.cache
@@ -201,8 +237,9 @@ class _ChunkedSoftKL(_FusedKL):
         total = torch.zeros((), dtype=torch.float32, device=student.device)
         for start in range(0, rows, step):
             chunk = slice(start, start + step)
-            total += _kl_rows(scaled_chunk(student, chunk, temperature), scaled_chunk(teacher, chunk, temperature),
-                              temperature / rows, None if grad is None else grad[chunk], kernel)
+            total += _kl_rows(scaled_chunk(student, chunk, temperature),
+                              _teacher_chunk(teacher, chunk, temperature, kernel), temperature / rows,
+                              None if grad is None else grad[chunk], kernel)
         return _FusedKL._keep(ctx, (None if grad is None else grad.to(student.dtype),), total, temperature, rows)
 
 
@@ -226,7 +263,7 @@ class _LinearSoftKL(_FusedKL):
             x = inputs[chunk]
             grad = buffer[:x.size(0)] if any(g is not None for g in grads) else None
             student = matmul.logits(x, temperature)
-            teacher_rows = scaled_chunk(teacher, chunk, temperature)
+            teacher_rows = _teacher_chunk(teacher, chunk, temperature, kernel)
             total += _kl_rows(student, teacher_rows, 1.0, grad, kernel)  # ∂L/∂z_S = scale·grad
             if grad_inputs is not None or grad_weight is not None:
                 matmul.backward_rows(grad, x, None if grad_inputs is None else grad_inputs[chunk])

@@ -30,9 +30,10 @@ _TINY = 1e-12
 @dataclass(frozen=True)
 class MixedRows:
     """K teachers' logit rows [N, V] as their softmax-space mixture at temperature T, formed on demand: a chunk of rows
-    at a time inside a fused KL (`scaled_rows`: log Σ_k w_k·softmax(z_k/T) = z_mix/T, a `RowSource`), or whole
-    (`logits`: z_mix), so that neither the mixture nor a teacher's [N, V] logits need exist whole. Each teacher's rows
-    are a tensor or its head's `Linear` (x, W, b); `weights` [K] or [K, N]."""
+    at a time inside a fused KL (`scaled_rows`: log Σ_k w_k·softmax(z_k/T) = z_mix/T, a `RowSource`; `parts`: the
+    chunk unmixed, for a compiled row kernel that mixes it in its own pass), or whole (`logits`: z_mix), so that
+    neither the mixture nor a teacher's [N, V] logits need exist whole. Each teacher's rows are a tensor or its head's
+    `Linear` (x, W, b); `weights` [K] or [K, N]."""
 
     sources: tuple[torch.Tensor | Linear, ...]
     weights: torch.Tensor
@@ -52,6 +53,15 @@ class MixedRows:
             part = torch.softmax(scaled_chunk(source, rows, temperature), dim=-1, dtype=torch.float32).mul_(share)
             mixed = part if mixed is None else mixed.add_(part)
         return mixed.clamp_min_(_TINY).log_()
+
+    def parts(self, rows: slice, temperature: float) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """A chunk of rows unmixed, for a row kernel that mixes them itself (`RowSource`): each teacher's z_k/T and
+        log w_k ([K, 1, 1] or [K, rows, 1]; weights floored at 1e-12 as the mixture is)."""
+        if float(temperature) != float(self.temperature):
+            raise ValueError(f"a mixture formed at temperature {self.temperature} read at {temperature}")
+        shares = self.weights[:, None, None] if self.weights.dim() == 1 else self.weights[:, rows, None]
+        return (tuple(scaled_chunk(source, rows, temperature) for source in self.sources),
+                shares.float().clamp_min(_TINY).log())
 
     def logits(self) -> torch.Tensor:
         """z_mix [N, V] = T·log Σ_k w_k·softmax(z_k/T)."""
