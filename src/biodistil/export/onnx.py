@@ -283,8 +283,8 @@ def _matmuls_to_nbits(source: Path, target: Path) -> None:
 
     nbits = _nbits_module()
     config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=4, bits=8)
-    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=BLOCK_SIZE, is_symmetric=True,
-                                     accuracy_level=4, algo_config=config)
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=BLOCK_SIZE,
+                                           is_symmetric=True, accuracy_level=4, algo_config=config)
     with _quiet_quantizer():
         quantizer.process()
     quantizer.model.save_model_to_file(str(target), False)
