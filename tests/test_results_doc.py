@@ -14,7 +14,8 @@ from biodistil.pipeline import PipelineRecipe
 DOCS = RECIPES.parent / "docs"
 STUDY_RECIPES = {"task-agnostic": "task-agnostic.yaml", "transfer-data": "transfer-data.yaml",
                  "meta-kd": "meta-kd.yaml", "cross-tokenizer": "cross-tokenizer.yaml",
-                 "users-setting": "users-setting.yaml", "multi-teacher": "multi-teacher.yaml"}
+                 "users-setting": "users-setting.yaml", "multi-teacher": "multi-teacher.yaml",
+                 "seeds-scale": "seeds-scale.yaml"}
 RUN_SPECIFIC = {"run", "data_dir", "student", "teacher_init"}  # output folder, data folder, resolved model paths
 
 
@@ -54,6 +55,31 @@ def test_a_pipeline_record_was_produced_by_the_committed_pipeline(name, tasks, s
     spent = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"][:-1]) / 60
     spent += sum(cell["wall_seconds"] for cell in results["cells"]) / 60
     assert spent < minutes, f"the study finishes within {minutes} minutes"
+
+
+def holds(resolved: object, written: object) -> bool:
+    """Whether every setting `written` (a recipe's YAML) has its value in `resolved` (the settings a run recorded)."""
+    if isinstance(written, dict):
+        return isinstance(resolved, dict) and all(key in resolved and holds(resolved[key], value)
+                                                  for key, value in written.items())
+    return resolved == written
+
+
+def test_the_seeds_scale_record_was_produced_by_the_committed_pipeline():
+    record = json.loads((DOCS / "results" / "seeds-scale.json").read_text())
+    recipe = load_recipe(PipelineRecipe, RECIPES / "studies" / "seeds-scale.yaml").model_dump(mode="json")
+    assert record["recipe"]["stages"] == recipe["stages"]
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary = stages["study"]["summary"]
+    arms = [arm["name"] for arm in recipe["stages"][1]["settings"]["arms"]]
+    assert [row["arm"] for row in summary["rows"]] == arms and all(row["seeds"] >= 3 for row in summary["rows"])
+    assert holds(summary["settings"]["defaults"], recipe["stages"][1]["settings"]["defaults"]), \
+        "the study ran with the committed recipe's settings"
+    deployed = stages["deploy"]["deploy"]
+    assert set(deployed["exports"]) == {"teacher", *arms}
+    assert {row["label"] for row in deployed["bench"]["models"]} >= {f"{arm}-onnx-int8" for arm in arms}
+    minutes = (stages["distilled"]["summary"]["result"]["seconds"] + summary["wall_seconds"]) / 60
+    assert minutes < 90, "distillation and the study leave the deploy stage its share of the 2 hours"
 
 
 def test_gap_cells_say_when_a_seed_has_no_gap_to_close():
