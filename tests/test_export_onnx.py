@@ -5,6 +5,7 @@ a slice of NCBI-disease with the fine-tuning metric code (skipped without the da
 clear errors."""
 
 import json
+import shutil
 import sys
 from collections import Counter
 from importlib.util import find_spec
@@ -28,7 +29,7 @@ from biodistil.evaluation.bench import isolated_peak_memory, run_bench
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.command import ExportOptions, choose_int8, format_export, run_export
 from biodistil.export.deployed import expand_models
-from biodistil.export.onnx import TRACE_LENGTH, head_of, load_model_folder
+from biodistil.export.onnx import TRACE_LENGTH, head_of, load_model_folder, quantize_int8
 from biodistil.export.runtime import OnnxModel, require_onnx
 
 needs_onnx = pytest.mark.skipif(not all(find_spec(n) for n in ("onnx", "onnxruntime", "onnxscript")),
@@ -168,23 +169,27 @@ def test_token_classifier_fp32_matches_pytorch_and_int8_stays_close(token_dir, t
 
 
 @needs_onnx
-@pytest.mark.parametrize("family", ["bert", "modernbert"])
-def test_blockwise_int8_quantises_every_matmul_in_blocks(family, token_dir, modernbert_dir, tmp_path):
-    source = token_dir if family == "bert" else modernbert_dir
+def test_blockwise_int8_quantises_every_matmul_in_blocks(token_dir, tmp_path):
     out = tmp_path / "onnx"
-    description = run_export(source, out, ExportOptions(int8=True, int8_scheme="blockwise"))
+    description = run_export(token_dir, out, ExportOptions(int8=True, int8_scheme="blockwise"))
     quantization = description["quantization"]
     assert quantization["schemes"] == ["blockwise"] and quantization["scheme"] == "blockwise"
     assert "MatMulNBits" in quantization["method"] and "block 128" in quantization["method"]
-    fp32, int8 = op_types(out / "model.onnx"), op_types(out / "model.int8.onnx")
-    weighted = weighted_matmuls(out / "model.onnx")
-    assert int8["MatMulNBits"] == weighted > 0 and int8["MatMulInteger"] == 0
-    assert int8["MatMul"] == fp32["MatMul"] - weighted, "only the activation products (scores, values) stay fp32"
-    assert int8["QAttention"] == fp32["Attention"] == (2 if family == "bert" else 0)
-    assert int8.get("QEmbedLayerNormalization", 0) == 0, "the embeddings stay fp32"
+    check_blockwise_graph(out, token_dir, attention_nodes=2)
     assert description["checks"]["int8"]["min_agreement"] >= 0.9
-    assert close_at(out, source, batch=3, length=41, variant="int8") < 0.5
     assert "MatMulNBits" in (out / "README.md").read_text()
+
+
+def check_blockwise_graph(folder: Path, source: Path, attention_nodes: int) -> None:
+    """Every weighted MatMul of model.onnx is a MatMulNBits node in model.int8.onnx, only the activation products
+    (scores, values) stay fp32 MatMuls, fused attention is QAttention, the embeddings fp32; the logits stay close."""
+    fp32, int8 = op_types(folder / "model.onnx"), op_types(folder / "model.int8.onnx")
+    weighted = weighted_matmuls(folder / "model.onnx")
+    assert int8["MatMulNBits"] == weighted > 0 and int8["MatMulInteger"] == 0
+    assert int8["MatMul"] == fp32["MatMul"] - weighted
+    assert int8["QAttention"] == fp32["Attention"] == attention_nodes
+    assert int8.get("QEmbedLayerNormalization", 0) == 0, "the embeddings stay fp32"
+    assert close_at(folder, source, batch=3, length=41, variant="int8") < 0.5
 
 
 @needs_onnx
@@ -276,6 +281,11 @@ def test_modernbert_is_exported_unfused_with_a_note(modernbert_dir):
     for batch, length in ((1, 7), (3, 100)):
         assert close_at(out, modernbert_dir, batch, length) < 1e-4
     assert close_at(out, modernbert_dir, 3, 100, "int8") < 0.5
+    # the blockwise scheme on the unfused graph (no Attention node: the projections are MatMuls too)
+    blockwise = modernbert_dir.parent / "onnx-blockwise"
+    shutil.copytree(out, blockwise)
+    quantize_int8(out / "model.onnx", {"blockwise": blockwise / "model.int8.onnx"}, fused=False)
+    check_blockwise_graph(blockwise, modernbert_dir, attention_nodes=0)
 
 
 @pytest.fixture(scope="module")
