@@ -170,17 +170,23 @@ class Logits(nn.Module):
 
 
 @contextlib.contextmanager
+def logger_at(name: str, level: int) -> Iterator[None]:
+    """The named logger at `level` for the block, its own level restored after."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+@contextlib.contextmanager
 def quiet_exporter() -> Iterator[None]:
     """The exporter's progress lines, deprecation warnings and 'torchvision not installed' notes, silenced."""
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        registration.setLevel(level)
+    with logger_at("torch.onnx._internal.exporter._registration", logging.ERROR), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def trace_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
@@ -285,7 +291,7 @@ def _matmuls_to_nbits(source: Path, target: Path) -> None:
     config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=4, bits=8)
     quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=BLOCK_SIZE,
                                            is_symmetric=True, accuracy_level=4, algo_config=config)
-    with _quiet_quantizer():
+    with logger_at("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):  # a line per node at INFO
         quantizer.process()
     quantizer.model.save_model_to_file(str(target), False)
 
@@ -299,18 +305,6 @@ def _nbits_module() -> Any:
     root.handlers[:] = handlers
     root.setLevel(level)
     return matmul_nbits_quantizer
-
-
-@contextlib.contextmanager
-def _quiet_quantizer() -> Iterator[None]:
-    """ONNX Runtime's weight quantiser logs a line per node at INFO; keep its warnings only."""
-    quantizer_log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level = quantizer_log.level
-    quantizer_log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        quantizer_log.setLevel(level)
 
 
 def scheme_description(scheme: str) -> dict[str, str]:
