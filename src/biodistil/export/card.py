@@ -84,10 +84,9 @@ def _building(description: dict[str, Any]) -> list[str]:
     """How the graphs were built: the fusion (or why there is none) and the int8 scheme with the reason."""
     lines = [f"- {format_fusion(description['fusion'])}."] if description.get("fusion") else []
     quantization = description.get("quantization")
-    if quantization and quantization.get("scheme"):
-        lines.append(f"- int8: {quantization['method']} ({quantization['weights']} weights, activations "
-                     f"{quantization['activations']}); schemes tried: {', '.join(quantization['schemes'])}; "
+    if quantization:
+        how = (f"{quantization['method']} ({quantization['weights']} weights, activations "
+               f"{quantization['activations']}); " if quantization.get("scheme") else "")
+        lines.append(f"- int8: {how}schemes tried: {', '.join(quantization['schemes'])}; "
                      f"shipped: {quantization['choice']}.")
-    elif quantization:
-        lines.append(f"- int8: schemes tried: {', '.join(quantization['schemes'])}; shipped: {quantization['choice']}.")
     return ["## How the graphs were built", "", *lines] if lines else []
