@@ -38,6 +38,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     torch.set_num_threads(args.threads)
+    from biodistil.config import TrainConfig
     from biodistil.data.paths import resolve_data_root
     from biodistil.embedded import resolve_model_name
     from biodistil.finetune.init_model import init_model_path
@@ -49,6 +50,7 @@ def main() -> None:
     from biodistil.tasks.recipe import TaskConfig, task_spec
     from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, classifier_forward
     from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs
+    from biodistil.training.engine import adamw
     from biodistil.training.machine import cpu_line
 
     task = task_spec(TaskConfig(name="ncbi_disease", max_length=128))
@@ -77,7 +79,7 @@ def main() -> None:
                           teacher_weights=[1 / len(chosen)] * len(chosen))
         features, collate = kd_data(task, examples, tokenizer, chosen)
         batches = [collate(features[i:i + 32]) for i in range(0, len(features) - 31, 32)]
-        runs[mode] = (module, torch.optim.AdamW(student.parameters(), lr=1e-4), batches)
+        runs[mode] = (module, adamw(module, TrainConfig(learning_rate=1e-4)), batches)  # the engine's optimizer
     times: dict[str, list[float]] = {mode: [] for mode in [*signals, "forward-1", "forward-2"]}
     for step in range(args.steps + 3):
         for mode, (module, optimizer, batches) in runs.items():

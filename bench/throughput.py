@@ -58,7 +58,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForMaskedLM
 
-from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig
+from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig, TrainConfig
 from biodistil.data.batch import AsBatch
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
 from biodistil.losses.distillation import compiled_kl_rows
@@ -69,6 +69,7 @@ from biodistil.models.student import student_from_teacher_layers
 from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, MaskedLMOutputs, build_cache
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 from biodistil.training.compiling import CompileChoice, apply_compile
+from biodistil.training.engine import adamw
 from biodistil.training.machine import cpu_line, dtype_note, teacher_dtype
 
 MASKING = MaskingConfig(duplication=1)
@@ -329,8 +330,7 @@ def measure(args: argparse.Namespace) -> dict:
                               teacher_weights=(0.5, 0.5))
         objective.kl_rows = compiled.kl_rows  # as the engine hands it to a stage's objective
         module = MaskedLMModule(student, objective, signals[mode]).train()
-        optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5,
-                                      fused=device.type == "cuda" or None)  # as the engine: fused on a GPU
+        optimizer = adamw(module, TrainConfig(learning_rate=1e-5))  # the engine's optimizer
         modules[mode] = (module, optimizer)
 
     phases: dict[str, dict[str, list[float]]] = {mode: defaultdict(list) for mode in modes}

@@ -5,7 +5,7 @@ from torch import nn
 
 from biodistil.config import TrainConfig
 from biodistil.data.batch import Batch
-from biodistil.training.engine import Engine, HeldOut, Selection, TrainData
+from biodistil.training.engine import Engine, HeldOut, Selection, TrainData, adamw
 
 
 class Regression(nn.Module):
@@ -166,3 +166,27 @@ def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
         Engine(config(max_steps=8, save_every=4, log_every=4), tmp_path / "run", seed=5).fit(
             Diverging(), TrainData(toy_data(), collate))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_engine_optimizer_is_one_fused_adamw_decaying_matrices_only():
+    class Small(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear, self.frozen, self.excluded = nn.Linear(3, 2), nn.Linear(2, 2), nn.Linear(2, 1)
+            self.frozen.requires_grad_(False)
+
+    model = Small()
+    optimizer = adamw(model, config(learning_rate=0.1, weight_decay=0.5),
+                      exclude={id(p) for p in model.excluded.parameters()})
+    decay, no_decay = optimizer.param_groups
+    assert [p.shape for p in decay["params"]] == [torch.Size([2, 3])] and decay["weight_decay"] == 0.5
+    assert [p.shape for p in no_decay["params"]] == [torch.Size([2])] and no_decay["weight_decay"] == 0.0
+    assert all(group["fused"] for group in optimizer.param_groups)
+    weight, bias = model.linear.weight.detach().clone(), model.linear.bias.detach().clone()
+    model.linear.weight.grad = torch.full((2, 3), 2.0)
+    model.linear.bias.grad = torch.full((2,), -4.0)
+    optimizer.step()
+    # AdamW's first step: m̂ = g, v̂ = g², so each weight moves by lr·g/(|g| + ε) = ±0.1, after decay by lr·λ = 5%
+    assert torch.allclose(model.linear.weight, weight * (1 - 0.1 * 0.5) - 0.1, atol=1e-5)
+    assert torch.allclose(model.linear.bias, bias + 0.1, atol=1e-5)

@@ -57,7 +57,7 @@ class MetaTeacherUpdate:
                    "lr": cfg.teacher_learning_rate}]
         if module.adaptive:
             groups.append({"params": [module.raw_alpha, module.raw_beta], "lr": cfg.weights_learning_rate})
-        self.optimizer = torch.optim.Adam(groups)
+        self.optimizer = torch.optim.Adam(groups, fused=True)
         self.last: dict[str, float] = {}
         self._trimmed = False
 

@@ -188,7 +188,7 @@ class Engine:
         self._check_data(data.train)
         self.pre_step = pre_step
         self.loss_items = getattr(module, "loss_items", None)
-        optimizer = self._optimizer(module, _parameter_ids(pre_step.optimizer) if pre_step else set())
+        optimizer = adamw(module, self.cfg, _parameter_ids(pre_step.optimizer) if pre_step else set())
         scheduler = get_scheduler(
             self.cfg.schedule if self.cfg.schedule != "constant" else "constant_with_warmup",
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
@@ -430,21 +430,6 @@ class Engine:
                 "lower train.batch_size or give more data"
             )
 
-    def _optimizer(self, module: nn.Module, exclude: set[int]) -> torch.optim.Optimizer:
-        """AdamW over the module's trainable parameters (those of `exclude`, a pre-step's, left out)."""
-        decay, no_decay = [], []
-        for _, param in sorted(module.named_parameters(), key=lambda item: item[0]):
-            if param.requires_grad and id(param) not in exclude:
-                (no_decay if param.ndim < 2 else decay).append(param)
-        if not decay and not no_decay:
-            raise BiodistilError("Nothing to train: the module has no trainable parameters")
-        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        # on CUDA one fused kernel for the whole update (no per-tensor launches); on the CPU the default (foreach)
-        fused = self.accelerator.device.type == "cuda" or None
-        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, betas=self.cfg.adam_betas, eps=self.cfg.adam_eps,
-                                 fused=fused)
-
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0
 
@@ -609,6 +594,21 @@ def _window_means(window: dict[str, list[float | torch.Tensor]]) -> dict[str, fl
             total = sum(float(v) for v in values if not isinstance(v, torch.Tensor))
             means[key] = (total + (float(torch.stack(tensors).sum()) if tensors else 0.0)) / len(values)
     return means
+
+
+def adamw(module: nn.Module, cfg: TrainConfig, exclude: set[int] | frozenset[int] = frozenset()) -> torch.optim.AdamW:
+    """AdamW over the module's trainable parameters (those of `exclude`, a pre-step's, left out), weight decay on
+    matrices only."""
+    decay, no_decay = [], []
+    for _, param in sorted(module.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad and id(param) not in exclude:
+            (no_decay if param.ndim < 2 else decay).append(param)
+    if not decay and not no_decay:
+        raise BiodistilError("Nothing to train: the module has no trainable parameters")
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # one fused kernel for the whole update, on CUDA and on the CPU: PyTorch's CPU default is a loop over the tensors
+    # with a temporary per operation, ~4.5x slower for a 17 M student (bench/optimizer.py)
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=True)
 
 
 def _parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:
