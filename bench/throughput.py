@@ -13,7 +13,12 @@ Measures, in one process, on identical batches (the same blocks under the same s
   cache-head   distillation from a teacher cache (built once beforehand, not timed): batches read from memory-mapped
                Arrow shards; the teacher's head (the rest of the teacher dropped) forms its exact logits from the
                stored last hidden state at the masked positions; KL there + cosine;
-  cache-top-k  the same from a cache of the teacher's top-k logits and tail draws: top-k KL + cosine, no teacher.
+  cache-top-k  the same from a cache of the teacher's top-k logits and tail draws: top-k KL + cosine, no teacher;
+  peer-all     (asked for with --modes or --only) the peer: Hugging Face's DistilBERT distiller step, re-typed
+               (`PeerStep`: float32, nothing compiled, both models' logits at every position, the KL's rows picked by
+               `masked_select`), the same triple loss on the same batches; peer-masked: its KL at the masked
+               positions (`restrict_ce_to_mask`). `--only peer-all` against `--only live-all` compares the peak RSS
+               of two processes that do the same work.
 The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
 median over the rounds, and a mode's ratio to plain MLM the median over the rounds of its tokens/s divided by plain
 MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
@@ -75,6 +80,7 @@ from biodistil.training.machine import cpu_line, dtype_note, teacher_dtype
 MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
 TEACHER_MODES = MODES[1:]
+PEER_MODES = ("peer-all", "peer-masked")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,8 +96,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=6, help="measured rounds (one step of every mode each)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     parser.add_argument("--teacher-dtype", choices=("auto", "float32", "bfloat16"), default="auto")
-    parser.add_argument("--only", choices=MODES, help="run this mode alone (its peak RSS is the process's)")
-    parser.add_argument("--modes", nargs="+", choices=MODES, help="run these modes (default: all)")
+    parser.add_argument("--only", choices=MODES + PEER_MODES,
+                        help="run this mode alone (its peak RSS is the process's)")
+    parser.add_argument("--modes", nargs="+", choices=MODES + PEER_MODES,
+                        help="run these modes (default: all but the peer's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--student-precision", choices=("no", "bf16"), default="no")
     parser.add_argument("--compile", choices=("auto", "true", "false", "rows"), default="auto",
@@ -224,7 +232,7 @@ def cached_signal(folder: Path, args, logits: str, teacher, dtype: torch.dtype, 
 
 
 HEAD_ROWS = {"mlm": 0.15, "mlm-fp32": 0.15, "live-all": 1.0, "live-masked": 0.15, "cache-head": 0.15,
-             "cache-top-k": 0.15}
+             "cache-top-k": 0.15, "peer-all": 1.0, "peer-masked": 1.0}  # the peer forms every row's logits
 
 
 def flops_per_token(mode: str, student: BertConfig, teacher: BertConfig, seq: int) -> dict[str, float]:
@@ -286,7 +294,8 @@ def measure(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     teacher = bench_teacher(args)
     student = student_from_teacher_layers(teacher).to(device)
-    dtype = teacher_dtype(args.teacher_dtype, device)
+    peer_only = args.only in PEER_MODES  # the peer as it ships: float32, nothing compiled
+    dtype = torch.float32 if peer_only else teacher_dtype(args.teacher_dtype, device)
     teacher.to(device, dtype=dtype).eval()
     blocks, vocab = blocks_and_vocab(args)
     masked = StaticMaskedBlocks(blocks, vocab, MASKING)
@@ -296,13 +305,15 @@ def measure(args: argparse.Namespace) -> dict:
         modes.append("mlm-fp32")
     models = nn.Module()  # what a stage's module holds: the student and the online teacher
     models.student, models.teacher = student, teacher
-    if args.compile == "rows":
+    if peer_only:
+        compiled = CompileChoice("nothing (the peer's step, eager)")
+    elif args.compile == "rows":
         compiled = CompileChoice("rows: the vocabulary KL's row kernel (TorchInductor)", compiled_kl_rows())
     else:
         compiled = apply_compile({"auto": "auto", "true": True, "false": False}[args.compile], models, device)
     workdir = tempfile.TemporaryDirectory()
     signals = {"mlm": None, "mlm-fp32": None, "live-all": OnlineTeacher(teacher), "live-masked": OnlineTeacher(teacher)}
-    data = {mode: (masked, collate) for mode in signals}
+    data = {mode: (masked, collate) for mode in [*signals, *PEER_MODES]}
     for mode, logits in (("cache-head", "head"), ("cache-top-k", "top_k")):
         if mode in modes:
             folder = Path(workdir.name) / logits
@@ -319,8 +330,13 @@ def measure(args: argparse.Namespace) -> dict:
     positions = {"mlm": None, "mlm-fp32": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
                  "cache-top-k": "masked"}
     modules = {}
+    peer_teacher = teacher if dtype == torch.float32 else bench_teacher(args).to(device).eval()
     for mode in modes:
         base = mode.removesuffix("-x2")
+        if mode in PEER_MODES:
+            modules[mode] = (PeerStep(student, peer_teacher, mode.removeprefix("peer-")),
+                             adamw(student, TrainConfig(learning_rate=1e-5)))
+            continue
         if mode == "forward-2":
             modules[mode] = (SecondForward(second, Objective(objective_config("all"), student, second)), None)
             continue
@@ -349,7 +365,7 @@ def measure(args: argparse.Namespace) -> dict:
             module(batch)
             clock.lap("forward")
             return int(batch.attention_mask.sum())
-        bf16 = args.student_precision == "bf16" and mode != "mlm-fp32"
+        bf16 = args.student_precision == "bf16" and mode != "mlm-fp32" and mode not in PEER_MODES
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = module(batch)
         clock.lap("forward")
@@ -426,6 +442,42 @@ def measure(args: argparse.Namespace) -> dict:
             a / b for a, b in zip(rates["mlm"], rates["mlm-fp32"], strict=True)), 3)
     workdir.cleanup()
     return result
+
+
+class PeerStep(nn.Module):
+    """Hugging Face's DistilBERT distiller step, re-typed (transformers' examples/research_projects/distillation/
+    distiller.py, `Distiller.step`, MLM mode, as it runs on a CPU: float32, no compile): the student's and the
+    teacher's logits at every position, the rows of every non-padding position (`all`) or of the masked ones
+    (`masked`: its `restrict_ce_to_mask`) selected by `masked_select`, then 5·T²·KLDiv(batchmean) + 2·MLM CE +
+    1·cosine embedding loss of the last hidden states at the non-padding positions, T = 2."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, positions: str, temperature: float = 2.0):
+        super().__init__()
+        self.student, self.positions, self.temperature = student, positions, temperature
+        self.teacher = [teacher]  # not a submodule: its parameters stay out of the optimizer
+
+    def forward(self, batch) -> tuple[torch.Tensor, dict]:
+        ids, attention, labels = batch.input_ids, batch.attention_mask, batch.labels
+        student = self.student(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        with torch.no_grad():
+            teacher = self.teacher[0](input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        s_logits, t_logits, temperature = student.logits, teacher.logits, self.temperature
+        rows = (labels > -1) if self.positions == "masked" else attention.bool()
+        mask = rows.unsqueeze(-1).expand_as(s_logits)
+        s_slct = torch.masked_select(s_logits, mask).view(-1, s_logits.size(-1))
+        t_slct = torch.masked_select(t_logits, mask).view(-1, s_logits.size(-1))
+        loss_ce = nn.KLDivLoss(reduction="batchmean")(nn.functional.log_softmax(s_slct / temperature, dim=-1),
+                                                       nn.functional.softmax(t_slct / temperature, dim=-1))
+        loss = 5.0 * loss_ce * temperature ** 2
+        loss = loss + 2.0 * nn.CrossEntropyLoss(ignore_index=-100)(s_logits.view(-1, s_logits.size(-1)),
+                                                                    labels.view(-1))
+        s_hidden, t_hidden = student.hidden_states[-1], teacher.hidden_states[-1]
+        hidden_mask = attention.bool().unsqueeze(-1).expand_as(s_hidden)
+        s_hidden = torch.masked_select(s_hidden, hidden_mask).view(-1, s_hidden.size(-1))
+        t_hidden = torch.masked_select(t_hidden, hidden_mask).view(-1, s_hidden.size(-1))
+        target = s_hidden.new(s_hidden.size(0)).fill_(1)
+        loss = loss + nn.CosineEmbeddingLoss(reduction="mean")(s_hidden, t_hidden, target)
+        return loss, {}
 
 
 class SecondForward:
