@@ -39,8 +39,7 @@ def test_each_study_record_was_produced_by_the_committed_recipe(name):
         k: v for k, v in recipe.items() if k not in RUN_SPECIFIC}
     seeds = {arm["name"]: len(arm.get("seeds") or record["seeds"]) for arm in record["settings"]["arms"]}
     assert len(record["seeds"]) >= 3 and all(row["seeds"] == seeds[row["arm"]] for row in record["rows"])
-    # users-setting: 114 min sharing 2 cores with Study 1, then the budget and unseen-text arms' seeds 4 and 5
-    minutes = {"users-setting": 150}.get(name, 60)
+    minutes = {"users-setting": 90}.get(name, 60)
     assert record["wall_seconds"] < minutes * 60, f"the study finishes within {minutes} minutes"
 
 
