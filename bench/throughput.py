@@ -17,8 +17,8 @@ Measures, in one process, on identical batches (the same blocks under the same s
   peer-all     (asked for with --modes or --only) the peer: Hugging Face's DistilBERT distiller step, re-typed
                (`PeerStep`: float32, nothing compiled, both models' logits at every position, the KL's rows picked by
                `masked_select`), the same triple loss on the same batches; peer-masked: its KL at the masked
-               positions (`restrict_ce_to_mask`). `--only peer-all` against `--only live-all` compares the peak RSS
-               of two processes that do the same work.
+               positions (`restrict_ce_to_mask`); the optimizer is the engine's AdamW in every mode. `--only
+               peer-all` against `--only live-all` compares the peak RSS of two processes that do the same work.
 The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
 median over the rounds, and a mode's ratio to plain MLM the median over the rounds of its tokens/s divided by plain
 MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
@@ -330,7 +330,9 @@ def measure(args: argparse.Namespace) -> dict:
     positions = {"mlm": None, "mlm-fp32": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
                  "cache-top-k": "masked"}
     modules = {}
-    peer_teacher = teacher if dtype == torch.float32 else bench_teacher(args).to(device).eval()
+    # the peer's teacher in float32, as it ships (a copy only where a peer mode runs beside biodistil's)
+    peer_teacher = teacher if dtype == torch.float32 or not set(modes) & set(PEER_MODES) else \
+        bench_teacher(args).to(device).eval()
     for mode in modes:
         base = mode.removesuffix("-x2")
         if mode in PEER_MODES:
