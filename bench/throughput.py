@@ -330,9 +330,9 @@ def measure(args: argparse.Namespace) -> dict:
     positions = {"mlm": None, "mlm-fp32": None, "live-all": "all", "live-masked": "masked", "cache-head": "masked",
                  "cache-top-k": "masked"}
     modules = {}
-    # the peer's teacher in float32, as it ships (a copy only where a peer mode runs beside biodistil's)
-    peer_teacher = teacher if dtype == torch.float32 or not set(modes) & set(PEER_MODES) else \
-        bench_teacher(args).to(device).eval()
+    peer_teacher = None  # the peer's teacher in float32, as it ships: a copy where biodistil's is bf16
+    if set(modes) & set(PEER_MODES):
+        peer_teacher = teacher if dtype == torch.float32 else bench_teacher(args).to(device).eval()
     for mode in modes:
         base = mode.removesuffix("-x2")
         if mode in PEER_MODES:
