@@ -1,6 +1,6 @@
 """The GPU check: every biodistil command on CUDA, and the distillation figures where the papers trained.
 
-    python bench/gpu_check.py                       # on a GPU: about 5 minutes on one H100
+    python bench/gpu_check.py                       # on a GPU: about 6 minutes on one H100
     python bench/gpu_check.py --device cpu --tiny   # the same script on a CPU, tiny shapes, under a minute
     python bench/gpu_check.py --device cpu --tiny --in-process   # the CPU test's setting: no child processes
 
@@ -13,10 +13,14 @@ synthetic. Sections, each run in a child process (a failure in one never hides t
   distill    `bench/throughput.py`'s step (plain MLM; live KL at masked positions and everywhere; from the head and
              top-k caches) at sequence 512 and 128: tokens/s, ratio to plain MLM, MFU (model FLOPs per second over the
              measured bf16 peak), peak memory; bf16 vs float32 student; the compiled KL rows (Triton) vs eager;
+             two teachers of the teacher's shape against one (`--teachers 2`: each teacher mode's `-x2` twin);
   commands   the CLI as a user runs it: `distill` (and `--stop-after` + `--resume` against an uninterrupted run, weights
              compared), `finetune` of the teacher and `kd` into the 3 × 384 student (a few hundred steps),
              `evaluate --finetuned`, `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with
              its parity and dev-split checks);
+  mpnet      Study 6's route at its shapes: an MPNet 12 × 768 encoder without an MLM head (as mpnet-base) distilled
+             into its alternate layers (MLM on a fresh head, hidden cosine, attention KL with MPNet's relative-position
+             bias), fine-tuned, KD into that student, `evaluate --finetuned`, `export --int8` (unfused graph);
   modernbert a tiny ModernBERT (local and global attention, byte-level BPE) through `distill`.
 
 Prints one JSON line per measurement (`{"section", "name", "ok", ...}`), then a summary table with the targets of
@@ -33,7 +37,7 @@ import traceback
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ("env", "distill", "commands", "modernbert")
+SECTIONS = ("env", "distill", "commands", "mpnet", "modernbert")
 MARK = "GPUCHECK "
 
 
@@ -166,22 +170,27 @@ def section_distill(args, shapes: Shapes) -> None:
     gpu = device.type == "cuda"
     modes, short = list(throughput.MODES), ["mlm", "live-all", "live-masked", "cache-head"]
     seq, batch = shapes.seqs[0]
-    variants = [(f"seq{seq}-bf16", seq, batch, "bf16", "auto" if gpu or not shapes.tiny else "false", modes)]
+    auto = "auto" if gpu or not shapes.tiny else "false"
+    variants = [(f"seq{seq}-bf16", seq, batch, "bf16", auto, modes, 1)]
     if gpu:  # the KL's row kernel compiled by Triton (what `auto` does on a CPU), and the encoders compiled too
-        variants.append((f"seq{seq}-bf16-kl-rows-compiled", seq, batch, "bf16", "rows", short))
-    variants += [(f"seq{s}-bf16", s, b, "bf16", "auto", modes) for s, b in shapes.seqs[1:]]
-    variants.append((f"seq{seq}-fp32", seq, batch, "no", "auto" if gpu or not shapes.tiny else "false",
-                     ["mlm", "live-masked", "cache-head"]))
+        variants.append((f"seq{seq}-bf16-kl-rows-compiled", seq, batch, "bf16", "rows", short, 1))
+    variants += [(f"seq{s}-bf16", s, b, "bf16", "auto", modes, 1) for s, b in shapes.seqs[1:]]
+    variants.append((f"seq{seq}-fp32", seq, batch, "no", auto, ["mlm", "live-masked", "cache-head"], 1))
     if gpu:
-        variants.append((f"seq{seq}-bf16-compiled", seq, batch, "bf16", "true", ["mlm", "live-masked", "cache-head"]))
-    for name, seq, batch, precision, compile_setting, chosen in variants:
+        variants.append((f"seq{seq}-bf16-compiled", seq, batch, "bf16", "true", ["mlm", "live-masked", "cache-head"],
+                         1))
+    # two teachers of the teacher's shape (docs/methods.md, several teachers): each teacher mode and its `-x2` twin
+    variants.append((f"seq{seq}-bf16-two-teachers", seq, batch, "bf16", auto, modes, 2))
+    for name, seq, batch, precision, compile_setting, chosen, teachers in variants:
         began = time.perf_counter()
         try:
             argv = ["--device", args.device, "--teacher-layers", str(layers), "--hidden", str(width), "--heads",
                     str(heads), "--vocab", str(shapes.vocab), "--seq", str(seq), "--batch", str(batch),
                     "--warmup", str(warmup), "--repeats", str(repeats), "--student-precision", precision,
-                    "--compile", compile_setting, "--modes", *chosen]
+                    "--compile", compile_setting, "--teachers", str(teachers), "--modes", *chosen]
             result = throughput.measure(throughput.parse(argv))
+            for twin, cost in result.get("two_teachers", {}).items():
+                emit("distill", f"{name}/{twin} cost", **cost)
             device_ms = {mode: sum(ms for phase, ms in phases.items() if phase != "data")
                          for mode, phases in result["phase_ms"].items()}
             for mode, rate in result["tokens_per_s"].items():
@@ -207,29 +216,36 @@ def section_commands(args, shapes: Shapes) -> None:
     """The CLI on synthetic data and random models of the real shapes, each command timed and checked."""
     work = Path(args.workdir)
     files = synthetic_world(work, shapes)
+    task_commands(args, shapes, files, work / "runs", section="commands", resume=True)
+
+
+def task_commands(args, shapes: Shapes, files: dict[str, Path], runs: Path, section: str,
+                  resume: bool = False) -> None:
+    """`distill` (and, with `resume`, stopped halfway and resumed against the uninterrupted run), `finetune` of the
+    teacher, `kd` into the student, `evaluate --finetuned` and `export --int8 --task` of the KD student."""
     device_overrides = [f"train.device={args.device}", "train.progress_bar=false", "train.tensorboard=false"]
     if args.device == "cpu" and shapes.tiny:
         device_overrides.append("train.compile=false")  # seconds of C++ compile the tiny check need not spend
     distill = [str(files["distill_recipe"]), *device_overrides]
-    runs = work / "runs"
-    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill", shapes)
+    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill", shapes,
+             section=section)
     half = shapes.distill_steps // 2
-    if _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"), "--stop-after",
-                                         str(half)], None, shapes):
+    if resume and _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"),
+                                                    "--stop-after", str(half)], None, shapes, section=section):
         _command("distill --resume", ["distill", *distill, "--out", str(runs / "resumed"), "--resume"],
-                 runs / "resumed", shapes)
+                 runs / "resumed", shapes, section=section)
         compare_weights(runs / "distill" / "model", runs / "resumed" / "model")
     finetune = ["finetune", str(files["finetune_recipe"]), *device_overrides, "--out", str(runs / "teacher-ner")]
-    if _command("finetune", finetune, runs / "teacher-ner", shapes):
+    if _command("finetune", finetune, runs / "teacher-ner", shapes, section=section):
         kd = ["kd", str(files["kd_recipe"]), *device_overrides, "--out", str(runs / "student-ner")]
-        if _command("kd", kd, runs / "student-ner", shapes):
+        if _command("kd", kd, runs / "student-ner", shapes, section=section):
             model = runs / "student-ner" / "model"
             _command("evaluate --finetuned", ["evaluate", "--finetuned", str(model), "--task", str(files["task"]),
                                               "--out", str(runs / "scored"), "--device", args.device], None, shapes,
-                     results=runs / "scored" / "results.json")
+                     results=runs / "scored" / "results.json", section=section)
             _command("export --int8", ["export", str(model), "--out", str(runs / "student-onnx"), "--int8",
                                        "--task", str(files["task"]), "--split", "dev"], None, shapes,
-                     export=runs / "student-onnx" / "export.json")
+                     export=runs / "student-onnx" / "export.json", section=section)
 
 
 def _command(name: str, argv: list[str], run_dir: Path | None, shapes: Shapes, results: Path | None = None,
@@ -270,7 +286,7 @@ def _summary_figures(summary: dict) -> dict:
 
 
 def _export_figures(record: dict) -> dict:
-    keep = ("parity", "max_abs_diff", "int8", "int8_scheme", "scores", "fused", "notes", "checks")
+    keep = ("parity", "max_abs_diff", "int8", "int8_scheme", "scores", "fused", "notes", "checks", "quantization")
     return {key: record[key] for key in keep if key in record} or {"keys": sorted(record)}
 
 
@@ -332,6 +348,20 @@ def section_modernbert(args, shapes: Shapes) -> None:
              shapes, section="modernbert")
 
 
+def section_mpnet(args, shapes: Shapes) -> None:
+    """Study 6's route (recipes/studies/seeds-scale.yaml) at its real shapes with random weights: an MPNet 12 × 768
+    encoder without an MLM head (as mpnet-base) distilled into its alternate layers (MLM on a fresh head, hidden
+    cosine, attention KL with MPNet's relative-position bias), fine-tuned on the NER task, KD into the distilled
+    student, then scored and exported to ONNX int8 (unfused: ONNX Runtime has no MPNet fusion)."""
+    work = Path(args.workdir) / "mpnet"
+    try:
+        files = synthetic_world(work, shapes, family="mpnet")
+    except Exception:
+        failure("mpnet", "setup", time.perf_counter())
+        return
+    task_commands(args, shapes, files, work / "runs", section="mpnet")
+
+
 # ------------------------------------------------------------------------------------------ synthetic world
 
 WORDS = ["the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
@@ -372,26 +402,50 @@ def wordpiece_tokenizer(folder: Path, size: int):
     return tokenizer
 
 
-def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
-    """Tokenizer, BERT-base-shaped teacher and 3 × 384 student (random weights), corpus, NER task and recipes."""
+def random_encoder(family: str, shape: tuple[int, int, int], tokenizer, seed: int, folder: Path) -> Path:
+    """Random weights of `shape` (layers, width, heads) saved with `tokenizer`: a BERT masked LM, or an MPNet encoder
+    without an MLM head (as mpnet-base is published)."""
     import torch
+    from transformers import MPNetConfig, MPNetModel
 
     from biodistil.config import ArchitectureConfig
-    from biodistil.data.synthetic import write_ner_task
     from biodistil.models.student import model_from_architecture
+
+    n, d, h = shape
+    torch.manual_seed(seed)
+    if family == "mpnet":
+        model = MPNetModel(MPNetConfig(vocab_size=len(tokenizer), hidden_size=d, num_hidden_layers=n,
+                                       num_attention_heads=h, intermediate_size=4 * d, max_position_embeddings=514,
+                                       pad_token_id=tokenizer.pad_token_id), add_pooling_layer=False)
+    else:
+        model = model_from_architecture(ArchitectureConfig(num_layers=n, hidden_size=d, num_heads=h,
+                                                           intermediate_size=4 * d, max_position_embeddings=512),
+                                        tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[str, Path]:
+    """Tokenizer, corpus, NER task, a teacher of BERT-base's shape (random weights) and the recipes. `bert`: a BERT
+    teacher, distilled into its alternate layers with DistilBERT's triple loss, KD into a random 3 × 384 student;
+    `mpnet`: an MPNet teacher without an MLM head, distilled with Study 6's terms, KD into that distilled student."""
+    from biodistil.data.synthetic import write_ner_task
 
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = wordpiece_tokenizer(work / "tokenizer", shapes.vocab)
     corpus = work / "corpus.txt"
     corpus.write_text(synthetic_corpus(shapes.corpus_lines, seed=1), encoding="utf-8")
-    models = {}
-    for name, (n, d, h), seed in (("teacher", shapes.teacher, 0), ("student-3x", shapes.small_student, 1)):
-        torch.manual_seed(seed)
-        arch = ArchitectureConfig(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d,
-                                  max_position_embeddings=512)
-        models[name] = work / name
-        model_from_architecture(arch, tokenizer).save_pretrained(models[name])
-        tokenizer.save_pretrained(models[name])
+    models = {"teacher": random_encoder(family, shapes.teacher, tokenizer, 0, work / "teacher")}
+    if family == "bert":
+        models["student"] = random_encoder(family, shapes.small_student, tokenizer, 1, work / "student-3x")
+        student = {"init": "teacher_layers"}
+        terms = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
+                 {"loss": "hidden_cosine"}]
+    else:
+        models["student"] = work / "runs" / "distill" / "model"
+        student = {"init": "teacher_layers", "layers": list(range(0, shapes.teacher[0], 2))}
+        terms = [{"loss": "mlm"}, {"loss": "hidden_cosine"}, {"loss": "attention_kl", "layer_map": "uniform"}]
     task_folder = work / "ner"
     task = write_ner_task(task_folder, "synthetic_ner", ENTITIES, WORDS, shapes.task_sizes, length=(8, 40),
                           max_length=128)
@@ -399,12 +453,10 @@ def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
     recipes = {
         "distill_recipe": {
             "run": {"output_dir": str(work / "runs" / "distill"), "seed": 7},
-            "teacher": {"name_or_path": str(models["teacher"])}, "student": {"init": "teacher_layers"},
+            "teacher": {"name_or_path": str(models["teacher"])}, "student": student,
             "data": {"train": [str(corpus)], "block_size": shapes.block, "cache_dir": str(work / "cache"),
                      "eval_fraction": 0},
-            "objective": {"temperature": 2.0, "terms": [{"loss": "mlm", "weight": 2.0},
-                                                        {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
-                                                        {"loss": "hidden_cosine"}]},
+            "objective": {"temperature": 2.0, "terms": terms},
             "train": {**train, "max_steps": shapes.distill_steps, "save_every": shapes.distill_steps // 2,
                       "learning_rate": 5e-4}},
         "finetune_recipe": {
@@ -416,7 +468,7 @@ def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
         "kd_recipe": {
             "run": {"output_dir": str(work / "runs" / "student-ner"), "seed": 1},
             "teacher": {"name_or_path": str(work / "runs" / "teacher-ner" / "model")},
-            "student": {"name_or_path": str(models["student-3x"])}, "task": {"name": str(task)},
+            "student": {"name_or_path": str(models["student"])}, "task": {"name": str(task)},
             "transfer": {"source": {"kind": "in_domain"}, "keep_labels": True},
             "kd": {"soft_loss": "hinton", "alpha": 0.5, "beta": 0.5, "temperature": 2.0,
                    "epochs": shapes.task_epochs, "cache_dir": str(work / "teacher-store")},
@@ -433,7 +485,7 @@ def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
 
 
 SECTION_RUNS = {"env": section_env, "distill": section_distill, "commands": section_commands,
-                "modernbert": section_modernbert}
+                "mpnet": section_mpnet, "modernbert": section_modernbert}
 
 
 def run_section(args, section: str, workdir: Path) -> list[dict]:
@@ -496,7 +548,8 @@ def run_section_here(args, section: str, workdir: Path) -> list[dict]:
 SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "triton", "cpu", "bf16_peak_tflops",
          "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu", "peak_memory_mib", "seconds",
          "steps", "tokens_per_second",
-         "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score")
+         "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score", "two_over_one",
+         "two_over_one_plus_forward")
 
 
 def summary_table(records: list[dict]) -> str:
@@ -527,6 +580,15 @@ def targets(records: list[dict]) -> list[str]:
         if record:
             lines.append(f"{mode}: {record['ratio_to_mlm']:.2f} x plain MLM, {record['device_ratio_to_mlm']:.2f} "
                          f"without the collation (target >= {goal})")
+    for mode, goal in (("cache-head", 1.1), ("cache-top-k", 1.1)):
+        record = found.get(f"distill/seq512-bf16-two-teachers/{mode}-x2 cost")
+        if record:
+            lines.append(f"two cached teachers ({mode}): {record['two_over_one']:.3f} x one's step (target <= {goal})")
+    for mode in ("live-all", "live-masked"):
+        record = found.get(f"distill/seq512-bf16-two-teachers/{mode}-x2 cost")
+        if record and "two_over_one_plus_forward" in record:
+            lines.append(f"two live teachers ({mode}): {record['two_over_one_plus_forward']:.3f} x (one-teacher step "
+                         "+ the second's forward) (target <= 1.15)")
     resume = found.get("commands/resume equals uninterrupted")
     if resume:
         lines.append(f"resume: bit-identical {resume['bit_identical']} (max |diff| {resume['max_abs_diff']:.2e})")

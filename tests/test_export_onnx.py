@@ -312,6 +312,25 @@ def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir):
     assert close_at(out, mpnet_dir, 3, 100, "int8") < 0.5
 
 
+@needs_onnx
+def test_int8_falls_back_to_onnx_shape_inference_where_the_symbolic_one_fails(mpnet_dir, monkeypatch):
+    """ONNX Runtime's symbolic shape inference failed on the MPNet graph of PyTorch 2.11's exporter (an AssertionError
+    on a `Range`; docs/gpu.md): the pre-processing then uses ONNX's shape inference, says so, and the int8 graph is
+    still built and checked."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    def fails(*args, **kwargs):
+        raise AssertionError
+
+    monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(fails))
+    out = mpnet_dir.parent / "onnx-no-symbolic-shapes"
+    description = run_export(mpnet_dir, out, ExportOptions(int8=True))
+    assert "symbolic shape inference failed (AssertionError), ONNX shape inference only" in \
+        description["quantization"]["pre_process"]
+    assert "MatMulInteger" in op_types(out / "model.int8.onnx")
+    assert close_at(out, mpnet_dir, 3, 100, "int8") < 0.5
+
+
 def test_heads_from_the_saved_architecture(tokenizer):
     config = tiny_config(tokenizer, architectures=["BertForSequenceClassification"])
     assert head_of(config, "m") == "sequence_classification"

@@ -76,7 +76,7 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = {f"{r['section']}/{r['name']}": r for r in map(json.loads, out.read_text().splitlines())}
     assert all(record["ok"] for record in records.values())
-    assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "modernbert"}
+    assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "mpnet", "modernbert"}
     mlm, live = records["distill/seq64-bf16/mlm"], records["distill/seq64-bf16/live-all"]
     assert mlm["ratio_to_mlm"] == 1.0 and mlm["tokens_per_s"] > 0 and 0 < mlm["mfu"] < 1
     assert live["ratio_to_mlm"] > 0 and live["tokens_per_s"] > 0  # timings only: tiny shapes on a shared CPU
@@ -87,3 +87,11 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     assert records["commands/finetune"]["steps"] > 0 and "f1" in records["commands/kd"]["test"]
     assert records["commands/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
     assert "| commands | resume equals uninterrupted | yes |" in done.stdout, "the summary table"
+    for mode in ("live-all", "live-masked", "cache-head", "cache-top-k"):  # two teachers against one
+        assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2"]["tokens_per_s"] > 0, mode
+        assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2 cost"]["two_over_one"] > 0, mode
+    assert records["distill/seq64-bf16-two-teachers/live-all-x2 cost"]["two_over_one_plus_forward"] > 0
+    for command in ("distill", "finetune", "kd", "evaluate --finetuned", "export --int8"):  # Study 6's route
+        assert f"mpnet/{command}" in records, command
+    assert records["mpnet/kd"]["steps"] > 0 and "f1" in records["mpnet/kd"]["test"]
+    assert records["mpnet/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3

@@ -5,8 +5,9 @@
   sequence length dynamic, SDPA attention kept. Either graph maps `input_ids`, `attention_mask` (and
   `token_type_ids` where the model takes it) to `logits`; an exporter has been seen to fix shapes silently, so
   parity is checked at lengths and batch sizes other than the traced ones (2 × 17), and a fixed shape fails the check.
-* int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, basic graph
-  optimisation unless the graph is already fused, ONNX shape inference), then one quantisation per scheme:
+* int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference — ONNX's own where
+  it fails —, basic graph optimisation unless the graph is already fused, ONNX shape inference), then one
+  quantisation per scheme:
   `per-tensor` and `per-channel` (`quantize_dynamic`: int8 weights, each activation tensor quantised whole per
   batch at run time — the fast choice for transformers on CPU, no calibration data); `blockwise` (every MatMul with
   constant weights becomes ONNX Runtime's `MatMulNBits` at 8 bits, weights and activations quantised in blocks of
@@ -245,22 +246,34 @@ def quantize_int8(fp32_path: Path, targets: dict[str, Path], fused: bool) -> dic
     returns how it was done. A fused graph skips the pre-processing's graph optimisation (it is already optimised,
     and its fused nodes are what `quantize_dynamic` maps to QAttention)."""
     require_onnx("int8 quantisation")
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
     with tempfile.TemporaryDirectory(prefix=".quant-", dir=fp32_path.parent) as tmp:
         prepared = Path(tmp) / "preprocessed.onnx"
         try:
-            # auto_merge: the dynamo graph's mask arithmetic leaves symbolic dims that must be merged
-            quant_pre_process(str(fp32_path), str(prepared), skip_optimization=fused, auto_merge=True)
+            shapes = pre_process(fp32_path, prepared, fused)
             for scheme, target in targets.items():
                 quantize_scheme(prepared, target, scheme)
         except Exception as err:  # ONNX Runtime's tools raise bare Exceptions
             raise BiodistilError(f"int8 quantisation of {fp32_path} failed ({type(err).__name__}: {err}); export "
                                  "without --int8 to keep the fp32 graph") from err
     optimisation = "skipped (the graph is fused already)" if fused else "ORT basic optimisation"
-    return {"schemes": list(targets),
-            "pre_process": f"quant_pre_process: symbolic shape inference (auto_merge), {optimisation}, "
-                           "ONNX shape inference"}
+    return {"schemes": list(targets), "pre_process": f"quant_pre_process: {shapes}, {optimisation}, "
+                                                     "ONNX shape inference"}
+
+
+def pre_process(fp32_path: Path, prepared: Path, fused: bool) -> str:
+    """ONNX Runtime's pre-processing for quantisation; returns how the shapes were inferred. Its symbolic shape
+    inference fails on some exporters' graphs (an MPNet graph of PyTorch 2.11's exporter: a `Range` whose limit is
+    not a scalar, an AssertionError), and is only an aid to the quantiser: then ONNX's own shape inference serves."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        # auto_merge: the dynamo graph's mask arithmetic leaves symbolic dims that must be merged
+        quant_pre_process(str(fp32_path), str(prepared), skip_optimization=fused, auto_merge=True)
+        return "symbolic shape inference (auto_merge)"
+    except Exception as err:  # ONNX Runtime's shape inference raises bare AssertionErrors and Exceptions
+        quant_pre_process(str(fp32_path), str(prepared), skip_optimization=fused, skip_symbolic_shape=True)
+        return (f"symbolic shape inference failed ({type(err).__name__}"
+                f"{': ' + str(err).splitlines()[0] if str(err).strip() else ''}), ONNX shape inference only")
 
 
 def quantize_scheme(prepared: Path, target: Path, scheme: str) -> None:
