@@ -49,6 +49,28 @@ def test_entity_f1_adjacent_entities_are_two():
     assert entity_f1(gold, gold)["f1"] == 1.0
 
 
+def test_entity_f1_equals_seqevals_strict_micro_scores_on_random_tags():
+    """The counts-based scores are seqeval's own (`mode="strict"`, IOB2, zero_division 0) on messy random tags:
+    two types, stray I tags, type changes inside spans, empty predictions."""
+    import random
+
+    from seqeval.metrics import f1_score, precision_score, recall_score
+    from seqeval.scheme import IOB2
+
+    rng = random.Random(0)
+    tags = ["O", "O", "O", "B-Gene", "I-Gene", "B-Chem", "I-Chem", "I-Gene"]
+    for trial in range(40):
+        gold = [[rng.choice(tags) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 8))]
+        pred = [[rng.choice(tags) if rng.random() < 0.7 else tag for tag in sentence] for sentence in gold]
+        if trial % 10 == 0:
+            pred = [["O"] * len(sentence) for sentence in gold]
+        ours = entity_f1(gold, pred)
+        options = {"mode": "strict", "scheme": IOB2, "zero_division": 0}
+        assert ours["precision"] == pytest.approx(precision_score(gold, pred, **options), abs=1e-12), trial
+        assert ours["recall"] == pytest.approx(recall_score(gold, pred, **options), abs=1e-12), trial
+        assert ours["f1"] == pytest.approx(f1_score(gold, pred, **options), abs=1e-12), trial
+
+
 def test_entity_f1_micro_over_sentences_and_typed_tags():
     gold = [["B-Gene", "I-Gene", "O"], ["B-Chem", "O", "B-Gene"]]
     pred = [["B-Gene", "I-Gene", "O"], ["B-Gene", "O", "B-Gene"]]  # wrong type on the Chem entity

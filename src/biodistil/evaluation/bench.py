@@ -15,7 +15,9 @@ value once the model is loaded (activations, workspace, ONNX Runtime's arena: ev
 excluded), measured with the Linux peak-RSS counter reset (`/proc/self/clear_refs`), else by sampling the RSS every
 millisecond, freed heap memory handed back first (glibc `malloc_trim`). One process per measurement, because an
 allocator keeps what a run freed (ONNX Runtime's arena, glibc's heap) and would hide the next model's or shape's
-needs in one shared process. The process's whole peak RSS (weights and libraries included) is reported beside it.
+needs in one shared process; these processes run once a shape's timing is done, as many at a time as there are
+usable cores (each reads its own counter). The process's whole peak RSS (weights and libraries included) is reported
+beside it.
 `in-process` measures the same increase around one run in the timing process (quicker, less clean); on CUDA,
 `torch.cuda.max_memory_allocated` during one run (weights included). The output says which method was used.
 """
@@ -34,6 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.runtime import OnnxModel
 from biodistil.io import atomic_write_json
+from biodistil.training.threads import usable_cores
 
 BENCH_FORMAT = "biodistil-bench/1"
 ISOLATED_RUNS = 2  # runs at one shape in the fresh process of an isolated memory measurement
@@ -312,26 +316,34 @@ def _measure(models: dict[str, torch.nn.Module | OnnxModel], paths: dict[str, st
             continue
         inputs = random_batch(model, batch, length, device)
         runs[label] = lambda model=model, inputs=inputs: time_once(model, inputs, device)
-    for label, seconds in round_robin(runs, cfg.warmup, cfg.repeats).items():
+    timed = round_robin(runs, cfg.warmup, cfg.repeats)
+    memory = _memory(runs, paths, batch, length, cfg, device)
+    for label, seconds in timed.items():
         ms = spread([s * 1000 for s in seconds])
         results[label] = {
             "batch": batch, "length": length, "runs": len(seconds),
             **{f"{key}_ms": value for key, value in ms.items()},
             "sequences_per_s": batch / (ms["median"] / 1000),
             "tokens_per_s": batch * length / (ms["median"] / 1000),
-            **_memory(runs[label], paths[label], batch, length, cfg, device),
+            **memory[label],
         }
     return results
 
 
-def _memory(run: Callable[[], float], path: str, batch: int, length: int, cfg: BenchConfig,
-            device: torch.device) -> dict[str, int | None]:
-    """The peak-memory fields of one model at one shape, as `cfg.memory` asks (CUDA: always in this process)."""
+def _memory(runs: dict[str, Callable[[], float]], paths: dict[str, str], batch: int, length: int, cfg: BenchConfig,
+            device: torch.device) -> dict[str, dict[str, int | None]]:
+    """The peak-memory fields of every model at one shape, as `cfg.memory` asks (CUDA: always in this process).
+    Isolated measurements start once the shape's timing is done, as many fresh processes at a time as the machine has
+    usable cores: each reads its own peak counter, so neighbours do not change it (one at a time, the demo's eight
+    took 43 of its bench's 72 seconds)."""
     if device.type == "cuda" or cfg.memory == "in-process":
-        return {"peak_memory_bytes": peak_memory_bytes(run, device)}
+        return {label: {"peak_memory_bytes": peak_memory_bytes(run, device)} for label, run in runs.items()}
     if cfg.memory == "off":
-        return {"peak_memory_bytes": None}
-    return isolated_peak_memory(path, torch.get_num_threads(), batch, length)
+        return {label: {"peak_memory_bytes": None} for label in runs}
+    threads = torch.get_num_threads()
+    with ThreadPoolExecutor(max(1, min(len(runs), usable_cores()))) as pool:
+        measured = {label: pool.submit(isolated_peak_memory, paths[label], threads, batch, length) for label in runs}
+        return {label: future.result() for label, future in measured.items()}
 
 
 def _speedups(rows: list[dict[str, Any]], lengths: Sequence[int]) -> None:

@@ -22,9 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqeval.metrics import f1_score as seq_f1
-from seqeval.metrics import precision_score as seq_precision
-from seqeval.metrics import recall_score as seq_recall
 from seqeval.scheme import IOB2, Entities
 from sklearn.metrics import f1_score, precision_recall_fscore_support, roc_auc_score
 
@@ -70,21 +67,27 @@ def entity_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[s
     Strict mode: an entity is a B tag followed by I tags of the same type; an I with no B before it starts
     no entity (it is not repaired into one), and B I B is two entities. A predicted entity counts only if
     its start, end and type all match a gold one. Also returns counts n_true, n_pred, n_correct.
+
+    Each side's entities are parsed once by seqeval's strict parser (`Entities`) and the micro scores formed from
+    the counts as seqeval forms them (P = correct / predicted, R = correct / true, F1 = 2PR / (P + R), 0 where a
+    denominator is 0): equal to `seqeval.metrics.f1_score(..., mode="strict")`, without its three re-parses of
+    both sides (1.6 s of every NCBI-disease evaluation).
     """
     _check_lengths(true_tags, pred_tags, "sentences")
     for index, (gold, pred) in enumerate(zip(true_tags, pred_tags, strict=True)):
         _check_lengths(gold, pred, f"tags in sentence {index}")
-    gold_t, pred_t = _typed(true_tags), _typed(pred_tags)
-    options: dict[str, Any] = {"mode": "strict", "scheme": IOB2, "zero_division": 0}
-    gold_set = _entity_set(gold_t)
-    pred_set = _entity_set(pred_t)
+    gold_set = _entity_set(_typed(true_tags))
+    pred_set = _entity_set(_typed(pred_tags))
+    correct = len(gold_set & pred_set)
+    precision = correct / len(pred_set) if pred_set else 0.0
+    recall = correct / len(gold_set) if gold_set else 0.0
     return {
-        "precision": float(seq_precision(gold_t, pred_t, **options)),
-        "recall": float(seq_recall(gold_t, pred_t, **options)),
-        "f1": float(seq_f1(gold_t, pred_t, **options)),
+        "precision": precision,
+        "recall": recall,
+        "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0,
         "n_true": len(gold_set),
         "n_pred": len(pred_set),
-        "n_correct": len(gold_set & pred_set),
+        "n_correct": correct,
     }
 
 
