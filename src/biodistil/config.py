@@ -82,6 +82,10 @@ class TrainConfig(Section):
         "auto", description="auto: compile the vocabulary KL's row kernel where TorchInductor can (a C++ compiler on "
         "the CPU), which wins on every CPU measured; true: also torch.compile the student's encoder (and an online "
         "teacher's), which did not win on CPUs; false: nothing. The first steps include the compile")
+    dropout: Literal["fast", "torch"] = Field(
+        "fast", description="fast: on the CPU, every nn.Dropout draws its mask from 15-bit fields of the default "
+        "generator's 64-bit words (biodistil.models.dropout: about twice as cheap as PyTorch's per-element Bernoulli "
+        "draw; drop rate round(p * 2^15) / 2^15); torch: PyTorch's dropout. On a GPU always PyTorch's")
     eval_every: int = Field(200, ge=0, description="0 disables held-out evaluation during training")
     eval_batches: int | None = Field(None, ge=1, description="cap on held-out batches per evaluation")
     save_every: int = Field(500, ge=0, description="0 saves only at the end")

@@ -46,6 +46,7 @@ from biodistil.config import TrainConfig
 from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
+from biodistil.models.dropout import FastDropout, use_fast_dropout
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
 from biodistil.training.machine import prepare_device, resolve_precision, training_device
@@ -86,6 +87,7 @@ class TrainResult:
     precision: str | None = None
     compiled: str | None = None
     threads: str | None = None
+    dropout: str | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class Engine:
             objective.kl_rows = compiled.kl_rows
         if self.cfg.compile is True and acc.is_local_main_process:
             print(f"train.compile {compiled.note}", flush=True)
+        dropout = choose_dropout(self.cfg.dropout, module, acc.device)
         if resume:
             self._resume(module, optimizer, scheduler)
         if acc.is_main_process and self.cfg.tensorboard:
@@ -259,7 +262,7 @@ class Engine:
                            last_train, last_eval, self.state.extra.get("best_step"),
                            self.state.extra.get("best_score"), peak,
                            precision=resolve_precision(self.cfg.precision, acc.device)[1], compiled=compiled.note,
-                           threads=threads.summary())
+                           threads=threads.summary(), dropout=dropout)
 
     def _evaluate(self, module, model, data: TrainData, held_out: HeldOut) -> tuple[dict[str, float], bool]:
         """Score the held-out data, log it (once per step: a finished run resumed has it on record already) and,
@@ -609,6 +612,17 @@ def adamw(module: nn.Module, cfg: TrainConfig, exclude: set[int] | frozenset[int
     # one fused kernel for the whole update, on CUDA and on the CPU: PyTorch's CPU default is a loop over the tensors
     # with a temporary per operation, 4.9-5.5x slower for the demo's 17 M student (bench/optimizer.py)
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=True)
+
+
+def choose_dropout(setting: str, module: nn.Module, device: torch.device) -> str:
+    """`train.dropout` applied to `module` (biodistil.models.dropout); returns the report's note."""
+    if device.type != "cpu":
+        return "PyTorch's (on a GPU)"
+    if setting == "torch":
+        return "torch: PyTorch's"
+    use_fast_dropout(module)
+    count = sum(isinstance(child, FastDropout) for child in module.modules())
+    return f"fast: {count} nn.Dropout module(s) with 15-bit-field masks; attention-probability dropout PyTorch's"
 
 
 def _parameter_ids(optimizer: torch.optim.Optimizer) -> set[int]:

@@ -125,6 +125,8 @@ class RunFolder:
             rows["training precision"] = trained.precision
         if trained is not None and trained.compiled is not None:
             rows["train.compile"] = trained.compiled
+        if trained is not None and trained.dropout is not None:
+            rows["train.dropout"] = trained.dropout
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]
