@@ -331,6 +331,32 @@ def test_int8_falls_back_to_onnx_shape_inference_where_the_symbolic_one_fails(mp
     assert close_at(out, mpnet_dir, 3, 100, "int8") < 0.5
 
 
+@needs_onnx
+def test_an_int8_failure_on_a_nearly_full_disk_says_so(mpnet_dir, monkeypatch):
+    """A full disk truncated ONNX's shape-inference output and the quantiser failed to parse it (a DecodeError, seen
+    in a demo run): the error names the free space; with room to spare it does not."""
+    import shutil
+    from collections import namedtuple
+
+    from google.protobuf.message import DecodeError
+
+    from biodistil.export import onnx as export_onnx
+
+    def truncated(*args, **kwargs):
+        raise DecodeError("Error parsing message with type 'onnx.ModelProto': Wire format was corrupt")
+
+    monkeypatch.setattr(export_onnx, "pre_process", truncated)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 2**20, 2**20))
+    with pytest.raises(BiodistilError, match=r"DecodeError.*only 1 MiB free .*a full disk truncates .*free space"):
+        run_export(mpnet_dir, mpnet_dir.parent / "onnx-full-disk", ExportOptions(int8=True))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
+    with pytest.raises(BiodistilError, match=r"DecodeError: Error parsing.*\); export without --int8") as raised:
+        run_export(mpnet_dir, mpnet_dir.parent / "onnx-full-disk", ExportOptions(int8=True))
+    assert "MiB free" not in str(raised.value)
+    assert not (mpnet_dir.parent / "onnx-full-disk").exists(), "nothing left half-written"
+
+
 def test_heads_from_the_saved_architecture(tokenizer):
     config = tiny_config(tokenizer, architectures=["BertForSequenceClassification"])
     assert head_of(config, "m") == "sequence_classification"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -253,11 +254,23 @@ def quantize_int8(fp32_path: Path, targets: dict[str, Path], fused: bool) -> dic
             for scheme, target in targets.items():
                 quantize_scheme(prepared, target, scheme)
         except Exception as err:  # ONNX Runtime's tools raise bare Exceptions
-            raise BiodistilError(f"int8 quantisation of {fp32_path} failed ({type(err).__name__}: {err}); export "
-                                 "without --int8 to keep the fp32 graph") from err
+            raise BiodistilError(f"int8 quantisation of {fp32_path} failed ({type(err).__name__}: {err})"
+                                 f"{low_disk_note(fp32_path)}; export without --int8 to keep the fp32 graph") from err
     optimisation = "skipped (the graph is fused already)" if fused else "ORT basic optimisation"
     return {"schemes": list(targets), "pre_process": f"quant_pre_process: {shapes}, {optimisation}, "
                                                      "ONNX shape inference"}
+
+
+def low_disk_note(graph: Path) -> str:
+    """A note for the error when the disk holding `graph` has less free space than a few copies of it: ONNX's shape
+    inference writes its output in C++ and, on a full disk, leaves a truncated file that fails later to parse
+    ("DecodeError: ... Wire format was corrupt") instead of saying the disk is full."""
+    free = shutil.disk_usage(graph.parent).free
+    if free >= 4 * graph.stat().st_size:
+        return ""
+    return (f". The disk holding {graph.parent} has only {free / 2**20:,.0f} MiB free (the quantisation writes "
+            f"about 3 copies of the {graph.stat().st_size / 2**20:,.0f} MiB graph): a full disk truncates ONNX "
+            "Runtime's intermediate files; free space and export again")
 
 
 def pre_process(fp32_path: Path, prepared: Path, fused: bool) -> str:
