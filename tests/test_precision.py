@@ -2,6 +2,7 @@
 process running stages under different precisions (a pipeline, a study)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,3 +118,30 @@ def test_train_compile_auto_compiles_the_kl_row_kernel_where_it_can(compiler, mo
     assert torch.allclose(student.grad, 2 * (log_s.exp() - log_t.exp()) / 4, atol=1e-6)
     chosen = compiling.apply_compile(False, torch.nn.Module(), torch.device("cpu"))
     assert chosen.kl_rows is None and chosen.note == "false: nothing", "false turns it off again"
+
+
+def test_train_compile_auto_leaves_a_task_kd_kl_over_a_few_classes_eager(monkeypatch):
+    """Task KD's KL is over the task's classes (3 for NER): eager rows are as fast there and the compile costs ~11 s,
+    so `auto` compiles nothing; a KL as wide as a vocabulary is still compiled; `true` compiles either."""
+    from transformers import BertConfig, BertForTokenClassification
+
+    from biodistil.kd.module import KDModule
+    from biodistil.training import compiling
+
+    monkeypatch.setattr(compiling, "cpp_compiler", lambda: "/usr/bin/g++")
+    monkeypatch.setattr(compiling, "compiled_kl_rows", lambda: "kernel")
+    student = BertForTokenClassification(BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                                                    num_attention_heads=1, intermediate_size=8, num_labels=3))
+    kd = KDModule.__new__(KDModule)  # the two attributes `apply_compile` reads, without a teacher or a task
+    torch.nn.Module.__init__(kd)
+    kd.student, kd.cfg = student, SimpleNamespace(soft_loss="hinton")
+    assert kd.uses_kl_rows
+    assert kd.kl_columns == 3
+    chosen = compiling.apply_compile("auto", kd, torch.device("cpu"))
+    assert chosen.kl_rows is None
+    assert chosen.note == ("auto: nothing (the KL's rows are 3 classes wide; the compiled kernel wins from 2,048 "
+                           "columns)")
+    wide = torch.nn.Module()
+    wide.kl_columns = 30522
+    assert compiling.apply_compile("auto", wide, torch.device("cpu")).kl_rows == "kernel"
+    assert compiling.apply_compile(True, kd, torch.device("cpu")).kl_rows == "kernel"

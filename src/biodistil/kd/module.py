@@ -75,6 +75,11 @@ class KDModule(nn.Module):
         return self.cfg.soft_loss == "hinton"
 
     @property
+    def kl_columns(self) -> int:
+        """The width of the KL's rows: the task's classes (`train.compile: auto` leaves such narrow rows eager)."""
+        return int(self.student.config.num_labels)
+
+    @property
     def signal(self) -> TeacherSignal | None:
         """The (first) teacher's signal."""
         return self.signals[0] if self.signals else None

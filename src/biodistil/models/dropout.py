@@ -7,9 +7,10 @@ where its field is below t = round(p · 2^15), and kept elements are scaled by 2
 equals the input. The drop rate is p' = t / 2^15 (0.100006 for p = 0.1). The default generator is the source, so a
 seeded run repeats itself and a resumed run (whose checkpoint holds the generator's state) replays its masks.
 
-`train.dropout: fast` (the default) swaps every `nn.Dropout` module of a model trained on the CPU for `FastDropout` (a
-subclass: same `p`, nothing in the state dict changes); the attention-probability dropout that a model hands to
-`scaled_dot_product_attention` as a number stays PyTorch's. `train.dropout: torch` keeps PyTorch's everywhere.
+`train.dropout: fast` swaps every `nn.Dropout` module of a model trained on the CPU for `FastDropout` (a subclass: same
+`p`, nothing in the state dict changes); the attention-probability dropout that a model hands to
+`scaled_dot_product_attention` as a number stays PyTorch's. `train.dropout: torch`, the default, keeps PyTorch's
+everywhere: other masks give other seeded results (docs/methods.md, Throughput, has the speed and an A/B).
 """
 
 from __future__ import annotations
