@@ -265,12 +265,15 @@ def low_disk_note(graph: Path) -> str:
     """A note for the error when the disk holding `graph` has less free space than a few copies of it: ONNX's shape
     inference writes its output in C++ and, on a full disk, leaves a truncated file that fails later to parse
     ("DecodeError: ... Wire format was corrupt") instead of saying the disk is full."""
-    free = shutil.disk_usage(graph.parent).free
-    if free >= 4 * graph.stat().st_size:
+    try:
+        free, size = shutil.disk_usage(graph.parent).free, graph.stat().st_size
+    except OSError:  # the note must never hide the error it annotates
+        return ""
+    if free >= 4 * size:
         return ""
     return (f". The disk holding {graph.parent} has only {free / 2**20:,.0f} MiB free (the quantisation writes "
-            f"about 3 copies of the {graph.stat().st_size / 2**20:,.0f} MiB graph): a full disk truncates ONNX "
-            "Runtime's intermediate files; free space and export again")
+            f"about 3 copies of the {size / 2**20:,.0f} MiB graph): a full disk truncates ONNX Runtime's intermediate "
+            "files; free space and export again")
 
 
 def pre_process(fp32_path: Path, prepared: Path, fused: bool) -> str:
