@@ -350,11 +350,14 @@ def test_an_int8_failure_on_a_nearly_full_disk_says_so(mpnet_dir, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 2**20, 2**20))
     with pytest.raises(BiodistilError, match=r"DecodeError.*only 1 MiB free .*a full disk truncates .*free space"):
         run_export(mpnet_dir, mpnet_dir.parent / "onnx-full-disk", ExportOptions(int8=True))
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
-    with pytest.raises(BiodistilError, match=r"DecodeError: Error parsing.*\); export without --int8") as raised:
-        run_export(mpnet_dir, mpnet_dir.parent / "onnx-full-disk", ExportOptions(int8=True))
-    assert "MiB free" not in str(raised.value)
     assert not (mpnet_dir.parent / "onnx-full-disk").exists(), "nothing left half-written"
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
+    graph = mpnet_dir.parent / "spare-room" / "model.onnx"  # never read: the pre-processing fails first
+    graph.parent.mkdir()
+    graph.write_bytes(b"\0" * 4096)
+    with pytest.raises(BiodistilError, match=r"DecodeError: Error parsing.*\); export without --int8") as raised:
+        export_onnx.quantize_int8(graph, {"per-channel": graph.parent / "model.int8.onnx"}, fused=False)
+    assert "MiB free" not in str(raised.value)
 
 
 def test_heads_from_the_saved_architecture(tokenizer):
