@@ -353,11 +353,11 @@ def section_mpnet(args, shapes: Shapes) -> None:
     encoder without an MLM head (as mpnet-base) distilled into its alternate layers (MLM on a fresh head, hidden
     cosine, attention KL with MPNet's relative-position bias), fine-tuned on the NER task, KD into the distilled
     student, then scored and exported to ONNX int8 (unfused: ONNX Runtime has no MPNet fusion)."""
-    work = Path(args.workdir) / "mpnet"
+    work, began = Path(args.workdir) / "mpnet", time.perf_counter()
     try:
         files = synthetic_world(work, shapes, family="mpnet")
     except Exception:
-        failure("mpnet", "setup", time.perf_counter())
+        failure("mpnet", "setup", began)
         return
     task_commands(args, shapes, files, work / "runs", section="mpnet")
 
