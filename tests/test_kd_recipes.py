@@ -106,7 +106,8 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
 def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     init, _, student = real_text_models
     out = tmp_path / "study"
-    report = run_study(tiny_study(RECIPES / recipe, student, init, out))
+    side_by_side = recipe == "transfer-study.yaml"  # its runs in two worker processes (`study --processes 2`)
+    report = run_study(tiny_study(RECIPES / recipe, student, init, out), processes=2 if side_by_side else 1)
     summary = json.loads((out / "summary.json").read_text())
     expected = yaml.safe_load((RECIPES / recipe).read_text())
     arms = [arm["name"] for arm in expected["arms"]]
@@ -127,6 +128,14 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
         table = printer(summary)
         assert all(f"| {arm} |" in table for arm in arms) and "one seed" in table
     assert "gap closed" in report.read_text()
+    if side_by_side:
+        assert summary["side_by_side"]["processes"] == 2 and summary["side_by_side"]["runs"] == len(summary["runs"])
+        assert "at a time in worker processes" in report.read_text()
+        for run in summary["runs"]:
+            log = out / "logs" / f"{run['task']}-{run['arm']}-seed-{run['seed']}.log"
+            assert "CPU threads: 1 (OMP_NUM_THREADS)" in log.read_text(), log
+    else:
+        assert summary["side_by_side"] is None and not (out / "logs").exists()
     if recipe.endswith("users-setting.yaml"):  # the task's budget reaches every arm; an arm's overrides win
         for run in summary["runs"]:
             metrics = json.loads((out / run["folder"] / "metrics.json").read_text())
@@ -139,6 +148,7 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     before = first.stat().st_mtime_ns
     run_study(tiny_study(RECIPES / recipe, student, init, out), resume=True)
     assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
+    assert json.loads((out / "summary.json").read_text())["side_by_side"] == summary["side_by_side"]
     if recipe.endswith("users-setting.yaml"):  # seeds added to one arm: only its new run trains
         grown = tiny_study(RECIPES / recipe, student, init, out)
         grown.arms[0].seeds = [1, 2]

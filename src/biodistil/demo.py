@@ -43,7 +43,7 @@ from biodistil.export.command import ExportOptions, run_export
 from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, read_json
 from biodistil.kd.recipe import StudyRecipe
-from biodistil.kd.study import run_study
+from biodistil.kd.study import run_study, side_by_side_line
 from biodistil.paths import absolute, recalled
 from biodistil.tasks.registry import get_task
 from biodistil.tasks.significance import compare_scores
@@ -75,6 +75,7 @@ class DemoPlan:
     alpha: float = 1.0  # the KD term of the distilled arm
     beta: float = 0.2  # its CE term on the labelled budget
     seeds: tuple[int, ...] = (1, 2)
+    processes: int | str = "auto"  # student runs side by side in worker processes (`study --processes`)
     same_labels: bool = False  # the teacher knows only the students' labelled budget (the earlier demo)
 
     def labelled(self, train_size: int) -> int:
@@ -152,7 +153,7 @@ def study_recipe(plan: DemoPlan, out: Path, root: Path, student: str, train_size
 def _run_study(plan: DemoPlan, out: Path, root: Path, student: str, train_size: int) -> Path:
     raw = study_recipe(plan, out, root, student, train_size)
     recipe = validate_recipe(StudyRecipe, raw, source="demo study")
-    return run_study(recipe, resume=(out / "study" / "config.yaml").is_file()).parent
+    return run_study(recipe, resume=(out / "study" / "config.yaml").is_file(), processes=plan.processes).parent
 
 
 def _models(summary: dict[str, Any], study_dir: Path) -> dict[str, Path]:
@@ -213,7 +214,8 @@ def build_report(plan: DemoPlan, summary: dict[str, Any], deployed: dict[str, An
             "labelled": plan.labelled(train_size), "models": rows, "stages": stages,
             "distilled_seed_1_pytorch_f1": _first_seed_f1(summary, plan.seeds[0]),
             "int8_dev_gate": export.get("accuracy"),
-            "demo_minutes": round(sum(s["seconds"] or 0 for s in stages) / 60, 1),
+            "demo_minutes": round(_training_seconds(summary, stages) / 60, 1),
+            "side_by_side": summary.get("side_by_side"),
             "bench": {"device": deployed["bench"]["device"], "settings": deployed["bench"]["settings"]},
             "machine": summary.get("machine") or describe_machine()}
 
@@ -233,6 +235,15 @@ def _first_seed_f1(summary: dict[str, Any], seed: int) -> float:
     return next(r["test"]["f1"] for r in summary["runs"] if r["arm"] == "distilled" and r["seed"] == seed)
 
 
+def _training_seconds(summary: dict[str, Any], stages: list[dict[str, Any]]) -> float:
+    """The training runs' elapsed time: the stages' wall times added up, or, when every student run ran side by
+    side in worker processes, the teacher's and the pool's elapsed time."""
+    side_by_side = summary.get("side_by_side")
+    if side_by_side and side_by_side["runs"] == len(summary["runs"]):
+        return (stages[0]["seconds"] or 0) + side_by_side["elapsed_seconds"]
+    return sum(s["seconds"] or 0 for s in stages)
+
+
 def _stage_times(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Wall seconds and steps of every run of the study (teacher, then each arm × seed), from its records."""
     teacher = summary["teachers"][TASK]
@@ -249,7 +260,9 @@ def render_report(report: dict[str, Any], out: Path | None = None) -> str:
     lines += [f"| {s['stage']} | {s['steps'] or ''} | {s['seconds'] if s['seconds'] is not None else '?'} |"
               for s in report["stages"]]
     machine = report["machine"]
-    lines += ["", f"Training runs: {report['demo_minutes']} minutes in all (export, scoring and timing not "
+    side_by_side = report.get("side_by_side")
+    lines += ["", *([side_by_side_line(side_by_side)] if side_by_side else []),
+              f"Training runs: {report['demo_minutes']} minutes elapsed in all (export, scoring and timing not "
               f"included). Speed: {report['bench']['device']}, sequence length 128, median of "
               f"{report['bench']['settings']['repeats']} runs after {report['bench']['settings']['warmup']} "
               f"untimed; the three PyTorch students share one architecture, so one is timed. CPU: "

@@ -7,7 +7,7 @@ RECIPE_HELP = "YAML recipe (see recipes/); later `key.sub=value` arguments overr
 
 
 def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argparse.Namespace], object],
-                       resume: bool = True, stop_after: bool = True) -> None:
+                       resume: bool = True, stop_after: bool = True) -> argparse.ArgumentParser:
     """A subcommand taking a recipe, overrides, --out and (where the command has them) --resume and --stop-after;
     `runner(args)` runs it."""
     parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -22,6 +22,7 @@ def add_recipe_command(sub, name: str, help_text: str, runner: Callable[[argpars
         parser.add_argument("--stop-after", type=int, metavar="STEP",
                             help="checkpoint and stop at this step (resume later with --resume)")
     parser.set_defaults(run=runner, resume=False, stop_after=None, continue_flag="--resume" if resume else None)
+    return parser
 
 
 def recipe_overrides(args: argparse.Namespace) -> list[str]:

@@ -48,7 +48,13 @@ def _study(args: argparse.Namespace) -> object:
     if args.stop_after is not None:
         raise BiodistilError("study: --stop-after does not apply (interrupt it and continue with --resume)")
     recipe = load_recipe(StudyRecipe, args.recipe, recipe_overrides(args))
-    return run_study(recipe, resume=args.resume)
+    return run_study(recipe, resume=args.resume, processes=args.processes)
+
+
+def _processes(value: str) -> int | str:
+    if value == "auto" or (value.isdigit() and int(value) >= 1):
+        return value if value == "auto" else int(value)
+    raise argparse.ArgumentTypeError(f"expected a whole number of processes (1 or more) or auto, got {value!r}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,5 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_recipe_command(sub, "transfer", "Build a transfer set (in-domain, another task, a file, text or randomized) "
                        "and save it as a datasets folder; accepts a kd recipe", _transfer, resume=False,
                        stop_after=False)
-    add_recipe_command(sub, "study", "Run a study recipe: teachers, finetune/kd arms over seeds, and a summary with "
-                       "mean scores and the gap closed", _study, stop_after=False)
+    study = add_recipe_command(sub, "study", "Run a study recipe: teachers, finetune/kd arms over seeds, and a "
+                               "summary with mean scores and the gap closed", _study, stop_after=False)
+    study.add_argument("--processes", type=_processes, default=1, metavar="N|auto",
+                       help="run the arm × seed runs N at a time in worker processes of this machine, the cores "
+                       "shared between them (auto: one per idle core on a CPU machine; default 1: one after another)")

@@ -14,9 +14,10 @@ writes summary.json, report.md and scores.png: the same as one process's, since 
 """
 
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from biodistil.config import deep_merge, validate_recipe
 from biodistil.data.formats import Example
@@ -34,14 +35,16 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.significance import compare_scores
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
+from biodistil.training.pool import plan_workers, run_in_workers
 from biodistil.training.processes import Launch
 from biodistil.training.run import RunFolder, finished_run, run_stage
 
 
-def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
+def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Literal["auto"] = 1) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` (settings, machine, per-seed scores and
     wall times, the table) and `report.md` in the study folder. Launched as several processes, share the runs out
-    over them (see the module docstring)."""
+    over them (see the module docstring); in one process, `processes` other than 1 runs the arm × seed runs side by
+    side in worker processes (`training.pool`; `auto` decides from the idle cores)."""
     launch = Launch.current()
     with launch.main_first():  # the main process takes the folder and writes the student; the others read it
         root = _study_folder(recipe, resume) if launch.is_main else Path(recipe.run.output_dir)
@@ -53,12 +56,29 @@ def run_study(recipe: StudyRecipe, resume: bool = False) -> Path:
     launch.wait()
     runs = _study_runs(recipe, root)
     pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if not finished_run(run.folder)])
-    for position in launch.share([1.0] * len(pending)):
-        runs[pending[position]].run()
+    side_by_side = _run_all([runs[pending[position]] for position in launch.share([1.0] * len(pending))],
+                            processes if launch.count == 1 else 1, root)
+    if not pending and (root / "summary.json").is_file():  # nothing ran now: the summary stays as it was
+        side_by_side = read_json(root / "summary.json").get("side_by_side")
     launch.wait()
     if not launch.is_main:
         return root / "report.md"
-    return _write_summary(recipe, runs, settings, root)
+    return _write_summary(recipe, runs, settings, root, side_by_side)
+
+
+def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Path) -> dict[str, Any] | None:
+    """The runs one after another, or side by side in worker processes when `processes` asks for several; then
+    how they ran side by side (processes, threads each, why, elapsed seconds), or None when one after another."""
+    plan = plan_workers(processes, len(runs)) if processes != 1 and len(runs) > 1 else None
+    if plan is None or plan.processes == 1:
+        for run in runs:
+            run.run()
+        return None
+    began = time.monotonic()
+    run_in_workers(runs, [run.name for run in runs], [root / "logs" / f"{run.task}-{run.arm}-seed-{run.seed}.log"
+                                                       for run in runs], plan)
+    return {"runs": len(runs), "processes": plan.processes, "threads": plan.threads, "why": plan.why,
+            "elapsed_seconds": round(time.monotonic() - began, 1)}
 
 
 def _study_folder(recipe: StudyRecipe, resume: bool) -> Path:
@@ -77,8 +97,15 @@ class StudyRun:
     folder: Path
     raw: dict[str, Any]
 
+    @property
+    def name(self) -> str:
+        return f"{self.task} · {self.arm} · seed {self.seed}"
+
     def run(self) -> None:
         _stage(self.command, self.raw, self.folder)
+
+    def __call__(self) -> None:  # as a worker process runs it
+        self.run()
 
 
 def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
@@ -136,8 +163,10 @@ def _teacher_model(study_task: StudyTask, root: Path) -> str:
     return study_task.teacher or str(root / get_task(study_task.name).name / "teacher" / "model")
 
 
-def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str, Any], root: Path) -> Path:
-    """summary.json, report.md and scores.png from the finished runs' records."""
+def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str, Any], root: Path,
+                   side_by_side: dict[str, Any] | None = None) -> Path:
+    """summary.json, report.md and scores.png from the finished runs' records (`side_by_side`: how this call ran
+    them in worker processes, if it did)."""
     teachers: dict[str, dict[str, Any]] = {}
     for study_task in recipe.tasks:
         spec = get_task(study_task.name)
@@ -148,11 +177,19 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     records = [_run_record(run, root) for run in runs]
     summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
-               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1)}
+               "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
+               "side_by_side": side_by_side}
     atomic_write_json(root / "summary.json", jsonable(summary))
     atomic_write_text(root / "report.md", render_study(summary, root))
     plot_study(summary["rows"], root / "scores.png")
     return root / "report.md"
+
+
+def side_by_side_line(record: dict[str, Any]) -> str:
+    """How a study's runs ran in worker processes, for its reports."""
+    return (f"{record['runs']} runs ran {record['processes']} at a time in worker processes ({record['threads']} "
+            f"CPU thread(s) each; {record['why']}): {record['elapsed_seconds'] / 60:.1f} minutes elapsed (the runs' "
+            "wall times count each run in full).")
 
 
 def teacher_seconds(teachers: dict[str, dict[str, Any]]) -> float:
@@ -312,6 +349,8 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     machine = summary.get("machine", {})
     lines += ["", f"Wall time of the runs: {minutes:.1f} minutes on {machine.get('cpu', '?')} "
               f"({machine.get('torch_threads', '?')} torch threads)."]
+    if summary.get("side_by_side"):
+        lines[-1] += " " + side_by_side_line(summary["side_by_side"])
     return "\n".join(lines) + "\n"
 
 

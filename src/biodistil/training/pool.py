@@ -1,0 +1,126 @@
+"""Independent runs several at a time in worker processes of this machine (`study --processes`).
+
+Small models use a CPU's cores poorly from one process: on 2 cores, two of the demo's student runs at 1 thread each
+took 118 s together, against 83 s each one after the other at 2 threads (166 s). A study whose runs are
+independent (each depends on its seed alone) can run them side by side instead: `plan_workers` decides how many at
+once and with how many torch threads each; `run_in_workers` runs them in that many spawned processes (each takes the
+next run when it finishes one, as one process takes them one after another), each with `OMP_NUM_THREADS` set so
+that its thread count stays fixed (`ThreadGovernor`), each run's console output in a log file of its own; this
+process shows a progress bar over the runs and one line per finished run. A failed run stops the pool and is
+reported with its log; the runs it did not finish start or resume where a later call finds them, as one after
+another.
+"""
+
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from biodistil.errors import BiodistilError
+from biodistil.training.threads import busy_cores, usable_cores
+
+GIB_PER_WORKER = 3.0  # what one worker may need (the demo's whole run peaked at 3.3 GB): caps `auto` by free memory
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """`processes` runs at a time, `threads` torch threads each, and why."""
+
+    processes: int
+    threads: int
+    why: str
+
+
+def plan_workers(requested: int | Literal["auto"], runs: int, usable: Callable[[], int] = usable_cores,
+                 busy: Callable[[], float | None] = lambda: busy_cores(1.0),
+                 free_gib: Callable[[], float | None] = lambda: available_memory_gib(),
+                 cuda: Callable[[], bool] = torch.cuda.is_available) -> WorkerPlan:
+    """How many of `runs` independent runs go at once. A number is taken as asked (at most one per run), the cores
+    shared between them; `auto`: one process at 1 thread per idle core (idle over a 1 s sample), at most one per
+    `GIB_PER_WORKER` of available memory — and one process (the runs one after another, as without workers) on a
+    GPU machine, when OMP_NUM_THREADS is set, or when fewer than two cores are idle."""
+    cores = usable()
+    if requested != "auto":
+        count = max(1, min(int(requested), runs))
+        return WorkerPlan(count, max(1, cores // count), f"--processes {requested}")
+    if cuda():
+        return WorkerPlan(1, 0, "a GPU runs one run at a time")
+    if os.environ.get("OMP_NUM_THREADS", "").strip():
+        return WorkerPlan(1, 0, "OMP_NUM_THREADS is set")
+    others = busy()
+    idle = max(1, round(cores - (others or 0.0)))
+    memory = free_gib()
+    by_memory = runs if memory is None else max(1, int(memory // GIB_PER_WORKER))
+    count = max(1, min(idle, runs, by_memory))
+    why = f"auto: {idle} idle of {cores} usable cores" + ("" if memory is None else f", {memory:.0f} GiB available")
+    return WorkerPlan(count, max(1, idle // count) if count > 1 else 0, why)
+
+
+def available_memory_gib() -> float | None:
+    """MemAvailable from /proc/meminfo, in GiB (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], logs: Sequence[Path],
+                   plan: WorkerPlan) -> None:
+    """Run every `runs[i]()` (picklable callables) in `plan.processes` spawned processes, its output written to
+    `logs[i]`; return when all have finished, or raise naming the first that failed."""
+    print(f"{len(runs)} runs, {plan.processes} at a time in worker processes ({plan.threads} CPU thread"
+          f"{'s' if plan.threads != 1 else ''} each; {plan.why}); each run's output in {Path(logs[0]).parent}",
+          file=sys.stderr, flush=True)
+    context = multiprocessing.get_context("spawn")
+    pool = context.Pool(plan.processes, initializer=_worker_threads, initargs=(plan.threads,))
+    jobs = [(index, run, str(log)) for index, (run, log) in enumerate(zip(runs, logs, strict=True))]
+    try:
+        with tqdm(total=len(runs), unit="run", dynamic_ncols=True, desc="runs") as bar:
+            for index, seconds, failure in pool.imap_unordered(_run_logged, jobs):
+                if failure is not None:
+                    raise BiodistilError(f"{names[index]} failed: {failure} (its output: {logs[index]})")
+                bar.write(f"{names[index]}: finished in {seconds:.0f} s", file=sys.stderr)
+                bar.update()
+        pool.close()
+    finally:
+        pool.terminate()  # a failure or an interrupt stops the other runs; they resume or restart later
+        pool.join()
+
+
+def _worker_threads(threads: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported here; also fixes the governor's count
+    torch.set_num_threads(threads)
+
+
+def _run_logged(job: tuple[int, Callable[[], object], str]) -> tuple[int, float, str | None]:
+    """One run with this process's stdout and stderr (Python's and the C libraries') appended to its log file:
+    (index, seconds, None) or, when it raised, (index, seconds, the error's last line)."""
+    index, run, log = job
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    with open(log, "a", encoding="utf-8") as handle:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+        try:
+            run()
+        except BaseException as error:  # reported to the parent, which stops the pool
+            traceback.print_exc()
+            sys.stderr.flush()
+            return index, time.monotonic() - began, f"{type(error).__name__}: {error}"
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    return index, time.monotonic() - began, None

@@ -1,0 +1,68 @@
+"""`training.pool`: independent runs side by side in spawned worker processes (`study --processes`)."""
+
+import os
+from functools import partial
+
+import pytest
+import torch
+
+from biodistil.errors import BiodistilError
+from biodistil.training.pool import WorkerPlan, plan_workers, run_in_workers
+
+
+def _report(path: str) -> None:
+    """A run: what it sees of its threads, said on Python's stdout, on the C level's stderr and in a file."""
+    print(f"python says threads={torch.get_num_threads()}")
+    os.write(2, b"C level says hello\n")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(f"{os.environ['OMP_NUM_THREADS']} {torch.get_num_threads()} {os.getpid()}")
+
+
+def _fail() -> None:
+    raise ValueError("the tenth line of corpus.txt is not JSON")
+
+
+def test_auto_plans_one_process_per_idle_core_within_memory_and_never_on_a_gpu(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def plan(requested, runs=6, cores=8, busy=0.0, memory=64.0, cuda=False):
+        return plan_workers(requested, runs, usable=lambda: cores, busy=lambda: busy, free_gib=lambda: memory,
+                            cuda=lambda: cuda)
+
+    assert (plan("auto", cores=2).processes, plan("auto", cores=2).threads) == (2, 1)
+    assert (plan("auto", cores=8).processes, plan("auto", cores=8).threads) == (6, 1)  # at most one per run
+    assert plan("auto", cores=8, busy=5.2).processes == 3  # 2.8 idle cores → 3
+    assert plan("auto", cores=2, busy=1.0).processes == 1  # one idle core: one after another
+    assert plan("auto", cores=8, memory=7.0).processes == 2  # 3 GiB a worker
+    assert plan("auto", cuda=True).processes == 1 and "GPU" in plan("auto", cuda=True).why
+    assert (plan(2, cores=8).processes, plan(2, cores=8).threads) == (2, 4)  # asked: the cores shared out
+    assert plan(4, runs=2).processes == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert plan("auto").processes == 1 and "OMP_NUM_THREADS" in plan("auto").why
+
+
+@pytest.mark.slow
+def test_runs_go_to_worker_processes_with_their_threads_and_their_output_in_their_logs(tmp_path, capsys):
+    seen = [tmp_path / f"seen-{i}.txt" for i in range(3)]
+    logs = [tmp_path / "logs" / f"run-{i}.log" for i in range(3)]
+    run_in_workers([partial(_report, str(path)) for path in seen], ["a", "b", "c"], logs, WorkerPlan(2, 1, "test"))
+    reports = [path.read_text().split() for path in seen]
+    assert all(omp == "1" and threads == "1" for omp, threads, _ in reports)
+    workers = {pid for _, _, pid in reports}
+    assert str(os.getpid()) not in workers and 1 <= len(workers) <= 2
+    for log in logs:
+        text = log.read_text()
+        assert "python says threads=1" in text and "C level says hello" in text
+    printed = capsys.readouterr().err
+    assert "3 runs, 2 at a time in worker processes (1 CPU thread each; test)" in printed
+    assert all(f"{name}: finished in" in printed for name in "abc")
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_named_with_its_log_and_stops_the_pool(tmp_path):
+    logs = [tmp_path / f"run-{i}.log" for i in range(2)]
+    with pytest.raises(BiodistilError, match=r"bad run failed: ValueError: the tenth line .* \(its output: .*run-1"):
+        run_in_workers([partial(_report, str(tmp_path / "seen.txt")), _fail], ["good run", "bad run"], logs,
+                       WorkerPlan(1, 1, "test"))
+    assert "Traceback" in logs[1].read_text() and "ValueError" in logs[1].read_text()
+    assert (tmp_path / "seen.txt").is_file()  # the run before it finished
