@@ -134,6 +134,10 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
         for run in summary["runs"]:
             log = out / "logs" / f"{run['task']}-{run['arm']}-seed-{run['seed']}.log"
             assert "CPU threads: 1 (OMP_NUM_THREADS)" in log.read_text(), log
+        # the teacher outputs were built before the runs started (prepare_teacher_outputs), and no run built more
+        started = min((out / run["folder"] / "config.yaml").stat().st_mtime for run in summary["runs"])
+        entries = list((out / "cache").glob("task-*/*.arrow"))
+        assert entries and all(entry.stat().st_mtime < started for entry in entries)
     else:
         assert summary["side_by_side"] is None and not (out / "logs").exists()
     if recipe.endswith("users-setting.yaml"):  # the task's budget reaches every arm; an arm's overrides win

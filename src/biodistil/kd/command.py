@@ -108,10 +108,7 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
 
     with accelerator.main_process_first():
         student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir)
-    task = fit_length_to_model(task_spec(recipe.task), student_path)
-    for entry in recipe.teacher_entries():
-        task = fit_length_to_model(task, entry.name_or_path)
-    check_loss_fits_task(recipe.kd, task)
+    task = kd_task(recipe, student_path)
     teachers = teacher_table(recipe, task) if recipe.teachers is not None else []
     if accelerator.is_local_main_process and teachers:
         print(render_teacher_table(teachers), flush=True)
@@ -218,12 +215,7 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     signals: list[TeacherSignal] = []
     entries = recipe.teacher_entries()
     if recipe.kd.soft_loss != "none":
-        depths = [int(AutoConfig.from_pretrained(entry.name_or_path).num_hidden_layers) for entry in entries]
-        pairs = pkd_pairs(recipe.kd, student, depths[0])
-        cls_layers = [t for _, t in pairs]
-        signals = [teacher_signal(recipe, entry.name_or_path, task, train_examples, cls_layers, depth, device, slot,
-                                  teacher_dtype(entry.dtype, device))
-                   for slot, (entry, depth) in enumerate(zip(entries, depths, strict=True))]
+        pairs, signals = teacher_signals(recipe, task, int(student.config.num_hidden_layers), train_examples, device)
     signal = signals[0] if len(signals) == 1 else signals or None
     meta = recipe.meta
     module = KDModule(student, task, recipe.kd, signal, pairs, trainable_teacher=meta is not None,
@@ -237,6 +229,41 @@ def build_training(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, t
     pre_step = MetaTeacherUpdate(module, quiz, quiz_collate, meta, recipe.train, recipe.run.seed,
                                  run_dir / "meta.jsonl")
     return module, data, pre_step
+
+
+def kd_task(recipe: KDRecipe, student_path: str) -> TaskSpec:
+    """The recipe's task with its length fit to the student and every teacher, its loss checked against it."""
+    task = fit_length_to_model(task_spec(recipe.task), student_path)
+    for entry in recipe.teacher_entries():
+        task = fit_length_to_model(task, entry.name_or_path)
+    check_loss_fits_task(recipe.kd, task)
+    return task
+
+
+def teacher_signals(recipe: KDRecipe, task: TaskSpec, student_layers: int, train_examples: list[Example],
+                    device: torch.device) -> tuple[list[tuple[int, int]], list[TeacherSignal]]:
+    """PatientKD's layer pairs and each teacher's signal (cached ones built in the store if missing)."""
+    entries = recipe.teacher_entries()
+    depths = [int(AutoConfig.from_pretrained(entry.name_or_path).num_hidden_layers) for entry in entries]
+    pairs = pkd_pairs(recipe.kd, student_layers, depths[0])
+    cls_layers = [t for _, t in pairs]
+    return pairs, [teacher_signal(recipe, entry.name_or_path, task, train_examples, cls_layers, depth, device, slot,
+                                  teacher_dtype(entry.dtype, device))
+                   for slot, (entry, depth) in enumerate(zip(entries, depths, strict=True))]
+
+
+def prepare_teacher_outputs(recipe: KDRecipe) -> None:
+    """Build, in the store, the cached teacher outputs the kd run of `recipe` will read — as the run itself would,
+    on the CPU. A study runs this before running its runs side by side, so that each cache entry is built once with
+    every core instead of by every run that needs it at once, each on its share of the cores. Nothing to do for
+    online teachers, or a student built from chosen layers (its folder is made inside the run)."""
+    if recipe.outputs_mode() != "cached" or recipe.kd.soft_loss == "none" or recipe.student.layers is not None:
+        return
+    task = kd_task(recipe, recipe.student.name_or_path)
+    examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,
+                                  recipe.task.max_examples)
+    student_layers = int(AutoConfig.from_pretrained(recipe.student.name_or_path).num_hidden_layers)
+    teacher_signals(recipe, task, student_layers, split_quiz(recipe, task, examples)[0], torch.device("cpu"))
 
 
 def teacher_signal(recipe: KDRecipe, teacher_path: str, task: TaskSpec, examples: list[Example],

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-from transformers import PreTrainedModel
 
 from biodistil.config import TermConfig
 from biodistil.data.batch import Batch
@@ -138,11 +137,11 @@ def check_loss_fits_task(cfg: KDOptions, task: TaskSpec) -> None:
                              "logit_mse")
 
 
-def pkd_pairs(cfg: KDOptions, student: PreTrainedModel, teacher_layers: int) -> list[tuple[int, int]]:
+def pkd_pairs(cfg: KDOptions, student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
     """(student layer, teacher layer) pairs of PatientKD (PKD-Skip or PKD-Last), [] without PatientKD."""
     if cfg.patient is None:
         return []
-    layers = int(student.config.num_hidden_layers)
+    layers = student_layers
     pairs = (pkd_skip_map if cfg.patient.layer_map == "skip" else pkd_last_map)(layers, teacher_layers)
     if not pairs:
         raise BiodistilError(f"PatientKD maps the student's layers 1..M−1 to teacher layers; this student has "

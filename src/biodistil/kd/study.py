@@ -25,7 +25,7 @@ from biodistil.errors import BiodistilError
 from biodistil.finetune.command import FinetuneRecipe, run_finetune
 from biodistil.finetune.init_model import init_model_path
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
-from biodistil.kd.command import gap_closed, run_kd
+from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.kd.several import ensemble_test_scores
 from biodistil.paths import recorded
@@ -68,13 +68,17 @@ def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Litera
 
 def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Path) -> dict[str, Any] | None:
     """The runs one after another, or side by side in worker processes when `processes` asks for several; then
-    how they ran side by side (processes, threads each, why, elapsed seconds), or None when one after another."""
+    how they ran side by side (processes, threads each, why, elapsed seconds: the teacher outputs the kd runs will
+    read built first, with every core), or None when one after another."""
     plan = plan_workers(processes, len(runs)) if processes != 1 and len(runs) > 1 else None
     if plan is None or plan.processes == 1:
         for run in runs:
             run.run()
         return None
     began = time.monotonic()
+    for run in runs:
+        if run.command == "kd":  # each cache entry built once, with every core, before the runs share them
+            prepare_teacher_outputs(validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}"))
     run_in_workers(runs, [run.name for run in runs], [root / "logs" / f"{run.task}-{run.arm}-seed-{run.seed}.log"
                                                        for run in runs], plan)
     return {"runs": len(runs), "processes": plan.processes, "threads": plan.threads, "why": plan.why,
