@@ -1,6 +1,10 @@
 """`training.pool`: independent runs side by side in spawned worker processes (`study --processes`)."""
 
+import _thread
 import os
+import signal
+import threading
+import time
 from functools import partial
 
 import pytest
@@ -16,6 +20,16 @@ def _report(path: str) -> None:
     os.write(2, b"C level says hello\n")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(f"{os.environ['OMP_NUM_THREADS']} {torch.get_num_threads()} {os.getpid()}")
+
+
+def _sleep(path: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(str(os.getpid()))
+    time.sleep(120)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fail() -> None:
@@ -76,3 +90,37 @@ def test_study_processes_must_be_a_whole_number_or_auto(value, capsys):
         main(["study", "recipes/transfer-study.yaml", "--processes", value])
     assert exited.value.code == 2
     assert f"expected a whole number of processes (1 or more) or auto, got {value!r}" in capsys.readouterr().err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_a_run_is_named_and_nothing_waits_forever(tmp_path):
+    with pytest.raises(BiodistilError, match=r"dying run: its worker process ended with exit code -9 \(killed"):
+        run_in_workers([_die], ["dying run"], [tmp_path / "run.log"], WorkerPlan(1, 1, "test"))
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_every_worker(tmp_path):
+    pid_file = tmp_path / "pid"
+    timer = threading.Timer(0.5, lambda: (_wait_for(pid_file), _thread.interrupt_main()))
+    timer.start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_in_workers([partial(_sleep, str(pid_file)), partial(_sleep, str(tmp_path / "other"))], ["a", "b"],
+                       [tmp_path / "a.log", tmp_path / "b.log"], WorkerPlan(2, 1, "test"))
+    timer.join()
+    assert time.monotonic() - began < 60
+    assert not _alive(int(pid_file.read_text()))
+
+
+def _wait_for(path, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)

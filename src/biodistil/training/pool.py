@@ -6,20 +6,22 @@ independent (each depends on its seed alone) can run them side by side instead: 
 once and with how many torch threads each; `run_in_workers` runs them in that many spawned processes (each takes the
 next run when it finishes one, as one process takes them one after another), each with `OMP_NUM_THREADS` set so
 that its thread count stays fixed (`ThreadGovernor`), each run's console output in a log file of its own; this
-process shows a progress bar over the runs and one line per finished run. A failed run stops the pool and is
-reported with its log; the runs it did not finish start or resume where a later call finds them, as one after
-another.
+process shows a progress bar over the runs and one line per finished run. A failed run, a worker that dies or an
+interrupt stops the others (each with a checkpoint where it trains) and is reported with the run's log; the runs not
+finished start or resume where a later call finds them, as one after another. The workers are ordinary (not
+daemonic) processes, so a run may start processes of its own (loader workers, corpus tokenisers).
 """
 
 import multiprocessing
 import os
+import queue
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -77,36 +79,100 @@ def available_memory_gib() -> float | None:
 
 def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], logs: Sequence[Path],
                    plan: WorkerPlan) -> None:
-    """Run every `runs[i]()` (picklable callables) in `plan.processes` spawned processes, its output written to
-    `logs[i]`; return when all have finished, or raise naming the first that failed."""
+    """Run every `runs[i]()` (picklable callables) in `plan.processes` spawned worker processes, its output written
+    to `logs[i]`; return when all have finished, or raise naming the first that failed or whose process died.
+
+    The workers run in process groups of their own, so a Ctrl-C reaches this process alone; on any interrupt or
+    failure it sends each worker SIGTERM once (a training run stops after its step with a checkpoint, as at a
+    Ctrl-C of its own), waits up to `STOP_SECONDS` for them and kills the rest."""
     print(f"{len(runs)} runs, {plan.processes} at a time in worker processes ({plan.threads} CPU thread"
           f"{'s' if plan.threads != 1 else ''} each; {plan.why}); each run's output in {Path(logs[0]).parent}",
           file=sys.stderr, flush=True)
     context = multiprocessing.get_context("spawn")
-    pool = context.Pool(plan.processes, initializer=_worker_threads, initargs=(plan.threads,))
-    jobs = [(index, run, str(log)) for index, (run, log) in enumerate(zip(runs, logs, strict=True))]
+    tasks, results = context.Queue(), context.Queue()
+    for index, (run, log) in enumerate(zip(runs, logs, strict=True)):
+        tasks.put((index, run, str(log)))
+    workers = [context.Process(target=_worker, args=(tasks, results, plan.threads), name=f"biodistil-worker-{k}")
+               for k in range(plan.processes)]
+    for worker in workers:
+        tasks.put(None)  # one "no more runs" each
+        worker.start()
     try:
-        with tqdm(total=len(runs), unit="run", dynamic_ncols=True, desc="runs") as bar:
-            for index, seconds, failure in pool.imap_unordered(_run_logged, jobs):
-                if failure is not None:
-                    raise BiodistilError(f"{names[index]} failed: {failure} (its output: {logs[index]})")
-                bar.write(f"{names[index]}: finished in {seconds:.0f} s", file=sys.stderr)
-                bar.update()
-        pool.close()
+        _collect(results, workers, names, logs)
+        for worker in workers:
+            worker.join()
     finally:
-        pool.terminate()  # a failure or an interrupt stops the other runs; they resume or restart later
-        pool.join()
+        _stop(workers)
 
 
-def _worker_threads(threads: int) -> None:
+STOP_SECONDS = 120.0  # how long stopped workers get to write their checkpoints
+
+
+def _collect(results: Any, workers: list[Any], names: Sequence[str], logs: Sequence[Path]) -> None:
+    """Read the workers' reports until every run has finished; raise at the first failure or dead worker."""
+    running: dict[int, int] = {}  # worker pid → the run it runs
+    finished = 0
+    with tqdm(total=len(names), unit="run", dynamic_ncols=True, desc="runs") as bar:
+        while finished < len(names):
+            try:
+                pid, index, seconds, failure = results.get(timeout=1.0)
+            except queue.Empty:
+                _check_alive(workers, running, names, logs)
+                continue
+            if seconds is None:  # started
+                running[pid] = index
+                continue
+            running.pop(pid, None)
+            if failure is not None:
+                raise BiodistilError(f"{names[index]} failed: {failure} (its output: {logs[index]})")
+            bar.write(f"{names[index]}: finished in {seconds:.0f} s", file=sys.stderr)
+            bar.update()
+            finished += 1
+
+
+def _check_alive(workers: list[Any], running: dict[int, int], names: Sequence[str], logs: Sequence[Path]) -> None:
+    """Raise when a worker died (killed, out of memory) during a run, naming the run, or when every worker has
+    ended with runs left."""
+    for worker in workers:
+        if worker.exitcode not in (None, 0) and worker.pid in running:
+            index = running[worker.pid]
+            raise BiodistilError(f"{names[index]}: its worker process ended with exit code {worker.exitcode} "
+                                 f"(killed, or out of memory?) (its output: {logs[index]})")
+    if all(worker.exitcode is not None for worker in workers):
+        raise BiodistilError(f"the worker processes ended (exit codes {[w.exitcode for w in workers]}) before every "
+                             f"run had finished; the logs are in {Path(logs[0]).parent}")
+
+
+def _stop(workers: list[Any]) -> None:
+    """SIGTERM to every live worker, up to STOP_SECONDS for them to end, then SIGKILL."""
+    alive = [worker for worker in workers if worker.is_alive()]
+    for worker in alive:
+        worker.terminate()
+    deadline = time.monotonic() + STOP_SECONDS
+    for worker in alive:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+def _worker(tasks: Any, results: Any, threads: int) -> None:
+    """A worker's life: its own process group, its thread count, then runs until told there are no more."""
+    os.setpgrp()  # a Ctrl-C in the terminal is the parent's to handle
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported here; also fixes the governor's count
     torch.set_num_threads(threads)
+    while (job := tasks.get()) is not None:
+        index, run, log = job
+        results.put((os.getpid(), index, None, None))
+        seconds, failure = _run_logged(run, log)
+        results.put((os.getpid(), index, seconds, failure))
+        if failure is not None:
+            return
 
 
-def _run_logged(job: tuple[int, Callable[[], object], str]) -> tuple[int, float, str | None]:
+def _run_logged(run: Callable[[], object], log: str) -> tuple[float, str | None]:
     """One run with this process's stdout and stderr (Python's and the C libraries') appended to its log file:
-    (index, seconds, None) or, when it raised, (index, seconds, the error's last line)."""
-    index, run, log = job
+    (seconds, None) or, when it raised, (seconds, the error's last line)."""
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with open(log, "a", encoding="utf-8") as handle:
@@ -116,11 +182,10 @@ def _run_logged(job: tuple[int, Callable[[], object], str]) -> tuple[int, float,
         os.dup2(handle.fileno(), 2)
         try:
             run()
-        except BaseException as error:  # reported to the parent, which stops the pool
+        except BaseException as error:  # reported to the parent, which stops the others
             traceback.print_exc()
-            sys.stderr.flush()
-            return index, time.monotonic() - began, f"{type(error).__name__}: {error}"
+            return time.monotonic() - began, f"{type(error).__name__}: {error}"
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-    return index, time.monotonic() - began, None
+    return time.monotonic() - began, None
