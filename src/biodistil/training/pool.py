@@ -92,13 +92,14 @@ def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], l
     tasks, results = context.Queue(), context.Queue()
     for index, (run, log) in enumerate(zip(runs, logs, strict=True)):
         tasks.put((index, run, str(log)))
-    workers = [context.Process(target=_worker, args=(tasks, results, plan.threads), name=f"biodistil-worker-{k}")
-               for k in range(plan.processes)]
+    holding = context.Array("i", [-1] * plan.processes, lock=False)  # the run each worker runs now (-1: none)
+    workers = [context.Process(target=_worker, args=(tasks, results, plan.threads, holding, k),
+                               name=f"biodistil-worker-{k}") for k in range(plan.processes)]
     for worker in workers:
         tasks.put(None)  # one "no more runs" each
         worker.start()
     try:
-        _collect(results, workers, names, logs)
+        _collect(results, workers, holding, names, logs)
         for worker in workers:
             worker.join()
     finally:
@@ -108,21 +109,17 @@ def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], l
 STOP_SECONDS = 120.0  # how long stopped workers get to write their checkpoints
 
 
-def _collect(results: Any, workers: list[Any], names: Sequence[str], logs: Sequence[Path]) -> None:
+def _collect(results: Any, workers: list[Any], holding: Sequence[int], names: Sequence[str],
+             logs: Sequence[Path]) -> None:
     """Read the workers' reports until every run has finished; raise at the first failure or dead worker."""
-    running: dict[int, int] = {}  # worker pid → the run it runs
     finished = 0
     with tqdm(total=len(names), unit="run", dynamic_ncols=True, desc="runs") as bar:
         while finished < len(names):
             try:
-                pid, index, seconds, failure = results.get(timeout=1.0)
+                index, seconds, failure = results.get(timeout=1.0)
             except queue.Empty:
-                _check_alive(workers, running, names, logs)
+                _check_alive(workers, holding, names, logs)
                 continue
-            if seconds is None:  # started
-                running[pid] = index
-                continue
-            running.pop(pid, None)
             if failure is not None:
                 raise BiodistilError(f"{names[index]} failed: {failure} (its output: {logs[index]})")
             bar.write(f"{names[index]}: finished in {seconds:.0f} s", file=sys.stderr)
@@ -130,17 +127,17 @@ def _collect(results: Any, workers: list[Any], names: Sequence[str], logs: Seque
             finished += 1
 
 
-def _check_alive(workers: list[Any], running: dict[int, int], names: Sequence[str], logs: Sequence[Path]) -> None:
+def _check_alive(workers: list[Any], holding: Sequence[int], names: Sequence[str], logs: Sequence[Path]) -> None:
     """Raise when a worker died (killed, out of memory) during a run, naming the run, or when every worker has
     ended with runs left."""
-    for worker in workers:
-        if worker.exitcode not in (None, 0) and worker.pid in running:
-            index = running[worker.pid]
-            raise BiodistilError(f"{names[index]}: its worker process ended with exit code {worker.exitcode} "
-                                 f"(killed, or out of memory?) (its output: {logs[index]})")
-    if all(worker.exitcode is not None for worker in workers):
-        raise BiodistilError(f"the worker processes ended (exit codes {[w.exitcode for w in workers]}) before every "
-                             f"run had finished; the logs are in {Path(logs[0]).parent}")
+    codes = [worker.exitcode for worker in workers]  # read once: a worker may end between two readings
+    for code, index in zip(codes, holding, strict=True):
+        if code not in (None, 0) and index >= 0:
+            raise BiodistilError(f"{names[index]}: its worker process ended with exit code {code} (killed, or out of "
+                                 f"memory?) (its output: {logs[index]})")
+    if all(code is not None for code in codes):
+        raise BiodistilError(f"the worker processes ended (exit codes {codes}) before every run had finished; the "
+                             f"logs are in {Path(logs[0]).parent}")
 
 
 def _stop(workers: list[Any]) -> None:
@@ -156,16 +153,18 @@ def _stop(workers: list[Any]) -> None:
             worker.join()
 
 
-def _worker(tasks: Any, results: Any, threads: int) -> None:
-    """A worker's life: its own process group, its thread count, then runs until told there are no more."""
+def _worker(tasks: Any, results: Any, threads: int, holding: Any, slot: int) -> None:
+    """A worker's life: its own process group, its thread count, then runs until told there are no more; the run it
+    holds is written to `holding[slot]` at once (shared memory: a queue's message may not leave a killed process)."""
     os.setpgrp()  # a Ctrl-C in the terminal is the parent's to handle
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported here; also fixes the governor's count
     torch.set_num_threads(threads)
     while (job := tasks.get()) is not None:
         index, run, log = job
-        results.put((os.getpid(), index, None, None))
+        holding[slot] = index
         seconds, failure = _run_logged(run, log)
-        results.put((os.getpid(), index, seconds, failure))
+        results.put((index, seconds, failure))
+        holding[slot] = -1
         if failure is not None:
             return
 
