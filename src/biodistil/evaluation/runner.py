@@ -31,6 +31,7 @@ import json
 import re
 import shutil
 import statistics
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -446,18 +447,25 @@ def _run_cell_stage(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str)
     settings = cell_settings(cell, recipe)
 
     def fine_tune(resume: bool) -> None:
-        print(f"{counter} {cell.describe()}: fine-tuning", flush=True)
+        say(f"{counter} {cell.describe()}: fine-tuning")
         record = run_cell(cell, out, recipe, settings)
         flag = f" (degenerate: {record['degenerate']})" if record.get("degenerate") else ""
-        print(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}{flag}", flush=True)
+        say(f"{counter} {cell.describe()}: test {record['headline']} = {record['score']:.4f}{flag}")
         cut = {split: n for split, n in record["truncated_examples"].items() if n}
         if cut or record["unpredicted_words"]:
-            print(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
-                  f"{record['unpredicted_words']} (see the report's Long inputs)", flush=True)
+            say(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
+                f"{record['unpredicted_words']} (see the report's Long inputs)")
 
     finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
     if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):
-        print(f"{counter} {cell.describe()}: finished before, skipped", flush=True)
+        say(f"{counter} {cell.describe()}: finished before, skipped")
+
+
+def say(line: str) -> None:
+    """A progress line in one write, newline included: the processes of a launch share the console, and unbuffered
+    (PYTHONUNBUFFERED) a print writes its text and its newline apart, so lines of two processes could interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _bench(models: Sequence[tuple[str, str]], recipe: EvaluateRecipe, out: Path, resume: bool) -> None:
