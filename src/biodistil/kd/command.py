@@ -256,8 +256,10 @@ def prepare_teacher_outputs(recipe: KDRecipe) -> None:
     """Build, in the store, the cached teacher outputs the kd run of `recipe` will read — as the run itself would,
     on the CPU. A study runs this before running its runs side by side, so that each cache entry is built once with
     every core instead of by every run that needs it at once, each on its share of the cores. Nothing to do for
-    online teachers, or a student built from chosen layers (its folder is made inside the run)."""
-    if recipe.outputs_mode() != "cached" or recipe.kd.soft_loss == "none" or recipe.student.layers is not None:
+    online teachers, a student built from chosen layers (its folder is made inside the run), or on a GPU machine
+    (where the runs would compute them on the GPU, perhaps in another dtype)."""
+    if (recipe.outputs_mode() != "cached" or recipe.kd.soft_loss == "none" or recipe.student.layers is not None
+            or torch.cuda.is_available()):
         return
     task = kd_task(recipe, recipe.student.name_or_path)
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,

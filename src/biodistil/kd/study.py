@@ -79,8 +79,8 @@ def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Pat
     for run in runs:
         if run.command == "kd":  # each cache entry built once, with every core, before the runs share them
             prepare_teacher_outputs(validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}"))
-    run_in_workers(runs, [run.name for run in runs], [root / "logs" / f"{run.task}-{run.arm}-seed-{run.seed}.log"
-                                                       for run in runs], plan)
+    run_in_workers([run.run for run in runs], [run.name for run in runs],
+                   [root / "logs" / f"{run.task}-{run.arm}-seed-{run.seed}.log" for run in runs], plan)
     return {"runs": len(runs), "processes": plan.processes, "threads": plan.threads, "why": plan.why,
             "elapsed_seconds": round(time.monotonic() - began, 1)}
 
@@ -107,9 +107,6 @@ class StudyRun:
 
     def run(self) -> None:
         _stage(self.command, self.raw, self.folder)
-
-    def __call__(self) -> None:  # as a worker process runs it
-        self.run()
 
 
 def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
