@@ -6,13 +6,13 @@ One `x[1, M, K] @ W[K, N]` graph per way (M = 2,560 tokens: a batch of 64 senten
 shapes 384 → 1,536 and 1,536 → 384), timed in the same process on the same input:
 
 - `fp32`: ONNX Runtime's MatMul;
-- `per-tensor`: `quantize_dynamic` (per-channel int8 weights, activations by `DynamicQuantizeLinear`, which ONNX
-  Runtime fuses into `DynamicQuantizeMatMul`) — what `export --int8` ships;
+- `per-tensor`: `export --int8`'s per-channel scheme (its `quantize_scheme`: per-channel int8 weights, activations
+  by `DynamicQuantizeLinear`, which ONNX Runtime fuses into `DynamicQuantizeMatMul`) — what `export --int8` ships;
 - `per-token`: symmetric int8 activations with one scale per token, written with ONNX operators (Abs, ReduceMax,
   Div, Round, Add, Cast, then `MatMulInteger` and the two scales; ONNX Runtime has no dynamic per-row kernel);
   `per-token-fused`: the same with the output scaling in `com.microsoft.MatMulIntegerToFloat`;
 - `blockwise-B`: `MatMulNBits` at 8 bits, blocks of B along K, activations quantised per block at run time
-  (accuracy level 4) — `export --int8-scheme blockwise` at B = 128.
+  (accuracy level 4) — `export --int8-scheme blockwise` (its `quantize_scheme`) at B = 128.
 
 Printed per way and shape: milliseconds per call (median of `--repeats`), speed against fp32, and the largest
 absolute difference from fp32's output.
@@ -31,9 +31,8 @@ import numpy as np
 import onnx
 import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import QuantType, quantize_dynamic
-from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
+from biodistil.export.onnx import BLOCK_SIZE, quantize_scheme
 from biodistil.training.machine import cpu_line
 
 
@@ -80,19 +79,19 @@ def per_token(weight: np.ndarray, fused: bool) -> onnx.ModelProto:
 
 
 def variants(weight: np.ndarray, scratch: Path) -> dict[str, onnx.ModelProto]:
+    """The graphs of every way; the shipped ones quantised by the export's own `quantize_scheme`."""
     k = weight.shape[0]
     plain = graph([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(weight, "w")], k, 17)
     onnx.save(plain, scratch / "fp32.onnx")
-    quantize_dynamic(str(scratch / "fp32.onnx"), str(scratch / "dynamic.onnx"), weight_type=QuantType.QInt8,
-                     per_channel=True)
-    found = {"fp32": plain, "per-tensor": onnx.load(scratch / "dynamic.onnx"),
-             "per-token": per_token(weight, fused=False), "per-token-fused": per_token(weight, fused=True)}
-    for block in (32, 128):
-        config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=4, bits=8)
-        quantizer = MatMulNBitsQuantizer(onnx.load(scratch / "fp32.onnx"), algo_config=config)
-        quantizer.process()
-        found[f"blockwise-{block}"] = quantizer.model.model
-    return found
+
+    def quantised(scheme: str, block_size: int = BLOCK_SIZE) -> onnx.ModelProto:
+        target = scratch / f"{scheme}-{block_size}.onnx"
+        quantize_scheme(scratch / "fp32.onnx", target, scheme, block_size)
+        return onnx.load(target)
+
+    return {"fp32": plain, "per-tensor": quantised("per-channel"),  # per-channel weights, per-tensor activations
+            "per-token": per_token(weight, fused=False), "per-token-fused": per_token(weight, fused=True),
+            **{f"blockwise-{block}": quantised("blockwise", block) for block in (32, 128)}}
 
 
 def timed(model: onnx.ModelProto, x: np.ndarray, threads: int, repeats: int) -> tuple[float, np.ndarray]:

@@ -292,8 +292,9 @@ def pre_process(fp32_path: Path, prepared: Path, fused: bool) -> str:
                 f"{': ' + str(err).splitlines()[0] if str(err).strip() else ''}), ONNX shape inference only")
 
 
-def quantize_scheme(prepared: Path, target: Path, scheme: str) -> None:
-    """Quantise the pre-processed graph `prepared` to `target` with one of `INT8_SCHEMES` (module docstring)."""
+def quantize_scheme(prepared: Path, target: Path, scheme: str, block_size: int = BLOCK_SIZE) -> None:
+    """Quantise the pre-processed graph `prepared` to `target` with one of `INT8_SCHEMES` (module docstring);
+    `block_size`: blockwise's block along the reduction (the export's `BLOCK_SIZE`; other sizes for benches)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if scheme not in INT8_SCHEMES:
@@ -303,7 +304,7 @@ def quantize_scheme(prepared: Path, target: Path, scheme: str) -> None:
         return
     blocked = target.with_name(target.name + ".blocked")
     try:
-        _matmuls_to_nbits(prepared, blocked)
+        _matmuls_to_nbits(prepared, blocked, block_size)
         # the fused Attention nodes (no MatMul for MatMulNBits to take) as per-channel; embeddings stay fp32
         quantize_dynamic(str(blocked), str(target), weight_type=QuantType.QInt8, per_channel=True,
                          op_types_to_quantize=["Attention"])
@@ -311,14 +312,14 @@ def quantize_scheme(prepared: Path, target: Path, scheme: str) -> None:
         blocked.unlink(missing_ok=True)
 
 
-def _matmuls_to_nbits(source: Path, target: Path) -> None:
-    """Every MatMul with constant weights → MatMulNBits: 8-bit symmetric weights per block of `BLOCK_SIZE`, int8
+def _matmuls_to_nbits(source: Path, target: Path, block_size: int) -> None:
+    """Every MatMul with constant weights → MatMulNBits: 8-bit symmetric weights per block of `block_size`, int8
     compute with activations quantised per block (accuracy level 4)."""
     import onnx
 
     nbits = _nbits_module()
-    config = nbits.DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=4, bits=8)
-    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=BLOCK_SIZE,
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=4, bits=8)
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), bits=8, block_size=block_size,
                                            is_symmetric=True, accuracy_level=4, algo_config=config)
     with logger_at("onnxruntime.quantization.matmul_nbits_quantizer", logging.WARNING):  # a line per node at INFO
         quantizer.process()
