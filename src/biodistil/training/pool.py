@@ -30,6 +30,18 @@ from biodistil.errors import BiodistilError
 from biodistil.training.threads import busy_cores, usable_cores
 
 GIB_PER_WORKER = 3.0  # what one worker may need (the demo's whole run peaked at 3.3 GB): caps `auto` by free memory
+STOP_SECONDS = 120.0  # how long stopped workers get to write their checkpoints
+
+
+def available_memory_gib() -> float | None:
+    """MemAvailable from /proc/meminfo, in GiB (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ class WorkerPlan:
 
 def plan_workers(requested: int | Literal["auto"], runs: int, usable: Callable[[], int] = usable_cores,
                  busy: Callable[[], float | None] = lambda: busy_cores(1.0),
-                 free_gib: Callable[[], float | None] = lambda: available_memory_gib(),
+                 free_gib: Callable[[], float | None] = available_memory_gib,
                  cuda: Callable[[], bool] = torch.cuda.is_available) -> WorkerPlan:
     """How many of `runs` independent runs go at once. A number is taken as asked (at most one per run), the cores
     shared between them; `auto`: one process at 1 thread per idle core (idle over a 1 s sample), at most one per
@@ -64,17 +76,6 @@ def plan_workers(requested: int | Literal["auto"], runs: int, usable: Callable[[
     count = max(1, min(idle, runs, by_memory))
     why = f"auto: {idle} idle of {cores} usable cores" + ("" if memory is None else f", {memory:.0f} GiB available")
     return WorkerPlan(count, max(1, idle // count) if count > 1 else 0, why)
-
-
-def available_memory_gib() -> float | None:
-    """MemAvailable from /proc/meminfo, in GiB (None where it cannot be read)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], logs: Sequence[Path],
@@ -104,9 +105,6 @@ def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], l
             worker.join()
     finally:
         _stop(workers)
-
-
-STOP_SECONDS = 120.0  # how long stopped workers get to write their checkpoints
 
 
 def _collect(results: Any, workers: list[Any], holding: Sequence[int], names: Sequence[str],
