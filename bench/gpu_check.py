@@ -597,8 +597,8 @@ def targets(records: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> int:
-    args = parse()
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     shapes = Shapes(args.tiny)
     if args.section:  # a child: one section
         if args.section == "commands" and args.device == "cuda":

@@ -144,8 +144,8 @@ def quantize_static_calibrated(prepared: Path, target: Path, folder: Path, examp
                     "Attention"])
 
 
-def main() -> int:
-    args = parse()
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 

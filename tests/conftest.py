@@ -12,12 +12,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 import torch
-from transformers import AutoModelForMaskedLM
 
-from biodistil.config import ArchitectureConfig
-from biodistil.data.synthetic import synthetic_corpus as corpus_of
-from biodistil.data.vocab import train_wordpiece
-from biodistil.models.student import model_from_architecture
+# biodistil and transformers are imported by the fixtures that use them: pytest-xdist's controller process loads this
+# file too, runs no test, and need not spend seconds importing transformers' models
 
 
 def torch_threads() -> int:
@@ -48,6 +45,8 @@ WORDS = [
 
 def synthetic_corpus(lines: int = 400, seed: int = 0) -> str:
     """Sentences of biomedical-looking words, a blank line between documents of 5 sentences."""
+    from biodistil.data.synthetic import synthetic_corpus as corpus_of
+
     return corpus_of(WORDS, lines, seed)
 
 
@@ -60,12 +59,17 @@ def corpus_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(corpus_file):
+    from biodistil.data.vocab import train_wordpiece
+
     return train_wordpiece(corpus_file.read_text().splitlines(), vocab_size=200, min_frequency=1)
 
 
 @pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory, tokenizer) -> Path:
     """A 4-layer, 32-wide BERT teacher (random weights) saved as a Hugging Face folder."""
+    from biodistil.config import ArchitectureConfig
+    from biodistil.models.student import model_from_architecture
+
     torch.manual_seed(0)
     arch = ArchitectureConfig(num_layers=4, hidden_size=32, num_heads=2, intermediate_size=64,
                               max_position_embeddings=64, dropout=0.1)
@@ -78,6 +82,8 @@ def teacher_dir(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture()
 def teacher(teacher_dir):
+    from transformers import AutoModelForMaskedLM
+
     return AutoModelForMaskedLM.from_pretrained(teacher_dir)
 
 

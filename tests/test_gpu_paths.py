@@ -3,8 +3,6 @@ decisions a GPU gets, and `bench/gpu_check.py` run on the CPU with tiny shapes s
 on a GPU gave docs/results/gpu/ (docs/gpu.md)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,14 +64,25 @@ def test_train_compile_on_a_gpu_auto_keeps_the_eager_rows_and_true_compiles_them
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path):
+@pytest.fixture
+def gpu_check(monkeypatch, fresh_accelerator_state):
+    """bench/gpu_check.py, imported; the worker's torch threads restored after it."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import gpu_check
+
+    threads = torch.get_num_threads()
+    yield gpu_check
+    torch.set_num_threads(threads)
+
+
+def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, capsys):
     """`bench/gpu_check.py --device cpu --tiny --in-process`: every section runs and its records hold what docs/gpu.md
     reads (in one process: on a GPU each section gets a child of its own, which a CPU does not need)."""
     out = tmp_path / "check.jsonl"
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
-                           "--in-process", "--out", str(out), "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    code = gpu_check.main(["--device", "cpu", "--tiny", "--in-process", "--out", str(out), "--workdir",
+                           str(tmp_path / "work")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-3000:]
     records = {f"{r['section']}/{r['name']}": r for r in map(json.loads, out.read_text().splitlines())}
     assert all(record["ok"] for record in records.values())
     assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "mpnet", "modernbert"}
@@ -86,7 +95,7 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     assert resume["bit_identical"] and resume["max_abs_diff"] == 0.0
     assert records["commands/finetune"]["steps"] > 0 and "f1" in records["commands/kd"]["test"]
     assert records["commands/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
-    assert "| commands | resume equals uninterrupted | yes |" in done.stdout, "the summary table"
+    assert "| commands | resume equals uninterrupted | yes |" in printed, "the summary table"
     for mode in ("live-all", "live-masked", "cache-head", "cache-top-k"):  # two teachers against one
         assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2"]["tokens_per_s"] > 0, mode
         assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2 cost"]["two_over_one"] > 0, mode

@@ -2,8 +2,8 @@
 trains together (DDP) and matches one process at the same global batch; `evaluate` and `study` share their runs out
 and write what one process writes; an interrupted evaluation resumes under either count; `distill` trains on both
 processes and `cache-teacher` writes a cache whose shards the two processes split. Every scenario is launched once
-(`launched`: one process runs all the one-process commands, one launch the two-process ones that share runs out, one
-those that train together, tests/launched_jobs.py); only the resumed evaluation launches again."""
+(`launched`: one launch the two-process commands that share runs out, one those that train together, one process
+all the one-process commands, tests/launched_jobs.py); the interrupted evaluations are resumed inside those launches."""
 
 import json
 import os
@@ -26,6 +26,7 @@ from transformers import AutoModelForMaskedLM
 from biodistil.methods.task_agnostic import run_cache_teacher
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+pytestmark = pytest.mark.pinned_threads  # every command runs in the launched processes, at 1 thread each
 TIMING = ("wall_seconds", "seconds", "tokens_per_second")  # what differs between two runs of the same work
 JOBS = Path(__file__).resolve().parent / "launched_jobs.py"
 
@@ -38,14 +39,6 @@ def launcher(processes: int) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
             "--dynamo_backend", "no"]
-
-
-def run_biodistil(argv: list[str], cwd: Path, processes: int) -> subprocess.CompletedProcess:
-    """`biodistil ARGV` in `processes` processes; fails the test with the end of its output when it fails."""
-    done = subprocess.run([*launcher(processes), "-m", "biodistil", *argv], env=ENV, capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return done
 
 
 def run_jobs(jobs: list[dict], folder: Path, processes: int) -> None:
@@ -136,18 +129,28 @@ def launched(tmp_path_factory, teacher_dir, kd_models, corpus_file) -> Launched:
     def job(name: str, cwd: Path, argv: list[str]) -> dict:
         return {"name": name, "cwd": str(cwd), "argv": argv}
 
-    run_jobs([job("finetune-one", where.finetune, [*finetune, "train.batch_size=8", "--out", "one"]),
-              job("evaluate-one", where.evaluations, ["evaluate", str(where.evaluation_recipe), "--out", "one"]),
-              job("study-one", where.study, ["study", str(study), "--out", "one"])], root, processes=1)
+    def interrupted(name: str, cells: list[int]) -> dict:  # see launched_jobs.interrupt
+        return {"name": name, "cwd": str(where.evaluations),
+                "interrupt": {"out": "two", "cells": cells, "stamps": f"{name}.json"}}
+
+    resume = ["evaluate", str(where.evaluation_recipe), "--out", "two", "--resume"]
     # evaluate and study share runs out over a launch's processes; the other commands train them together (DDP):
-    # a launch does one or the other, so two launches
+    # a launch does one or the other, so two launches. The two-process evaluation is interrupted and resumed by two
+    # processes, then interrupted again and resumed by one.
     run_jobs([job("evaluate-two", where.evaluations, ["evaluate", str(where.evaluation_recipe), "--out", "two"]),
-              job("study-two", where.study, ["study", str(study), "--out", "two"])], root, processes=2)
+              job("study-two", where.study, ["study", str(study), "--out", "two"]),
+              interrupted("interrupted-for-two", [3, 4, 5]), job("resumed-by-two", where.evaluations, resume)],
+             root, processes=2)
     run_jobs([job("finetune-two", where.finetune, [*finetune, "train.batch_size=4", "--out", "two"]),
               job("distill", where.distill, ["distill", str(distill)]),
               job("cache-teacher", where.cache, ["cache-teacher", str(where.cache / "recipe.yaml")]),
               job("distill-from-cache", where.cache, ["distill", str(where.cache / "recipe.yaml")])],
              root, processes=2)
+    run_jobs([job("finetune-one", where.finetune, [*finetune, "train.batch_size=8", "--out", "one"]),
+              job("evaluate-one", where.evaluations, ["evaluate", str(where.evaluation_recipe), "--out", "one"]),
+              job("study-one", where.study, ["study", str(study), "--out", "one"]),
+              interrupted("interrupted-for-one", [0, 1]), job("resumed-by-one", where.evaluations, resume)],
+             root, processes=1)
     return where
 
 
@@ -218,30 +221,23 @@ def test_evaluate_shares_its_cells_out_over_two_processes_and_reports_as_one_doe
 
 @pytest.mark.slow
 def test_an_interrupted_evaluation_resumes_under_one_or_two_processes(launched):
-    folder, recipe = launched.evaluations, launched.evaluation_recipe
-    out = folder / "two"
-    cells = sorted(path.parent for path in (out / "cells").rglob("metrics.json"))
-    stamps = {cell: (cell / "metrics.json").stat().st_mtime_ns for cell in cells}
-
-    def interrupt(lost: list[Path]) -> None:  # as a kill during these cells leaves them: no metrics.json
-        for cell in lost:
-            (cell / "metrics.json").unlink()
-            (cell / "train" / "checkpoints" / "step-0000001").mkdir(parents=True)
-
-    def resume(processes: int, lost: list[Path]) -> None:
-        output = run_biodistil(["evaluate", str(recipe), "--out", "two", "--resume"], folder, processes).stdout
-        assert sum(fine_tuned(output).values()) == len(lost) and output.count("finished before, skipped") == 8 - len(
-            lost)
-        for cell in cells:
-            assert ((cell / "metrics.json").stat().st_mtime_ns == stamps[cell]) == (cell not in lost), cell
-            assert not (cell / "train" / "checkpoints").exists()
-            stamps[cell] = (cell / "metrics.json").stat().st_mtime_ns
-        assert_same_results(folder, "two")
-
-    interrupt(cells[:2])  # a two-process run interrupted, continued by one process
-    resume(1, cells[:2])
-    interrupt(cells[3:6])  # a one-process run interrupted, continued by two
-    resume(2, cells[3:6])
+    """The two-process evaluation, interrupted during cells 3-5 and resumed by two processes, then during cells 0-1 and
+    resumed by one: each resume fine-tunes the lost cells alone, leaves the others' files as they were, and the
+    results equal the one-process evaluation's."""
+    folder = launched.evaluations
+    stamps = [json.loads((folder / f"interrupted-for-{count}.json").read_text()) for count in ("two", "one")]
+    cells = list(stamps[0])  # in the order the interrupts counted them
+    assert len(cells) == 8 and list(stamps[1]) == cells
+    final = {cell: (Path(cell) / "metrics.json").stat().st_mtime_ns for cell in cells}
+    for before, after, lost, resumed in ((stamps[0], stamps[1], cells[3:6], "resumed-by-two"),
+                                         (stamps[1], final, cells[:2], "resumed-by-one")):
+        output = job_output(folder, resumed)
+        assert sum(fine_tuned(output).values()) == len(lost), resumed
+        assert output.count("finished before, skipped") == 8 - len(lost), resumed
+        assert {cell for cell in cells if after[cell] != before[cell]} == set(lost), resumed
+    for cell in cells:
+        assert not (Path(cell) / "train" / "checkpoints").exists()
+    assert_same_results(folder, "two")
 
 
 # ------------------------------------------------------------------------------------------- study

@@ -4,8 +4,10 @@ with the same code path as `evaluate --finetuned`, character offsets into the or
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from kd_fixtures import save_teacher, write_token_task
 
 from biodistil import Predictor
@@ -199,21 +201,26 @@ def test_a_task_file_is_predicted_word_for_word_as_evaluation_reads_it(ner, tmp_
     assert "absent.tsv: no such file" in capsys.readouterr().err
 
 
-def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path):
+@pytest.fixture
+def int8_layers(monkeypatch):
+    """bench/int8_layers.py, imported; the worker's torch threads restored after it (its predictors use 1)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import int8_layers
+
+    threads = torch.get_num_threads()
+    yield int8_layers
+    torch.set_num_threads(threads)
+
+
+def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, int8_layers):
     """bench/int8_layers.py on the tiny NER model: `none` is the int8 graph, `0` keeps layer 0's matmuls in fp32,
     `head` the classifier; keeping the embeddings, every layer and the head in fp32 reproduces PyTorch's entities."""
-    import subprocess
-    from pathlib import Path
-
     model, _ = ner
     assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
-    bench = Path(__file__).resolve().parents[1] / "bench" / "int8_layers.py"
     out = tmp_path / "record.json"
     task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "test": 24})  # the fixture's task again
-    done = subprocess.run([sys.executable, str(bench), str(model), str(tmp_path / "onnx"), "--task", str(task_file),
-                           "--keep", "none", "0", "head", "embeddings,0,1,2,3,head", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert int8_layers.main([str(model), str(tmp_path / "onnx"), "--task", str(task_file), "--keep", "none", "0",
+                             "head", "embeddings,0,1,2,3,head", "--out", str(out)]) == 0
     rows = {row["keep_fp32"]: row for row in json.loads(out.read_text())["rows"]}
     assert rows["none"]["nodes_kept_fp32"] == 0 and rows["head"]["nodes_kept_fp32"] == 1
     assert rows["0"]["nodes_kept_fp32"] >= 2, "layer 0's attention and matmuls"
@@ -221,10 +228,8 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path):
     assert everything["share_of_pytorch"] == 1.0 and everything["added"] == 0
 
     task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "dev": 8, "test": 24})
-    done = subprocess.run([sys.executable, str(bench), str(model), str(tmp_path / "onnx"), "--task", str(task_file),
-                           "--schemes", "per-channel", "blockwise", "static", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert int8_layers.main([str(model), str(tmp_path / "onnx"), "--task", str(task_file), "--schemes",
+                             "per-channel", "blockwise", "static", "--out", str(out)]) == 0
     nodes = {row["scheme"]: row["int8_nodes"] for row in json.loads(out.read_text())["rows"]}
     assert nodes["per-channel"]["MatMulInteger"] > 0 and nodes["per-channel"]["QAttention"] > 0
     assert nodes["blockwise"]["MatMulNBits"] > 0 and "MatMulInteger" not in nodes["blockwise"]
