@@ -23,6 +23,7 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
 
 # elements of one chunk of the chunked KL: 2^22 float32 values (16 MiB) per temporary
 KL_CHUNK_ELEMENTS = 1 << 22
+PROBABILITY_FLOOR = 1e-12  # a mixture of teachers' probabilities is floored here before its log
 
 
 # a linear layer's input and parameters (x [N, d], W [V, d], b [V] or None) standing for the logit rows
@@ -156,7 +157,7 @@ def _kl_rows(student: torch.Tensor, teacher: torch.Tensor | tuple[tuple[torch.Te
         grad.copy_(rows_grad)
         return kl
     if isinstance(teacher, tuple):
-        teacher = _log_probs(*teacher)
+        teacher = _teacher_probs(*teacher)[0]
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
     log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
     p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
@@ -176,25 +177,27 @@ def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor | tuple[torch.Te
     *log_weights, scale = weights_and_scale
     student = student.float()
     log_p_student = student - torch.logsumexp(student, -1, keepdim=True)
-    log_p_teacher = _log_probs(teacher, *log_weights)
-    p_teacher = log_p_teacher.exp()
+    log_p_teacher, p_teacher = _teacher_probs(teacher, *log_weights)
     kl = (p_teacher * (log_p_teacher - log_p_student)).sum()
     return kl, (log_p_student.exp() - p_teacher) * scale
 
 
-def _log_probs(teacher: torch.Tensor | tuple[torch.Tensor, ...], log_weights: torch.Tensor | None = None,
-               ) -> torch.Tensor:
-    """log softmax of z/T rows, float32; of K teachers' rows with `log_weights` ([K, 1, 1] or [K, rows, 1]), the log
-    of their mixture: log Σ_k w_k·softmax(z_k/T), pairwise by logaddexp (no [K, rows, V] stack)."""
+def _teacher_probs(teacher: torch.Tensor | tuple[torch.Tensor, ...], log_weights: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p, p) of tempered teacher rows z/T, float32: log softmax and softmax. Of K teachers' rows with
+    `log_weights` ([K, 1, 1] or [K, rows, 1]), their mixture p = Σ_k w_k·softmax(z_k/T), summed in probability space
+    (no [K, rows, V] stack), and log max(p, PROBABILITY_FLOOR) as `MixedRows` forms it: one exp per teacher and
+    element, where pairwise logaddexp took twice the compiled kernel's time of the second teacher."""
     if log_weights is None:
         teacher = teacher.float()
-        return teacher - torch.logsumexp(teacher, -1, keepdim=True)
+        log_p = teacher - torch.logsumexp(teacher, -1, keepdim=True)
+        return log_p, log_p.exp()
     mixed = None
     for part, log_weight in zip(teacher, log_weights, strict=True):
         part = part.float()
-        part = part - torch.logsumexp(part, -1, keepdim=True) + log_weight
-        mixed = part if mixed is None else torch.logaddexp(mixed, part)
-    return mixed
+        share = torch.exp(part - torch.logsumexp(part, -1, keepdim=True) + log_weight)
+        mixed = share if mixed is None else mixed + share
+    return torch.log(mixed.clamp_min(PROBABILITY_FLOOR)), mixed
 
 
 @functools.cache

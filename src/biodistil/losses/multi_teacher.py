@@ -21,10 +21,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from biodistil.losses.distillation import Linear, rows_shape, scaled_chunk
+from biodistil.losses.distillation import PROBABILITY_FLOOR, Linear, rows_shape, scaled_chunk
 
 Space = Literal["softmax", "sigmoid", "logits"]
-_TINY = 1e-12
+_TINY = PROBABILITY_FLOOR
 
 
 @dataclass(frozen=True)
