@@ -3,6 +3,7 @@ logit terms against hand-computed values, one layer term per (teacher, layer map
 reaching the student only, and whole runs: online teachers, cached teachers resumed, caches kept per teacher."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -492,3 +493,23 @@ def test_a_row_kernel_mixes_the_teachers_in_its_own_pass(compiled, monkeypatch):
         log_s = F.log_softmax(h.detach() @ w.T / 2, -1)
         assert fused.item() == pytest.approx(float(4 * (p * (p.log() - log_s)).sum(-1).mean()), rel=1e-5)
         assert torch.allclose(h.grad, (2 * (log_s.exp() - p) / 7) @ w, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["row-function", "compiled"])
+def test_a_row_kernel_keeps_the_kl_finite_where_the_mixture_underflows(compiled):
+    """The kernel sums the teachers' probabilities and takes the log of the sum floored at 1e-12: where both teachers
+    give a class a probability that underflows float32 (logit gaps of 300), the KL stays finite and equals the sum
+    over the classes the mixture keeps, worked out by hand: p = (0.5, 0.5, 0, 0) against a uniform student."""
+    from biodistil.losses import distillation
+    from biodistil.training.compiling import cpp_compiler
+
+    if compiled and cpp_compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    kernel = distillation.compiled_kl_rows() if compiled else distillation._kl_rows_fused
+    first, second = torch.tensor([[300.0, 0.0, 0.0, 0.0]]), torch.tensor([[0.0, 300.0, 0.0, 0.0]])
+    student = torch.zeros(1, 4)
+    log_weights = torch.tensor([0.5, 0.5]).log().view(2, 1, 1)
+    kl, grad = kernel(student, (first, second), log_weights, 1.0)
+    # Σ p·(log p − log q) = 2 · 0.5 · (log 0.5 − log 0.25) = log 2; the two empty classes add 0
+    assert kl.item() == pytest.approx(math.log(2), abs=1e-6)
+    assert torch.allclose(grad, torch.tensor([[0.25 - 0.5, 0.25 - 0.5, 0.25, 0.25]]), atol=1e-6)
