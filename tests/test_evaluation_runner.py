@@ -195,14 +195,22 @@ def test_tiny_evaluation_writes_predictions_metrics_report_and_resumes(tmp_path,
     assert "| teacher |" in text and f"| {student} |" in text and "ncbi_disease (f1)" in text
     assert "% of teacher" in text and "Examples capped" in text
 
-    # without --resume a used folder is refused; with it, finished cells are skipped and a removed one reruns
+    # without --resume a used folder is refused; with it, finished cells are skipped and removed ones rerun, here
+    # side by side in two worker processes (`evaluate --processes 2`), each at 1 thread, each with its log
     with pytest.raises(BiodistilError, match="--resume"):
         run_evaluate(r)
     stamps = {path: path.stat().st_mtime_ns for path in cells}
-    (out / f"cells/{student}/gad/seed-7/metrics.json").unlink()
-    run_evaluate(r, resume=True)
+    lost = [out / f"cells/{student}/gad/seed-7/metrics.json", out / "cells/teacher/ncbi_disease/seed-7/metrics.json"]
+    for path in lost:
+        path.unlink()
+    run_evaluate(r, resume=True, processes=2)
     changed = [path for path in _cell_files(out) if stamps.get(path) != path.stat().st_mtime_ns]
-    assert changed == [out / f"cells/{student}/gad/seed-7/metrics.json"]
+    assert sorted(changed) == sorted(lost)
+    logs = sorted(path.name for path in (out / "logs").iterdir())
+    assert logs == sorted([f"{student}-gad-seed-7.log", "teacher-ncbi_disease-seed-7.log"])
+    for log in logs:
+        assert "CPU threads: 1 (OMP_NUM_THREADS)" in (out / "logs" / log).read_text(), log
+    assert json.loads((out / "results.json").read_text())["complete"], "written once both workers finished"
 
     # a finished cell run with other settings is not silently reused
     with pytest.raises(BiodistilError, match="learning_rate"):

@@ -82,12 +82,13 @@ def test_a_failed_run_is_named_with_its_log_and_stops_the_pool(tmp_path):
     assert (tmp_path / "seen.txt").is_file()  # the run before it finished
 
 
+@pytest.mark.parametrize("command", ["study", "evaluate"])
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
-def test_study_processes_must_be_a_whole_number_or_auto(value, capsys):
+def test_processes_must_be_a_whole_number_or_auto(command, value, capsys):
     from biodistil.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
-        main(["study", "recipes/transfer-study.yaml", "--processes", value])
+        main([command, "recipes/transfer-study.yaml", "--processes", value])
     assert exited.value.code == 2
     assert f"expected a whole number of processes (1 or more) or auto, got {value!r}" in capsys.readouterr().err
 

@@ -36,3 +36,10 @@ def run_recipe(recipe_cls: type, runner: Callable[..., object], args: argparse.N
 
     recipe = load_recipe(recipe_cls, args.recipe, recipe_overrides(args))
     return runner(recipe, resume=args.resume, stop_after=args.stop_after)
+
+
+def processes_value(value: str) -> int | str:
+    """`--processes N|auto` (study, evaluate): a whole number of worker processes, or auto."""
+    if value == "auto" or (value.isdigit() and int(value) >= 1):
+        return value if value == "auto" else int(value)
+    raise argparse.ArgumentTypeError(f"expected a whole number of processes (1 or more) or auto, got {value!r}")

@@ -3,7 +3,7 @@
 import argparse
 from pathlib import Path
 
-from biodistil.cli.common import RECIPE_HELP, recipe_overrides
+from biodistil.cli.common import RECIPE_HELP, processes_value, recipe_overrides
 from biodistil.errors import BiodistilError
 
 
@@ -19,7 +19,7 @@ def _evaluate(args: argparse.Namespace) -> object:
 
     overrides = recipe_overrides(args) + ([f"data.root={args.data}"] if args.data else [])
     recipe = load_recipe(EvaluateRecipe, args.recipe, overrides)
-    return run_evaluate(recipe, resume=args.resume)
+    return run_evaluate(recipe, resume=args.resume, processes=args.processes)
 
 
 def _score_finetuned(args: argparse.Namespace) -> object:
@@ -93,6 +93,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", help="run folder (same as run.output_dir=...)")
     parser.add_argument("--data", help="data folder (same as data.root=...)")
     parser.add_argument("--resume", action="store_true", help="continue a run folder: finished cells are skipped")
+    parser.add_argument("--processes", type=processes_value, default=1, metavar="N|auto",
+                        help="fine-tune the cells N at a time in worker processes of this machine, the cores shared "
+                        "between them (auto: one per idle core on a CPU machine; default 1: one after another)")
     scoring = parser.add_argument_group("scoring fine-tuned models without training (--finetuned)")
     scoring.add_argument("--finetuned", nargs="+", metavar="MODEL",
                          help="fine-tuned model folders (PyTorch fp32), ONNX export folders (their fp32 and int8 "

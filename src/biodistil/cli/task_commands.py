@@ -2,7 +2,7 @@
 
 import argparse
 
-from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
+from biodistil.cli.common import add_recipe_command, processes_value, recipe_overrides, run_recipe
 
 # sections of kd recipes that `transfer` ignores, so that `biodistil transfer KD_RECIPE` builds the kd run's set
 _NOT_TRANSFER = ("teacher", "student", "kd", "meta", "train", "export")
@@ -51,12 +51,6 @@ def _study(args: argparse.Namespace) -> object:
     return run_study(recipe, resume=args.resume, processes=args.processes)
 
 
-def _processes(value: str) -> int | str:
-    if value == "auto" or (value.isdigit() and int(value) >= 1):
-        return value if value == "auto" else int(value)
-    raise argparse.ArgumentTypeError(f"expected a whole number of processes (1 or more) or auto, got {value!r}")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `biodistil` parser."""
     add_recipe_command(sub, "finetune", "Fine-tune an encoder on a task of the task registry (teacher, student or "
@@ -69,6 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        stop_after=False)
     study = add_recipe_command(sub, "study", "Run a study recipe: teachers, finetune/kd arms over seeds, and a "
                                "summary with mean scores and the gap closed", _study, stop_after=False)
-    study.add_argument("--processes", type=_processes, default=1, metavar="N|auto",
+    study.add_argument("--processes", type=processes_value, default=1, metavar="N|auto",
                        help="run the arm × seed runs N at a time in worker processes of this machine, the cores "
                        "shared between them (auto: one per idle core on a CPU machine; default 1: one after another)")

@@ -23,6 +23,10 @@ fine-tunes its cells one after the other on its own device, without DDP, writing
 process is done, the main process writes results.json, the bench and the report: the same as one process's, since
 each cell's result depends on its seed alone. Resuming works with any number of processes (the unfinished cells are
 shared out again).
+
+In one process, `--processes N|auto` runs the unfinished cells N at a time in worker processes of this machine
+instead (`training.pool`: each worker at a fixed share of the cores, each cell's console output in
+`<out>/logs/<cell>.log`); results.json, the bench and the report are then written as above, once every cell is done.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -55,6 +59,7 @@ from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
+from biodistil.training.pool import plan_workers, run_in_workers
 from biodistil.training.processes import Launch, assign
 from biodistil.training.run import make_folder, run_stage
 
@@ -342,16 +347,22 @@ def _check_output(out: Path, resume: bool) -> None:
                          "skipped) or choose another --out")
 
 
-def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
+def run_evaluate(recipe: EvaluateRecipe, resume: bool = False, processes: int | Literal["auto"] = 1) -> Path:
     """Run every cell of the recipe (skipping finished ones), then bench (if asked) and report; launched as several
-    processes, share the cells out over them (see the module docstring)."""
+    processes, share the cells out over them; in one process, `processes` other than 1 runs the cells side by side in
+    worker processes (see the module docstring)."""
     launch = Launch.current()
     out = Path(recipe.run.output_dir)
     with launch.main_first():
         models, tasks, skipped = _prepare(recipe, out, resume, launch.is_main)
     cells = plan_cells(models, tasks, recipe.seeds)
     mine = launch.from_main(lambda: _share_cells(cells, out, recipe, launch.count))[launch.index]
-    for position in mine:
+    plan = plan_workers(processes, len(mine)) if launch.count == 1 and processes != 1 and len(mine) > 1 else None
+    if plan is not None and plan.processes > 1:
+        runs = [CellRun(cells[position], out, recipe, _counter(position, len(cells), launch)) for position in mine]
+        run_in_workers([run.run for run in runs], [run.cell.describe() for run in runs],
+                       [out / "logs" / f"{run.log_name()}.log" for run in runs], plan)
+    for position in mine if plan is None or plan.processes == 1 else ():
         _run_cell_stage(cells[position], out, recipe, _counter(position, len(cells), launch))
         if launch.is_main:
             _write_results(recipe, models, tasks, skipped, cells, out)
@@ -364,6 +375,23 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False) -> Path:
     from biodistil.evaluation.report import build_report
 
     return build_report([out], out)
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """One cell as a worker process runs it (`run_in_workers` pickles `run`)."""
+
+    cell: Cell
+    out: Path
+    recipe: EvaluateRecipe
+    counter: str
+
+    def run(self) -> None:
+        _run_cell_stage(self.cell, self.out, self.recipe, self.counter)
+
+    def log_name(self) -> str:
+        fold = f"-fold-{self.cell.fold}" if self.cell.fold is not None else ""
+        return f"{self.cell.label}-{self.cell.task.name}-seed-{self.cell.seed}{fold}"
 
 
 def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
