@@ -357,15 +357,16 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False, processes: int | 
         models, tasks, skipped = _prepare(recipe, out, resume, launch.is_main)
     cells = plan_cells(models, tasks, recipe.seeds)
     mine = launch.from_main(lambda: _share_cells(cells, out, recipe, launch.count))[launch.index]
-    plan = plan_workers(processes, len(mine)) if launch.count == 1 and processes != 1 and len(mine) > 1 else None
+    runs = [CellRun(cells[position], out, recipe, _counter(position, len(cells), launch)) for position in mine]
+    plan = plan_workers(processes, len(runs)) if launch.count == 1 and processes != 1 and len(runs) > 1 else None
     if plan is not None and plan.processes > 1:
-        runs = [CellRun(cells[position], out, recipe, _counter(position, len(cells), launch)) for position in mine]
         run_in_workers([run.run for run in runs], [run.cell.describe() for run in runs],
                        [out / "logs" / f"{run.log_name()}.log" for run in runs], plan)
-    for position in mine if plan is None or plan.processes == 1 else ():
-        _run_cell_stage(cells[position], out, recipe, _counter(position, len(cells), launch))
-        if launch.is_main:
-            _write_results(recipe, models, tasks, skipped, cells, out)
+    else:
+        for run in runs:
+            run.run()
+            if launch.is_main:
+                _write_results(recipe, models, tasks, skipped, cells, out)
     launch.wait()
     if not launch.is_main:
         return out / "report.md"
