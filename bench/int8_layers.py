@@ -37,6 +37,7 @@ from biodistil.tasks.splits import read_split
 from biodistil.training.machine import cpu_line
 
 LAYER = re.compile(r"layers?\.(\d+)/|^Attention_(\d+)$")
+SCOPED_LAYER = re.compile(r"\.layers?\.(\d+)'")  # 'model.mpnet.encoder.layer.3' in a node's name scopes
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -75,18 +76,28 @@ def excluded_nodes(graph_path: Path, keep: str) -> list[str]:
     import onnx
 
     graph = onnx.load(str(graph_path)).graph
-    matmuls = [n.name for n in graph.node if n.op_type in ("MatMul", "Attention", "Gemm")]
+    matmuls = [n for n in graph.node if n.op_type in ("MatMul", "Attention", "Gemm")]
     embeddings = [n.name for n in graph.node if n.op_type in ("EmbedLayerNormalization", "Gather")]
     chosen = set()
     for part in keep.split(","):
         if part == "embeddings":
             chosen.update(embeddings)
-        for name in matmuls:
-            match = LAYER.search(name)
-            layer = None if match is None else int(match.group(1) or match.group(2))
+        for node in matmuls:
+            layer = node_layer(node)
             if (part == "head" and layer is None) or (part.isdigit() and layer == int(part)):
-                chosen.add(name)
+                chosen.add(node.name)
     return sorted(chosen)
+
+
+def node_layer(node) -> int | None:
+    """The encoder layer a node belongs to: from its name (the fused BERT graphs: `.../layer.3/...`, `Attention_3`)
+    or, in the dynamo exporter's unfused graphs (`node_MatMul_70`), from the module scopes it records."""
+    match = LAYER.search(node.name)
+    if match is None:
+        scopes = next((prop.value for prop in node.metadata_props if prop.key == "pkg.torch.onnx.name_scopes"), "")
+        match = SCOPED_LAYER.search(scopes)
+        return None if match is None else int(match.group(1))
+    return int(match.group(1) or match.group(2))
 
 
 def quantised_nodes(graph_path: Path) -> dict[str, int]:

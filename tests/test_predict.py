@@ -212,6 +212,22 @@ def int8_layers(monkeypatch):
     torch.set_num_threads(threads)
 
 
+def test_the_int8_layers_bench_finds_a_nodes_layer_by_name_or_by_its_recorded_scopes(int8_layers):
+    """Fused BERT graphs name their nodes by layer; the dynamo exporter's unfused graphs (MPNet, ModernBERT) name them
+    `node_MatMul_70` and record the module scopes in the node's metadata."""
+    from onnx import StringStringEntryProto, helper
+
+    named = helper.make_node("MatMul", ["a", "b"], ["c"], name="/model/bert/encoder/layer.3/output/dense/MatMul")
+    scoped = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_MatMul_70")
+    scopes = "['', 'model', 'model.mpnet', 'model.mpnet.encoder', 'model.mpnet.encoder.layer.11', 'x.attention']"
+    scoped.metadata_props.append(StringStringEntryProto(key="pkg.torch.onnx.name_scopes", value=scopes))
+    head = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_MatMul_323")
+    head.metadata_props.append(StringStringEntryProto(key="pkg.torch.onnx.name_scopes",
+                                                      value="['', 'model', 'model.classifier', 'linear_36']"))
+    assert [int8_layers.node_layer(node) for node in (named, scoped, head)] == [3, 11, None]
+    assert int8_layers.node_layer(helper.make_node("Attention", ["a"], ["c"], name="Attention_2")) == 2
+
+
 def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, int8_layers):
     """bench/int8_layers.py on the tiny NER model: `none` is the int8 graph, `0` keeps layer 0's matmuls in fp32,
     `head` the classifier; keeping the embeddings, every layer and the head in fp32 reproduces PyTorch's entities."""
