@@ -63,7 +63,6 @@ def test_train_compile_on_a_gpu_auto_keeps_the_eager_rows_and_true_compiles_them
     assert chosen.note.startswith("true: nothing, Triton is not installed") and chosen.kl_rows is None
 
 
-@pytest.mark.slow
 @pytest.fixture
 def gpu_check(monkeypatch, fresh_accelerator_state):
     """bench/gpu_check.py, imported; the worker's torch threads restored after it."""
@@ -75,6 +74,7 @@ def gpu_check(monkeypatch, fresh_accelerator_state):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, capsys):
     """`bench/gpu_check.py --device cpu --tiny --in-process`: every section runs and its records hold what docs/gpu.md
     reads (in one process: on a GPU each section gets a child of its own, which a CPU does not need)."""
