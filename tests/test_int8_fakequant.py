@@ -65,3 +65,45 @@ def test_fake_quantised_patches_only_the_chosen_layers_and_restores_them(fakequa
         smoothed = model(x)
     assert (smoothed - exact).abs().max() < 0.05 * exact.abs().max()
     assert torch.equal(model(x), exact)
+
+
+class _Block(torch.nn.Module):
+    """A LayerNorm feeding two Linears (as Q and K), and a Linear fed by a ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.q, self.k = torch.nn.LayerNorm(4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        hidden = self.norm(x)
+        return self.out(torch.relu(self.q(hidden) + self.k(hidden)))
+
+
+def test_shared_and_foldable_migrations_follow_the_linears_inputs(fakequant):
+    """`linear_inputs` finds that q and k read one LayerNorm output and `out` a ReLU's; `shared` divides q's and k's
+    migration by the larger |W| column of the two, `foldable` migrates only the Linears a LayerNorm feeds."""
+    torch.manual_seed(0)
+    block = _Block()
+    x = torch.randn(3, 4)
+    inputs = fakequant.linear_inputs(block, lambda: block(x))
+    assert inputs["q"] == inputs["k"] and inputs["q"][1]
+    assert not inputs["out"][1] and inputs["out"][0] != inputs["q"][0]
+    linears = {"q": block.q, "k": block.k, "out": block.out}
+    q_max, k_max = block.q.weight.abs().amax(0), block.k.weight.abs().amax(0)
+    each, migrated = fakequant.migration_plan(linears, inputs, "each")
+    assert torch.equal(each["q"], q_max) and torch.equal(each["k"], k_max) and migrated == {"q", "k", "out"}
+    shared, migrated = fakequant.migration_plan(linears, inputs, "shared")
+    assert torch.equal(shared["q"], torch.maximum(q_max, k_max)) and torch.equal(shared["k"], shared["q"])
+    assert torch.equal(shared["out"], block.out.weight.abs().amax(0)) and migrated == {"q", "k", "out"}
+    _, migrated = fakequant.migration_plan(linears, inputs, "foldable")
+    assert migrated == {"q", "k"}
+    # under `foldable`, `out` (quantised here, q and k left in fp32) runs exactly as without any migration; under
+    # `shared` it is migrated, so its rounding differs
+    maxima = {name: x.abs().amax(0) * 3 for name in linears}
+    rule = fakequant.rule_for("fp32,out=per-tensor")
+    runs = {}
+    for mode, given in (("foldable", maxima), ("shared", maxima), ("none", None)):
+        with fakequant.fake_quantised(block, rule, given, 0.5, inputs, "each" if given is None else mode):
+            runs[mode] = block(x)
+    assert torch.equal(runs["foldable"], runs["none"]) and not torch.equal(runs["shared"], runs["none"])
