@@ -59,7 +59,7 @@ from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
-from biodistil.training.pool import plan_workers, run_in_workers
+from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch, assign
 from biodistil.training.run import make_folder, run_stage
 
@@ -358,8 +358,8 @@ def run_evaluate(recipe: EvaluateRecipe, resume: bool = False, processes: int | 
     cells = plan_cells(models, tasks, recipe.seeds)
     mine = launch.from_main(lambda: _share_cells(cells, out, recipe, launch.count))[launch.index]
     runs = [CellRun(cells[position], out, recipe, _counter(position, len(cells), launch)) for position in mine]
-    plan = plan_workers(processes, len(runs)) if launch.count == 1 and processes != 1 and len(runs) > 1 else None
-    if plan is not None and plan.processes > 1:
+    plan = side_by_side_plan(processes if launch.count == 1 else 1, len(runs))
+    if plan is not None:
         run_in_workers([run.run for run in runs], [run.cell.describe() for run in runs],
                        [out / "logs" / f"{run.log_name()}.log" for run in runs], plan)
     else:

@@ -35,7 +35,7 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.significance import compare_scores
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
-from biodistil.training.pool import plan_workers, run_in_workers
+from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch
 from biodistil.training.run import RunFolder, finished_run, run_stage
 
@@ -70,8 +70,8 @@ def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Pat
     """The runs one after another, or side by side in worker processes when `processes` asks for several; then
     how they ran side by side (processes, threads each, why, elapsed seconds: the teacher outputs the kd runs will
     read built first, with every core), or None when one after another."""
-    plan = plan_workers(processes, len(runs)) if processes != 1 and len(runs) > 1 else None
-    if plan is None or plan.processes == 1:
+    plan = side_by_side_plan(processes, len(runs))
+    if plan is None:
         for run in runs:
             run.run()
         return None

@@ -157,7 +157,7 @@ def _kl_rows(student: torch.Tensor, teacher: torch.Tensor | tuple[tuple[torch.Te
         grad.copy_(rows_grad)
         return kl
     if isinstance(teacher, tuple):
-        teacher = _teacher_probs(*teacher)[0]
+        teacher = teacher_probs(*teacher)[0]
     log_p_student = F.log_softmax(student, dim=-1, dtype=torch.float32)
     log_p_teacher = F.log_softmax(teacher, dim=-1, dtype=torch.float32)
     p_teacher = log_p_teacher.exp() if grad is None else torch.exp(log_p_teacher, out=grad)
@@ -177,16 +177,16 @@ def _kl_rows_fused(student: torch.Tensor, teacher: torch.Tensor | tuple[torch.Te
     *log_weights, scale = weights_and_scale
     student = student.float()
     log_p_student = student - torch.logsumexp(student, -1, keepdim=True)
-    log_p_teacher, p_teacher = _teacher_probs(teacher, *log_weights)
+    log_p_teacher, p_teacher = teacher_probs(teacher, *log_weights)
     kl = (p_teacher * (log_p_teacher - log_p_student)).sum()
     return kl, (log_p_student.exp() - p_teacher) * scale
 
 
-def _teacher_probs(teacher: torch.Tensor | tuple[torch.Tensor, ...], log_weights: torch.Tensor | None = None,
+def teacher_probs(teacher: torch.Tensor | tuple[torch.Tensor, ...], log_weights: torch.Tensor | None = None,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p, p) of tempered teacher rows z/T, float32: log softmax and softmax. Of K teachers' rows with
     `log_weights` ([K, 1, 1] or [K, rows, 1]), their mixture p = Σ_k w_k·softmax(z_k/T), summed in probability space
-    (no [K, rows, V] stack), and log max(p, PROBABILITY_FLOOR) as `MixedRows` forms it: one exp per teacher and
+    (no [K, rows, V] stack), and log max(p, PROBABILITY_FLOOR) (`MixedRows` forms its rows so): one exp per teacher and
     element (a pairwise logaddexp in log space made the compiled kernel's second teacher cost 2.5× a one-teacher call;
     this, 1.1×)."""
     if log_weights is None:

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from biodistil.losses.distillation import PROBABILITY_FLOOR, Linear, rows_shape, scaled_chunk
+from biodistil.losses.distillation import PROBABILITY_FLOOR, Linear, rows_shape, scaled_chunk, teacher_probs
 
 Space = Literal["softmax", "sigmoid", "logits"]
 _TINY = PROBABILITY_FLOOR
@@ -44,15 +44,9 @@ class MixedRows:
         return rows_shape(self.sources[0])
 
     def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor:
-        """z_mix/T = log Σ_k w_k·softmax(z_k/T) for a chunk of rows, float32."""
-        if float(temperature) != float(self.temperature):
-            raise ValueError(f"a mixture formed at temperature {self.temperature} read at {temperature}")
-        mixed = None
-        for k, source in enumerate(self.sources):
-            share = self.weights[k] if self.weights.dim() == 1 else self.weights[k, rows][:, None]
-            part = torch.softmax(scaled_chunk(source, rows, temperature), dim=-1, dtype=torch.float32).mul_(share)
-            mixed = part if mixed is None else mixed.add_(part)
-        return mixed.clamp_min_(_TINY).log_()
+        """z_mix/T = log Σ_k w_k·softmax(z_k/T) for a chunk of rows, float32 (the mixture a row kernel forms from
+        `parts`)."""
+        return teacher_probs(*self.parts(rows, temperature))[0]
 
     def parts(self, rows: slice, temperature: float) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """A chunk of rows unmixed, for a row kernel that mixes them itself (`RowSource`): each teacher's z_k/T and

@@ -78,6 +78,15 @@ def plan_workers(requested: int | Literal["auto"], runs: int, usable: Callable[[
     return WorkerPlan(count, max(1, idle // count) if count > 1 else 0, why)
 
 
+def side_by_side_plan(requested: int | Literal["auto"], runs: int) -> WorkerPlan | None:
+    """The plan for running `runs` runs in worker processes, or None when they run one after another in this
+    process (one asked for, one run, or a plan of one process)."""
+    if requested == 1 or runs < 2:
+        return None
+    plan = plan_workers(requested, runs)
+    return plan if plan.processes > 1 else None
+
+
 def run_in_workers(runs: Sequence[Callable[[], object]], names: Sequence[str], logs: Sequence[Path],
                    plan: WorkerPlan) -> None:
     """Run every `runs[i]()` (picklable callables) in `plan.processes` spawned worker processes, its output written
