@@ -6,10 +6,10 @@
 For each `--keep` choice (encoder layers kept in fp32, comma-separated; `head`: the classifier; `embeddings`: the
 embedding tables ONNX Runtime quantises too; `none`: the int8 graph as `export --int8` makes it, per-channel
 weights), the export's fp32 graph is quantised again with `onnxruntime.quantization.quantize_dynamic(...,
-nodes_to_exclude=...)` and run through `Predictor` on the task's test split (pre-tokenised sentences, as evaluation
-reads them). Printed per choice: the share of the PyTorch model's predictions it keeps (token tasks: entities as
-(sentence, start, end, type); classifiers: labels), the predictions it adds, and its seconds and records/s at the
-given threads (same process, same inputs).
+nodes_to_exclude=...)` and run through `Predictor` on the task's test split (`--split dev` to choose settings on;
+pre-tokenised sentences, as evaluation reads them). Printed per choice: the share of the PyTorch model's predictions
+it keeps (token tasks: entities as (sentence, start, end, type); classifiers: labels), the predictions it adds, and
+its seconds and records/s at the given threads (same process, same inputs).
 
 `--greedy TARGET` searches node by node instead: starting from the shipped int8 graph, each round keeps in fp32 the
 one quantisable node (a MatMul, fused Attention or Gemm) whose exclusion keeps the most of PyTorch's predictions,
@@ -19,6 +19,10 @@ until the share reaches TARGET (e.g. 0.99) or `--rounds` rounds; every candidate
 `blockwise`: `biodistil.export.onnx.quantize_scheme`) and `static` (ONNX Runtime's `quantize_static`, per-channel
 int8 weights, uint8 activations with scales calibrated (min-max) on the task's first 128 dev sentences — measured
 to say why the export does not offer it). Rows: one per scheme, named in `keep_fp32`'s place by `scheme`.
+
+`--smooth ALPHA ...` measures every row again on the graph `export --int8-smooth ALPHA` quantises: SmoothQuant's
+migration (`biodistil.export.smoothing`) applied first, calibrated as the export calibrates (the task's first 512
+dev sentences); each row records its `smooth` (null: none).
 """
 
 import argparse
@@ -46,6 +50,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("export", help="its `biodistil export --int8` folder (model.onnx is quantised again)")
     parser.add_argument("--task", required=True, help="built-in task name or task YAML")
     parser.add_argument("--data", help="data folder (default: the task's own)")
+    parser.add_argument("--split", choices=("dev", "test"), default="test",
+                        help="the split whose sentences are compared (test; dev to choose settings on)")
     parser.add_argument("--keep", nargs="+", default=["none", "0", "0,1", "head"],
                         help="layers kept in fp32 per choice: none, 0, 0,1, head, ... (default: none 0 0,1 head)")
     parser.add_argument("--threads", type=int, default=1)
@@ -53,6 +59,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="--greedy: at most this many nodes kept in fp32")
     parser.add_argument("--schemes", nargs="+", choices=("per-tensor", "per-channel", "blockwise", "static"),
                         help="compare these quantisation schemes instead of fp32 layers or nodes")
+    parser.add_argument("--smooth", nargs="*", type=float, default=[], metavar="ALPHA",
+                        help="also measure every row after SmoothQuant's migration at these α")
     parser.add_argument("--out", help="also write the record as JSON")
     return parser.parse_args(argv)
 
@@ -160,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    from biodistil.export.command import CALIBRATION_EXAMPLES
     from biodistil.export.onnx import quantize_scheme
+    from biodistil.export.smoothing import smooth_graph
+    from biodistil.models.loading import load_tokenizer
+    from biodistil.tasks.scoring import score_model
 
     task = get_task(args.task)
-    examples = read_split(task, "test", args.data)
+    examples = read_split(task, args.split, args.data)
     documents = [Document.of(example) for example in examples]
     reference = predictions(Predictor(args.model, runtime="pytorch", threads=args.threads)(documents))
     rows = []
@@ -172,8 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         for file in Path(args.export).iterdir():
             if file.is_file() and file.name != "model.int8.onnx":
                 shutil.copy(file, work / file.name)
-        prepared = work / ".prepared.onnx"
-        quant_pre_process(str(work / "model.onnx"), str(prepared), skip_optimization=True, auto_merge=True)
+        fp32 = work / ".fp32.onnx"
+        shutil.copy(work / "model.onnx", fp32)
+        calibration = read_split(task, "dev" if args.split == "test" else "train", args.data,
+                                 limit=CALIBRATION_EXAMPLES)  # as the export calibrates: never the compared split
+        tokenizer = load_tokenizer(str(work))
+
+        def prepare(alpha: float | None) -> Path:
+            """The graph to quantise: the export's fp32 graph, after SmoothQuant's migration at `alpha` if given."""
+            source = fp32
+            if alpha is not None:
+                source = work / f".smoothed-{alpha}.onnx"
+                smooth_graph(fp32, source, alpha, lambda model: score_model(model, tokenizer, task, calibration))
+            prepared = work / f".prepared-{alpha}.onnx"
+            quant_pre_process(str(source), str(prepared), skip_optimization=True, auto_merge=True)
+            return prepared
 
         def measure(keep: str, excluded: list[str], scheme: str | None = None) -> dict:
             target = work / "model.int8.onnx"
@@ -189,20 +214,23 @@ def main(argv: list[str] | None = None) -> int:
             found = predictions(predictor(documents))
             seconds = time.perf_counter() - began
             row = {**({"scheme": scheme, "int8_nodes": quantised_nodes(target)} if scheme
-                      else {"keep_fp32": keep, "nodes_kept_fp32": len(excluded)}),
+                      else {"keep_fp32": keep, "nodes_kept_fp32": len(excluded)}), "smooth": alpha,
                    "share_of_pytorch": round(len(found & reference) / max(1, len(reference)), 4),
                    "added": len(found - reference), "seconds": round(seconds, 2),
                    "records_per_s": round(len(documents) / seconds, 1)}
             print(json.dumps(row), flush=True)
             return row
 
-        if args.schemes:
-            rows = [measure("none", [], scheme) for scheme in args.schemes]
-        elif args.greedy is None:
-            rows = [measure(keep, excluded_nodes(prepared, keep)) for keep in args.keep]
-        else:
-            rows = greedy(prepared, measure, args.greedy, args.rounds)
-    record = {"model": args.model, "export": args.export, "task": task.name, "records": len(documents),
+        for alpha in [None, *args.smooth]:
+            prepared = prepare(alpha)
+            if args.schemes:
+                rows += [measure("none", [], scheme) for scheme in args.schemes]
+            elif args.greedy is None:
+                rows += [measure(keep, excluded_nodes(prepared, keep)) for keep in args.keep]
+            else:
+                rows += greedy(prepared, measure, args.greedy, args.rounds)
+    record = {"model": args.model, "export": args.export, "task": task.name, "split": args.split,
+              "records": len(documents),
               "pytorch_predictions": len(reference), "threads": args.threads, "cpu": cpu_line(), "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

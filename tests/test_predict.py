@@ -250,3 +250,9 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, 
     assert nodes["per-channel"]["MatMulInteger"] > 0 and nodes["per-channel"]["QAttention"] > 0
     assert nodes["blockwise"]["MatMulNBits"] > 0 and "MatMulInteger" not in nodes["blockwise"]
     assert nodes["static"]["QLinearMatMul"] > 0 and "DynamicQuantizeLinear" not in nodes["static"]
+
+    assert int8_layers.main([str(model), str(tmp_path / "onnx"), "--task", str(task_file), "--keep", "none",
+                             "embeddings,0,1,2,3,head", "--smooth", "0.7", "--out", str(out)]) == 0
+    rows = {(row["keep_fp32"], row["smooth"]): row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(keep, alpha) for keep in ("none", "embeddings,0,1,2,3,head") for alpha in (None, 0.7)}
+    assert rows["embeddings,0,1,2,3,head", 0.7]["share_of_pytorch"] == 1.0, "the migrated fp32 graph is the model"

@@ -47,6 +47,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.runtime import OnnxModel
 from biodistil.io import atomic_write_json
+from biodistil.models.families import position_limit
 from biodistil.training.threads import usable_cores
 
 BENCH_FORMAT = "biodistil-bench/1"
@@ -112,10 +113,8 @@ def _cached_snapshot(repo_id: str) -> Path | None:
 
 
 def max_length(model: torch.nn.Module | OnnxModel) -> int:
-    """Longest sequence the model's position embeddings allow (RoBERTa reserves two positions)."""
-    config = model.config
-    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
-    return int(getattr(config, "max_position_embeddings", 512)) - reserved
+    """Longest sequence the model's position embeddings allow (`position_limit`)."""
+    return position_limit(model.config)
 
 
 def random_batch(model: torch.nn.Module | OnnxModel, batch: int, length: int,

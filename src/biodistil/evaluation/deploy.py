@@ -40,6 +40,9 @@ class DeployRecipe(Section):
     data_dir: LocalPath | None = Field(None, description="the data folder (default: the task's own)")
     split: str = "test"
     models: list[DeployModel] = Field(min_length=1)
+    int8_smooth: float | None = Field(None, gt=0, lt=1, description="SmoothQuant's α for every int8 graph (export "
+                                      "--int8-smooth; calibrated on the task's training split, since the exports' "
+                                      "gate scores dev)")
     bench: BenchConfig = Field(default_factory=lambda: BenchConfig(
         enabled=True, lengths=[128], latency_batch=1, throughput_batch=32, warmup=3, repeats=20, threads=1))
 
@@ -65,7 +68,7 @@ def _export(recipe: DeployRecipe, model: DeployModel, folder: Path) -> dict[str,
     """The model's ONNX export (kept when a finished one is there), its record."""
     if not (folder / "export.json").is_file():
         run_export(model.path, folder, ExportOptions(int8=True, task=recipe.task, split="dev",
-                                                     data_root=_root(recipe)))
+                                                     data_root=_root(recipe), int8_smooth=recipe.int8_smooth))
     return read_json(folder / "export.json")
 
 

@@ -89,4 +89,12 @@ def _building(description: dict[str, Any]) -> list[str]:
                f"{quantization['activations']}); " if quantization.get("scheme") else "")
         lines.append(f"- int8: {how}schemes tried: {', '.join(quantization['schemes'])}; "
                      f"shipped: {quantization['choice']}.")
+        smoothing = quantization.get("smoothing")
+        if smoothing:
+            ratio, calibration = smoothing["outlier_ratio"], smoothing["calibration"]
+            lines.append(f"- SmoothQuant before quantising (α {smoothing['alpha']:g}): {smoothing['activations']} "
+                         f"activations divided per channel before the {smoothing['products']} products that read "
+                         f"them, calibrated on {calibration['examples']} examples of the {calibration['split']} split; "
+                         f"largest over median channel maximum (median over the activations) {ratio['before']:g} → "
+                         f"{ratio['after']:g}.")
     return ["## How the graphs were built", "", *lines] if lines else []

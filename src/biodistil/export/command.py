@@ -45,12 +45,15 @@ from biodistil.export.runtime import (
     is_export_folder,
     require_onnx,
 )
+from biodistil.export.smoothing import smooth_graph
 from biodistil.io import atomic_directory, atomic_write_json, atomic_write_text
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import score_model
 from biodistil.tasks.splits import read_split
 from biodistil.training.provenance import code_identity, model_identity
+
+CALIBRATION_EXAMPLES = 512  # --int8-smooth: sentences (or documents) whose activation maxima set the migration
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class ExportOptions:
     max_examples: int | None = None
     data_root: str | None = None
     max_int8_drop: float | None = None  # ship no int8 graph scoring more than this below PyTorch fp32 (0–1 scale)
+    int8_smooth: float | None = None  # SmoothQuant's α: migrate before quantising, calibrated on the task's dev split
 
     @property
     def schemes(self) -> list[str]:
@@ -77,6 +81,11 @@ class ExportOptions:
             raise BiodistilError("--max-int8-drop needs --int8 and --task (the drop is measured on the task's split)")
         if self.atol <= 0:
             raise BiodistilError(f"--atol must be positive, got {self.atol}")
+        if self.int8_smooth is not None and not (self.int8 and self.task):
+            raise BiodistilError("--int8-smooth needs --int8 and --task (it is calibrated on the task's dev split)")
+        if self.int8_smooth is not None and not 0 < self.int8_smooth < 1:
+            raise BiodistilError(f"--int8-smooth (SmoothQuant's α) must lie strictly between 0 and 1; got "
+                                 f"{self.int8_smooth}")
         if self.int8_scheme != "auto" and self.int8_scheme not in INT8_SCHEMES:
             raise BiodistilError(f"--int8-scheme must be auto, {', '.join(INT8_SCHEMES)}; got {self.int8_scheme}")
 
@@ -183,7 +192,16 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
     """Quantise with every scheme asked for, measure each (drift; drop on the task), keep the one the gate picks as
     model.int8.onnx (or none). Returns the quantisation record, the kept graph's drift and each scheme's scores."""
     paths = {scheme: folder / f".model.int8-{scheme}.onnx" for scheme in options.schemes}
-    quantization = quantize_int8(folder / VARIANT_FILES["fp32"], paths, fused)
+    source, smoothing = folder / VARIANT_FILES["fp32"], None
+    if options.int8_smooth is not None:
+        assert task_data is not None  # ExportOptions.validate
+        source = folder / ".model.smoothed.onnx"
+        smoothing = _smooth(loaded, folder / VARIANT_FILES["fp32"], source, options, task_data[0])
+    try:
+        quantization = quantize_int8(source, paths, fused)
+    finally:
+        if smoothing:
+            source.unlink(missing_ok=True)
     candidates: dict[str, dict[str, Any]] = {}
     drifts: dict[str, dict[str, Any]] = {}
     int8_scores: dict[str, dict[str, float]] = {}
@@ -200,9 +218,26 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
         paths[chosen].replace(folder / VARIANT_FILES["int8"])
     for path in paths.values():
         path.unlink(missing_ok=True)
-    quantization.update(scheme=chosen, **(scheme_description(chosen) if chosen else {}), choice=reason,
-                        candidates=candidates)
+    quantization.update(scheme=chosen, **(scheme_description(chosen, smoothing) if chosen else {}), choice=reason,
+                        candidates=candidates, smoothing=smoothing)
     return quantization, drifts[chosen] if chosen else None, int8_scores
+
+
+def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, options: ExportOptions,
+            task: TaskSpec) -> dict[str, Any]:
+    """The fp32 graph with SmoothQuant's migration at `target`, calibrated on CALIBRATION_EXAMPLES of the task's
+    dev split (its training split when it has none: never the split the gate scores on)."""
+    split = "dev" if "dev" in task.files and options.split != "dev" else "train"
+    examples = read_split(task, split, task_data_root(options.data_root, [loaded.folder]), options.fold,
+                          CALIBRATION_EXAMPLES)
+    if not examples:
+        raise BiodistilError(f"Task {task.name}: no {split} split to calibrate --int8-smooth on")
+
+    def calibrate(model: Any) -> None:
+        score_model(model, loaded.tokenizer, task, examples)
+
+    smoothing = smooth_graph(fp32_path, target, float(options.int8_smooth or 0), calibrate)
+    return {**smoothing, "calibration": {"split": split, "examples": len(examples)}}
 
 
 def choose_int8(candidates: dict[str, dict[str, Any]], limit: float | None) -> tuple[str | None, str]:

@@ -40,6 +40,7 @@ from transformers.utils import logging as transformers_logging
 
 from biodistil.errors import BiodistilError
 from biodistil.export.runtime import require_onnx
+from biodistil.models.families import position_limit
 
 OPSET = 18
 TRACE_BATCH, TRACE_LENGTH = 2, 17  # traced shapes; the checks use others
@@ -85,7 +86,7 @@ class LoadedModel:
 
     @property
     def max_length(self) -> int:
-        return max_sequence_length(self.model.config)
+        return position_limit(self.model.config)
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -143,12 +144,6 @@ def _quiet_loading() -> Iterator[None]:
         transformers_logging.set_verbosity(verbosity)
         if bars:
             transformers_logging.enable_progress_bar()
-
-
-def max_sequence_length(config: PretrainedConfig) -> int:
-    """Longest input the position embeddings allow (RoBERTa reserves two positions)."""
-    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
-    return int(getattr(config, "max_position_embeddings", 512)) - reserved
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -337,8 +332,16 @@ def _nbits_module() -> Any:
     return matmul_nbits_quantizer
 
 
-def scheme_description(scheme: str) -> dict[str, str]:
-    """How one int8 scheme quantises: method, weights and activations (for export.json and the card)."""
+def scheme_description(scheme: str, smoothing: dict[str, Any] | None = None) -> dict[str, str]:
+    """How one int8 scheme quantises: method, weights and activations (for export.json and the card); `smoothing`:
+    the record of SmoothQuant's migration made before, if any."""
+    described = _scheme_description(scheme)
+    if smoothing:
+        described["activations"] += f", after SmoothQuant's migration (α {smoothing['alpha']:g})"
+    return described
+
+
+def _scheme_description(scheme: str) -> dict[str, str]:
     if scheme == "blockwise":
         return {"method": f"onnxruntime MatMulNBits for MatMul (8 bits, symmetric, block {BLOCK_SIZE}, accuracy "
                           "level 4), quantize_dynamic per-channel for fused Attention",

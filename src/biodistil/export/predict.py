@@ -24,6 +24,7 @@ from typing import Any
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.errors import BiodistilError
 from biodistil.export.deployed import Deployed, expand_models, load_deployed
+from biodistil.models.families import position_limit
 from biodistil.tasks.encoding import collator_for, encode_split
 from biodistil.tasks.prediction import predict
 from biodistil.tasks.registry import TaskSpec
@@ -93,7 +94,7 @@ class Predictor:
         config = self.model.config
         labels = [str(config.id2label[i]) for i in range(len(config.id2label))]
         limit = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512,
-                    int(getattr(config, "max_position_embeddings", 512) or 512))
+                    position_limit(config))
         length = min(max_length or recorded_max_length(Path(model)) or limit, limit)
         self.task = model_task(head, labels, length)
         self.batch_size, self.threshold = batch_size, threshold

@@ -150,7 +150,8 @@ class OnnxModel:
         heads = int(getattr(self.config, "num_attention_heads", 1))
         return max(1, min(rows, int(self.max_attention_mb * 2**20) // (4 * heads * length * length)))
 
-    def __call__(self, **inputs: Any) -> OnnxOutput:
+    def feed(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The session's inputs from a batch (see the class docstring)."""
         feed = {}
         for name in self.input_names:
             if name in inputs:
@@ -159,6 +160,10 @@ class OnnxModel:
                 feed[name] = np.zeros_like(_int64(inputs["input_ids"]))
             else:
                 raise BiodistilError(f"{self.path}: the graph needs input '{name}' (inputs: {self.input_names})")
+        return feed
+
+    def __call__(self, **inputs: Any) -> OnnxOutput:
+        feed = self.feed(inputs)
         rows, length = feed[self.input_names[0]].shape[:2]
         step = self.rows_per_run(rows, length)
         parts = [self.session.run(["logits"], {k: v[start:start + step] for k, v in feed.items()})[0]

@@ -30,7 +30,7 @@ from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, 
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, MaskSameWords
 from biodistil.methods.objective import Objective
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
-from biodistil.models.families import head_only
+from biodistil.models.families import head_only, position_limit
 from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
 from biodistil.models.saving import export_model
 from biodistil.models.size import count_parameters
@@ -273,9 +273,8 @@ def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teache
 
 def teacher_length(config, block_size: int) -> int:
     """The teacher's truncation across tokenizers: twice the student's block (a text of block_size − 2 student
-    tokens rarely needs more teacher tokens), within its position embeddings (RoBERTa reserves two)."""
-    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0
-    return min(2 * block_size, int(getattr(config, "max_position_embeddings", 2 * block_size)) - reserved)
+    tokens rarely needs more teacher tokens), within its position embeddings (`position_limit`)."""
+    return min(2 * block_size, position_limit(config, default=2 * block_size))
 
 
 def _across_note(student_tokenizer, tokenizers: list, objective: Objective) -> str:

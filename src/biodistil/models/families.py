@@ -44,6 +44,9 @@ class Family:
     # the module (path relative to the masked-LM model) whose output [L_q, L_k, H] is a bias every layer adds to its
     # attention scores (MPNet's relative-position bias); None: scores are Q·Kᵀ/√d alone
     score_bias: str | None = None
+    # positions the position embeddings hold beyond the longest input: RoBERTa and MPNet number positions after the
+    # padding index, so a table of n positions takes inputs of n − 2 tokens
+    reserved_positions: int = 0
 
 
 def _bert_head(model: PreTrainedModel, hidden: torch.Tensor) -> LinearRows:
@@ -115,8 +118,9 @@ def _modernbert_layer_state(state: dict[str, torch.Tensor], student_keys: set[st
 
 FAMILIES: dict[str, Family] = {
     "bert": Family("bert", "bert.encoder.layer", "num_hidden_layers", _bert_head),
-    "roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head),
-    "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head),
+    "roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head, reserved_positions=2),
+    "xlm-roberta": Family("roberta", "roberta.encoder.layer", "num_hidden_layers", _roberta_head,
+                          reserved_positions=2),
     "distilbert": Family(
         "distilbert", "distilbert.transformer.layer", "n_layers", _distilbert_head,
         qkv=SeparateProjections(("attention.q_lin", "attention.k_lin", "attention.v_lin")), heads_config_key="n_heads",
@@ -126,7 +130,7 @@ FAMILIES: dict[str, Family] = {
     "mpnet": Family(  # its LM head is RoBERTa's; its attention adds a relative-position bias shared by every layer
         "mpnet", "mpnet.encoder.layer", "num_hidden_layers", _roberta_head,
         qkv=SeparateProjections(("attention.attn.q", "attention.attn.k", "attention.attn.v")),
-        takes_token_type_ids=False, score_bias="mpnet.encoder.relative_attention_bias",
+        takes_token_type_ids=False, score_bias="mpnet.encoder.relative_attention_bias", reserved_positions=2,
     ),
     "modernbert": Family(
         "model", "model.layers", "num_hidden_layers", _modernbert_head, qkv=FusedRotaryProjection(),
@@ -134,6 +138,14 @@ FAMILIES: dict[str, Family] = {
         takes_token_type_ids=False,
     ),
 }
+
+
+def position_limit(config: PretrainedConfig, default: int = 512) -> int:
+    """Longest input (in tokens, special ones included) the model's position embeddings allow; `default` where the
+    config records no table. Families that number positions after the padding index reserve two (RoBERTa, MPNet)."""
+    family = FAMILIES.get(config.model_type)
+    reserved = family.reserved_positions if family else 0
+    return int(getattr(config, "max_position_embeddings", None) or default) - reserved
 
 
 def family_of(config: PretrainedConfig) -> Family:

@@ -25,6 +25,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, words_for_tokenizer
 from biodistil.data.batch import MODEL_INPUTS
 from biodistil.data.formats import Example, TextExample, TokenExample
+from biodistil.models.families import position_limit
 from biodistil.tasks.registry import TaskSpec
 
 # the entity markers of relation-extraction texts: @GENE$, @DRUG$, @DISEASE$, @CHEMICAL$ (BLURB), BC6ENTC and
@@ -220,6 +221,5 @@ def model_inputs(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.
 def fit_length_to_model(task: TaskSpec, model_name_or_path: str | Path) -> TaskSpec:
     """The task with max_length capped at what the model's position embeddings allow (truncation is counted)."""
     config = AutoConfig.from_pretrained(str(model_name_or_path))
-    reserved = 2 if config.model_type in ("roberta", "xlm-roberta") else 0  # RoBERTa offsets positions by pad+1
-    limit = int(getattr(config, "max_position_embeddings", task.max_length)) - reserved
+    limit = position_limit(config, default=task.max_length)
     return task if task.max_length <= limit else task.model_copy(update={"max_length": limit})
