@@ -87,3 +87,24 @@ def test_attention_map_terms_distil_an_mpnet_teacher(mpnet, corpus_file, tmp_pat
     records = [json.loads(line) for line in (tmp_path / "attention" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["split"] == "train"]
     assert (Path(model_dir) / "config.json").is_file() and losses[-1] < losses[0]
+
+
+def test_mpnet_like_roberta_takes_two_tokens_fewer_than_its_position_table(mpnet):
+    """MPNet numbers positions after the padding index, as RoBERTa: a table of 80 positions takes inputs of 78 tokens
+    (79 raised IndexError in the model); `position_limit` caps tasks, exports, benches and predict at that."""
+    from transformers import BertConfig, PretrainedConfig, RobertaConfig
+
+    from biodistil.models.families import position_limit
+    from biodistil.tasks.encoding import fit_length_to_model
+    from biodistil.tasks.registry import get_task
+
+    model = AutoModelForMaskedLM.from_pretrained(mpnet).eval()
+    assert position_limit(model.config) == 78
+    with torch.inference_mode():
+        model(input_ids=torch.full((1, 78), 7))
+        with pytest.raises(IndexError):
+            model(input_ids=torch.full((1, 79), 7))
+    assert fit_length_to_model(get_task("ncbi_disease").model_copy(update={"max_length": 128}), mpnet).max_length == 78
+    assert position_limit(RobertaConfig(max_position_embeddings=514)) == 512
+    assert position_limit(BertConfig(max_position_embeddings=512)) == 512
+    assert position_limit(PretrainedConfig(), default=64) == 64  # no table recorded
