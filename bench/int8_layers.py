@@ -61,6 +61,8 @@ def parse(argv=None) -> argparse.Namespace:
                         help="compare these quantisation schemes instead of fp32 layers or nodes")
     parser.add_argument("--smooth", nargs="*", type=float, default=[], metavar="ALPHA",
                         help="also measure every row after SmoothQuant's migration at these α")
+    parser.add_argument("--smooth-inputs", nargs="+", choices=("all", "layernorm"), default=["all"],
+                        help="--smooth: migrate every activation, or only LayerNorm outputs (each given: both)")
     parser.add_argument("--out", help="also write the record as JSON")
     return parser.parse_args(argv)
 
@@ -190,13 +192,14 @@ def main(argv: list[str] | None = None) -> int:
                                  limit=CALIBRATION_EXAMPLES)  # as the export calibrates: never the compared split
         tokenizer = load_tokenizer(str(work))
 
-        def prepare(alpha: float | None) -> Path:
+        def prepare(alpha: float | None, inputs: str) -> Path:
             """The graph to quantise: the export's fp32 graph, after SmoothQuant's migration at `alpha` if given."""
             source = fp32
             if alpha is not None:
-                source = work / f".smoothed-{alpha}.onnx"
-                smooth_graph(fp32, source, alpha, lambda model: score_model(model, tokenizer, task, calibration))
-            prepared = work / f".prepared-{alpha}.onnx"
+                source = work / f".smoothed-{alpha}-{inputs}.onnx"
+                smooth_graph(fp32, source, alpha, lambda model: score_model(model, tokenizer, task, calibration),
+                             inputs)
+            prepared = work / f".prepared-{alpha}-{inputs}.onnx"
             quant_pre_process(str(source), str(prepared), skip_optimization=True, auto_merge=True)
             return prepared
 
@@ -215,14 +218,16 @@ def main(argv: list[str] | None = None) -> int:
             seconds = time.perf_counter() - began
             row = {**({"scheme": scheme, "int8_nodes": quantised_nodes(target)} if scheme
                       else {"keep_fp32": keep, "nodes_kept_fp32": len(excluded)}), "smooth": alpha,
+                   "smooth_inputs": inputs if alpha is not None else None,
                    "share_of_pytorch": round(len(found & reference) / max(1, len(reference)), 4),
                    "added": len(found - reference), "seconds": round(seconds, 2),
                    "records_per_s": round(len(documents) / seconds, 1)}
             print(json.dumps(row), flush=True)
             return row
 
-        for alpha in [None, *args.smooth]:
-            prepared = prepare(alpha)
+        settings = [(None, "all")] + [(a, inputs) for a in args.smooth for inputs in args.smooth_inputs]
+        for alpha, inputs in settings:
+            prepared = prepare(alpha, inputs)
             if args.schemes:
                 rows += [measure("none", [], scheme) for scheme in args.schemes]
             elif args.greedy is None:

@@ -14,7 +14,8 @@ from recipe_fixtures import data_root
 from transformers import BertConfig
 
 from biodistil.cli.main import main
-from biodistil.export.smoothing import migration_factors, migration_groups, smooth_graph
+from biodistil.errors import BiodistilError
+from biodistil.export.smoothing import LAYER_NORMS, migration_factors, migration_groups, smooth_graph
 
 needs_onnx = pytest.mark.skipif(not all(find_spec(n) for n in ("onnx", "onnxruntime", "onnxscript")),
                                 reason="the optional extra 'export' is not installed")
@@ -96,6 +97,9 @@ def test_one_division_per_activation_keeps_the_function_and_scales_the_weights_r
     source, arrays = outlier_graph(tmp_path / "graph")
     groups = migration_groups(onnx.load(str(source)).graph)
     assert [(g.activation, g.weights) for g in groups] == [("X", ["W1", "W2"])]
+    assert migration_groups(onnx.load(str(source)).graph, LAYER_NORMS) == [], "X comes from a Gather"
+    with pytest.raises(BiodistilError, match="no MatMul or Attention with a constant weight to migrate"):
+        smooth_graph(source, tmp_path / "graph" / "none.onnx", 0.5, lambda model: None, inputs="layernorm")
     record = smooth_graph(source, tmp_path / "graph" / "smoothed.onnx", 0.5,
                           lambda model: [model(**batch) for batch in batches()])
     assert (record["activations"], record["products"]) == (1, 2)
@@ -168,7 +172,8 @@ def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_pat
     description = json.loads((out / "export.json").read_text())
     smoothing = description["quantization"]["smoothing"]
     # per layer: Q/K/V's input, the attention output's, the intermediate's, the FFN output's; then the classifier's
-    assert (smoothing["alpha"], smoothing["activations"], smoothing["products"]) == (0.7, 9, 13)
+    assert (smoothing["alpha"], smoothing["inputs"], smoothing["activations"], smoothing["products"]) == \
+        (0.7, "all", 9, 13)
     assert smoothing["calibration"] == {"split": "dev", "examples": 512}
     assert "after SmoothQuant's migration (α 0.7)" in description["quantization"]["activations"]
     assert "SmoothQuant before quantising (α 0.7)" in (out / "README.md").read_text()
@@ -177,4 +182,10 @@ def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_pat
         return sum(n.name.endswith("/smooth") for n in onnx.load(str(out / graph)).graph.node)
     assert (smooth_nodes("model.onnx"), smooth_nodes("model.int8.onnx")) == (0, 9)  # the fp32 graph is untouched
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+    # only the LayerNorm outputs: Q/K/V's and the intermediate's input per layer, and the classifier's
+    record = smooth_graph(out / "model.onnx", tmp_path / "layernorm.onnx", 0.7,
+                    lambda model: model(input_ids=torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3)),
+                    inputs="layernorm")
+    assert (record["inputs"], record["activations"], record["products"]) == ("layernorm", 5, 9)
     assert description["accuracy"]["onnx_int8"]["f1"] >= 0

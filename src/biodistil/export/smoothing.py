@@ -32,7 +32,9 @@ from biodistil.errors import BiodistilError
 from biodistil.export.runtime import OnnxModel, OnnxOutput
 
 MIGRATED_OPS = ("MatMul", "Attention")  # the products quantize_dynamic quantises with a constant weight
+LAYER_NORMS = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization")  # unfused and fused
 FLOOR = 1e-5  # channel maxima and factors at least this (a dead channel would divide by zero)
+SMOOTHED_INPUTS = {"all": None, "layernorm": LAYER_NORMS}  # which activations migrate (producers; None: any)
 WATCHED_MB = 256.0  # calibration: the watched activations one session run may return
 
 
@@ -45,10 +47,12 @@ class MigrationGroup:
     weights: list[str] = field(default_factory=list)
 
 
-def migration_groups(graph: Any) -> list[MigrationGroup]:
-    """Each activation read by a migratable product, with every such product reading it. A weight shared by several
-    nodes, or not a matrix, leaves its product out (scaling it for one reader would change the others)."""
+def migration_groups(graph: Any, producers: tuple[str, ...] | None = None) -> list[MigrationGroup]:
+    """Each activation read by a migratable product, with every such product reading it; with `producers`, only the
+    activations those operations produce. A weight shared by several nodes, or not a matrix, leaves its product out
+    (scaling it for one reader would change the others)."""
     initializers = {tensor.name: tensor for tensor in graph.initializer}
+    made_by = {output: node.op_type for node in graph.node for output in node.output}
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
@@ -59,6 +63,8 @@ def migration_groups(graph: Any) -> list[MigrationGroup]:
             continue
         activation, weight = node.input[0], node.input[1]
         if activation in initializers or weight not in initializers:
+            continue
+        if producers is not None and made_by.get(activation) not in producers:
             continue
         if len(initializers[weight].dims) != 2 or readers[weight] != 1:
             continue
@@ -103,9 +109,11 @@ def migration_factors(activation_max: np.ndarray, weight_max: np.ndarray, alpha:
     return np.maximum(activation_max**alpha / weight_max ** (1 - alpha), FLOOR)
 
 
-def smooth_graph(source: Path, target: Path, alpha: float, calibrate: Callable[[OnnxModel], None]) -> dict[str, Any]:
+def smooth_graph(source: Path, target: Path, alpha: float, calibrate: Callable[[OnnxModel], None],
+                 inputs: str = "all") -> dict[str, Any]:
     """Write `source` with SmoothQuant's migration at `alpha` to `target`; `calibrate(model)` runs the calibration
-    data through `model` (called like the Hugging Face model). Returns what was migrated, for export.json.
+    data through `model` (called like the Hugging Face model); `inputs`: migrate every activation (`all`) or only
+    LayerNorm outputs (`layernorm`). Returns what was migrated, for export.json.
 
     The calibration graph (the source with the watched tensors as extra outputs) is written beside `source`, whose
     folder must hold the model's config.json (an export folder), and removed afterwards."""
@@ -114,8 +122,10 @@ def smooth_graph(source: Path, target: Path, alpha: float, calibrate: Callable[[
 
     if not 0 < alpha < 1:
         raise BiodistilError(f"SmoothQuant's α must lie strictly between 0 and 1; got {alpha}")
+    if inputs not in SMOOTHED_INPUTS:
+        raise BiodistilError(f"SmoothQuant's inputs must be one of {', '.join(SMOOTHED_INPUTS)}; got {inputs!r}")
     model = onnx.load(str(source))
-    groups = migration_groups(model.graph)
+    groups = migration_groups(model.graph, SMOOTHED_INPUTS[inputs])
     if not groups:
         raise BiodistilError(f"{source}: no MatMul or Attention with a constant weight to migrate; export without "
                              "--int8-smooth")
@@ -135,7 +145,7 @@ def smooth_graph(source: Path, target: Path, alpha: float, calibrate: Callable[[
     _insert_after_producers(model.graph, divisions)
     onnx.save(model, str(target))
     return {"method": "SmoothQuant (Xiao et al. 2023, eq. 4) folded into the weights, 1/s as a Mul before them",
-            "alpha": alpha, "activations": len(groups), "products": sum(len(g.nodes) for g in groups),
+            "alpha": alpha, "inputs": inputs, "activations": len(groups), "products": sum(len(g.nodes) for g in groups),
             "outlier_ratio": {"before": round(float(np.median([r[0] for r in ratios])), 2),
                               "after": round(float(np.median([r[1] for r in ratios])), 2)}}
 
