@@ -15,6 +15,7 @@ from transformers import BertConfig
 
 from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
+from biodistil.export.command import ExportOptions
 from biodistil.export.smoothing import LAYER_NORMS, migration_factors, migration_groups, smooth_graph
 
 needs_onnx = pytest.mark.skipif(not all(find_spec(n) for n in ("onnx", "onnxruntime", "onnxscript")),
@@ -151,6 +152,11 @@ def test_the_option_is_checked_before_any_work(tmp_path, capsys):
     assert main(["export", str(model), "--out", str(tmp_path / "o"), "--int8", "--task", "ncbi_disease",
                  "--int8-smooth", "1.5"]) == 2
     assert "strictly between 0 and 1; got 1.5" in capsys.readouterr().err
+    assert main(["export", str(model), "--out", str(tmp_path / "o"), "--int8", "--task", "ncbi_disease",
+                 "--int8-smooth", "0.7", "--int8-scheme", "per-tensor"]) == 2
+    assert "--int8-smooth needs int8 weights with a scale per column" in capsys.readouterr().err
+    assert ExportOptions(int8=True, task="t", int8_smooth=0.7).schemes == ["per-channel"]
+    assert ExportOptions(int8=True, task="t").schemes == ["per-tensor", "per-channel"]
 
 
 @needs_onnx
@@ -167,14 +173,15 @@ def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_pat
     MPNetForTokenClassification(config).save_pretrained(source)
     tokenizer.save_pretrained(source)
     out = tmp_path / "onnx"
-    assert main(["export", str(source), "--out", str(out), "--int8", "--int8-scheme", "per-tensor", "--task",
-                 "ncbi_disease", "--max-examples", "8", "--int8-smooth", "0.7"]) == 0
+    assert main(["export", str(source), "--out", str(out), "--int8", "--task", "ncbi_disease", "--max-examples", "8",
+                 "--int8-smooth", "0.7"]) == 0
     description = json.loads((out / "export.json").read_text())
     smoothing = description["quantization"]["smoothing"]
     # per layer: Q/K/V's input, the attention output's, the intermediate's, the FFN output's; then the classifier's
     assert (smoothing["alpha"], smoothing["inputs"], smoothing["activations"], smoothing["products"]) == \
         (0.7, "all", 9, 13)
     assert smoothing["calibration"] == {"split": "dev", "examples": 512}
+    assert description["quantization"]["schemes"] == ["per-channel"]
     assert "after SmoothQuant's migration (α 0.7)" in description["quantization"]["activations"]
     assert "SmoothQuant before quantising (α 0.7)" in (out / "README.md").read_text()
 

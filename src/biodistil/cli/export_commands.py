@@ -108,8 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "written")
     parser.add_argument("--int8-smooth", type=float, metavar="ALPHA",
                         help="before quantising, move the activations' outlier channels into the weights "
-                        "(SmoothQuant, migration strength ALPHA in (0, 1), e.g. 0.7), calibrated on the task's dev "
-                        "split; needs --task. Keeps per-tensor int8's speed, often much of its lost accuracy")
+                        "(SmoothQuant, migration strength ALPHA in (0, 1), e.g. 0.8), calibrated on the task's dev "
+                        "split (its training split when --split dev); needs --task and per-column weights (auto then "
+                        "makes per-channel alone). Keeps the dynamic int8 kernels' speed, and some of the agreement "
+                        "they lose")
     parser.set_defaults(run=_export)
     card = sub.add_parser("card", help="Write a run's model card (model/README.md) again from its records",
                           description="Write the model card of a run folder (DIR/model/README.md: the Hub's YAML "

@@ -4,7 +4,8 @@ masked LM), checked before anything is written.
 In a temporary folder beside DIR: export the fp32 graph (fused by ONNX Runtime's transformer optimizer for BERT-family
 models, `biodistil.export.fusion`; unfused with a note otherwise), check its outputs against PyTorch's at several
 lengths (bounded by `atol`), quantise it to int8 per tensor and per channel and measure each one's drift, and with a
-task score PyTorch fp32, ONNX fp32 and both int8 graphs side by side on the task's split. The accuracy gate picks the
+task score PyTorch fp32, ONNX fp32 and both int8 graphs side by side on the task's split (with `int8_smooth`, after
+SmoothQuant's migration, `biodistil.export.smoothing`, calibrated on another split). The accuracy gate picks the
 int8 graph that ships: the one with the smaller drop among those within `max_int8_drop` (without a task, the smaller
 logit drift); when neither passes, only the fp32 graph is written, and the record says why. Only when every check
 passes does the folder replace DIR, in one rename, with the tokenizer, config.json, export.json (inputs, outputs,
@@ -74,7 +75,11 @@ class ExportOptions:
 
     @property
     def schemes(self) -> list[str]:
-        return list(FAST_INT8_SCHEMES) if self.int8_scheme == "auto" else [self.int8_scheme]
+        """The int8 schemes to make; after SmoothQuant's migration `auto` makes per-channel alone (per-tensor weights
+        cannot hold the migrated rows: validate)."""
+        if self.int8_scheme != "auto":
+            return [self.int8_scheme]
+        return ["per-channel"] if self.int8_smooth is not None else list(FAST_INT8_SCHEMES)
 
     def validate(self) -> None:
         if self.max_int8_drop is not None and not (self.int8 and self.task):
@@ -86,6 +91,10 @@ class ExportOptions:
         if self.int8_smooth is not None and not 0 < self.int8_smooth < 1:
             raise BiodistilError(f"--int8-smooth (SmoothQuant's α) must lie strictly between 0 and 1; got "
                                  f"{self.int8_smooth}")
+        if self.int8_smooth is not None and self.int8_scheme == "per-tensor":
+            raise BiodistilError("--int8-smooth needs int8 weights with a scale per column (--int8-scheme per-channel, "
+                                 "blockwise or auto): one scale per weight tensor cannot hold the rows the migration "
+                                 "scales up (Study 6's MPNet teacher: dev F1 0.774 -> 0.000)")
         if self.int8_scheme != "auto" and self.int8_scheme not in INT8_SCHEMES:
             raise BiodistilError(f"--int8-scheme must be auto, {', '.join(INT8_SCHEMES)}; got {self.int8_scheme}")
 
@@ -193,10 +202,10 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
     model.int8.onnx (or none). Returns the quantisation record, the kept graph's drift and each scheme's scores."""
     paths = {scheme: folder / f".model.int8-{scheme}.onnx" for scheme in options.schemes}
     source, smoothing = folder / VARIANT_FILES["fp32"], None
-    if options.int8_smooth is not None:
-        assert task_data is not None  # ExportOptions.validate
+    if options.int8_smooth is not None and task_data is not None:  # validate: no --int8-smooth without --task
         source = folder / ".model.smoothed.onnx"
-        smoothing = _smooth(loaded, folder / VARIANT_FILES["fp32"], source, options, task_data[0])
+        smoothing = _smooth(loaded, folder / VARIANT_FILES["fp32"], source, options.int8_smooth, options,
+                            task_data[0])
     try:
         quantization = quantize_int8(source, paths, fused)
     finally:
@@ -223,10 +232,11 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
     return quantization, drifts[chosen] if chosen else None, int8_scores
 
 
-def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, options: ExportOptions,
+def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, alpha: float, options: ExportOptions,
             task: TaskSpec) -> dict[str, Any]:
-    """The fp32 graph with SmoothQuant's migration at `target`, calibrated on CALIBRATION_EXAMPLES of the task's
-    dev split (its training split when it has none: never the split the gate scores on)."""
+    """The fp32 graph with SmoothQuant's migration at `alpha` written to `target`, calibrated on CALIBRATION_EXAMPLES
+    of the task's dev split (its training split when the gate scores dev or the task has no dev split: the
+    calibration never reads the split the gate scores)."""
     split = "dev" if "dev" in task.files and options.split != "dev" else "train"
     examples = read_split(task, split, task_data_root(options.data_root, [loaded.folder]), options.fold,
                           CALIBRATION_EXAMPLES)
@@ -236,7 +246,7 @@ def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, options: ExportO
     def calibrate(model: Any) -> None:
         score_model(model, loaded.tokenizer, task, examples)
 
-    smoothing = smooth_graph(fp32_path, target, float(options.int8_smooth or 0), calibrate)
+    smoothing = smooth_graph(fp32_path, target, alpha, calibrate)
     return {**smoothing, "calibration": {"split": split, "examples": len(examples)}}
 
 
