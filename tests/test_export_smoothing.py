@@ -161,7 +161,7 @@ def test_the_option_is_checked_before_any_work(tmp_path, capsys):
 
 @needs_onnx
 @pytest.mark.skipif(data_root() is None, reason="needs the shared data folder (NCBI-disease)")
-def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_path, tokenizer):
+def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_path, tokenizer, capsys):
     import onnx
     from transformers import MPNetConfig, MPNetForTokenClassification
 
@@ -182,6 +182,11 @@ def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_pat
         (0.7, "all", 9, 13)
     assert smoothing["calibration"] == {"split": "dev", "examples": 512}
     assert description["quantization"]["schemes"] == ["per-channel"]
+    assert description["quantization"]["choice"].startswith(
+        "per-channel: the one scheme auto makes after SmoothQuant's migration (drops per-channel ")
+    printed = capsys.readouterr().out
+    assert "SmoothQuant before int8 (α 0.7): 9 activations divided per channel, 13 products' weights scaled; " \
+        "calibrated on 512 dev examples" in printed
     assert "after SmoothQuant's migration (α 0.7)" in description["quantization"]["activations"]
     assert "SmoothQuant before quantising (α 0.7)" in (out / "README.md").read_text()
 
@@ -196,3 +201,26 @@ def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_pat
                     inputs="layernorm")
     assert (record["inputs"], record["activations"], record["products"]) == ("layernorm", 5, 9)
     assert description["accuracy"]["onnx_int8"]["f1"] >= 0
+
+
+def test_the_deploy_stage_passes_its_alpha_to_every_export(tmp_path, monkeypatch):
+    """`int8_smooth` of a pipeline's deploy stage reaches each export's options (gate on dev, as before), and an α
+    outside (0, 1) is a recipe error naming the field."""
+    from pydantic import ValidationError
+
+    from biodistil.evaluation import deploy
+    from biodistil.evaluation.deploy import DeployRecipe
+
+    asked = []
+
+    def export(model_dir, out, options):
+        asked.append(options)
+        out.mkdir(parents=True)
+        (out / "export.json").write_text("{}")
+
+    monkeypatch.setattr(deploy, "run_export", export)
+    recipe = DeployRecipe(task="ncbi_disease", int8_smooth=0.8, models=[{"name": "m", "path": str(tmp_path)}])
+    deploy._export(recipe, recipe.models[0], tmp_path / "onnx" / "m")
+    assert [(o.int8, o.split, o.int8_smooth) for o in asked] == [(True, "dev", 0.8)]
+    with pytest.raises(ValidationError, match="int8_smooth"):
+        DeployRecipe(task="ncbi_disease", int8_smooth=1.0, models=[{"name": "m", "path": str(tmp_path)}])

@@ -222,7 +222,9 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
             int8_scores[scheme] = _scores({scheme: model}, loaded, task_data)[scheme]
             headline = task_data[0].headline_key
             candidates[scheme]["drop"] = scores["pytorch_fp32"][headline] - int8_scores[scheme][headline]
-    chosen, reason = choose_int8(candidates, options.max_int8_drop)
+    lone = ("the one scheme auto makes after SmoothQuant's migration" if smoothing and options.int8_scheme == "auto"
+            else "the scheme asked for")
+    chosen, reason = choose_int8(candidates, options.max_int8_drop, lone)
     if chosen:
         paths[chosen].replace(folder / VARIANT_FILES["int8"])
     for path in paths.values():
@@ -250,12 +252,13 @@ def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, alpha: float, op
     return {**smoothing, "calibration": {"split": split, "examples": len(examples)}}
 
 
-def choose_int8(candidates: dict[str, dict[str, Any]], limit: float | None) -> tuple[str | None, str]:
+def choose_int8(candidates: dict[str, dict[str, Any]], limit: float | None,
+                lone: str = "the scheme asked for") -> tuple[str | None, str]:
     """The int8 scheme to ship and why, from each candidate's `drop` (PyTorch fp32 − int8 on the task's split, when
     scored) and `max_abs_diff` (logit drift on the parity batches).
 
     Scored: among the candidates within `limit` (all, without one), the smaller drop, then the smaller drift; none
-    within it: None (ship fp32 only). Not scored: the smaller drift.
+    within it: None (ship fp32 only). Not scored: the smaller drift. `lone` says why a single candidate was made.
     """
     def listed(names: list[str]) -> str:
         return ", ".join(f"{n} {candidates[n]['drop']:+.4f}" for n in names)
@@ -263,14 +266,14 @@ def choose_int8(candidates: dict[str, dict[str, Any]], limit: float | None) -> t
     if any("drop" not in c for c in candidates.values()):
         best = min(candidates, key=lambda n: candidates[n]["max_abs_diff"])
         why = ("the smaller logit drift against PyTorch on the parity batches" if len(candidates) > 1
-               else "the scheme asked for")
+               else lone)
         return best, f"{best}: {why} (not scored: give --task to let the accuracy gate choose)"
     passing = [n for n, c in candidates.items() if limit is None or c["drop"] <= limit]
     if not passing:
         return None, (f"no int8 graph: every scheme drops more than the limit {limit:g} below PyTorch fp32 "
                       f"({listed(list(candidates))}); the fp32 graph is the one to deploy")
     best = min(passing, key=lambda n: (candidates[n]["drop"], candidates[n]["max_abs_diff"]))
-    why = "the smaller drop" if len(candidates) > 1 else "the scheme asked for"
+    why = "the smaller drop" if len(candidates) > 1 else lone
     within = f", within the limit {limit:g}" if limit is not None else ""
     return best, f"{best}: {why}{within} (drops {listed(list(candidates))})"
 
@@ -338,6 +341,13 @@ def format_export(out: Path, description: dict[str, Any]) -> str:
              f"(bound {checks['atol']:g}), predictions equal {100 * checks['fp32']['min_agreement']:.1f}%"]
     quantization = description.get("quantization")
     if quantization:
+        smoothing = quantization.get("smoothing")
+        if smoothing:
+            ratio = smoothing["outlier_ratio"]
+            lines.append(f"SmoothQuant before int8 (α {smoothing['alpha']:g}): {smoothing['activations']} activations "
+                         f"divided per channel, {smoothing['products']} products' weights scaled; calibrated on "
+                         f"{smoothing['calibration']['examples']} {smoothing['calibration']['split']} examples; "
+                         f"largest / median channel maximum {ratio['before']:g} → {ratio['after']:g}")
         lines.append(f"int8 ({', '.join(quantization['schemes'])}): {quantization['choice']}")
     if checks.get("int8"):
         lines.append(f"int8 drift: max |int8 − PyTorch| = {checks['int8']['max_abs_diff']:.3g}, predictions equal "
