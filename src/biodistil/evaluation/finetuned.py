@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,9 @@ def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
 
 
 def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out: Path,
-                bench: BenchConfig | None = None) -> Path:
-    """Score every deployed variant of `specs` on the plan's split; write the run folder and its report."""
+                bench: BenchConfig | None = None, timed: Callable[[Deployed], bool] | None = None) -> Path:
+    """Score every deployed variant of `specs` on the plan's split; write the run folder and its report. With
+    `bench`, time them side by side too (those `timed` accepts, when given)."""
     lock_folder(out, "evaluation folder")
     if (out / "config.yaml").is_file():
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
@@ -94,7 +95,8 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
     if bench is not None:
         from biodistil.evaluation.bench import run_bench, write_bench
 
-        write_bench(run_bench([(i.label, str(i.path)) for i in items], bench), out / "bench.json")
+        chosen = [item for item in items if timed is None or timed(item)]
+        write_bench(run_bench([(i.label, str(i.path)) for i in chosen], bench), out / "bench.json")
     from biodistil.evaluation.report import build_report
 
     return build_report([out], out)
