@@ -21,8 +21,9 @@ int8 weights, uint8 activations with scales calibrated (min-max) on the task's f
 to say why the export does not offer it). Rows: one per scheme, named in `keep_fp32`'s place by `scheme`.
 
 `--smooth ALPHA ...` measures every row again on the graph `export --int8-smooth ALPHA` quantises: SmoothQuant's
-migration (`biodistil.export.smoothing`) applied first, calibrated as the export calibrates (the task's first 512
-dev sentences); each row records its `smooth` (null: none).
+migration (`biodistil.export.smoothing`) applied first, calibrated as the export calibrates (a seeded 512 sentences
+of the task's dev split; of its training split with `--split dev`); each row records its `smooth` (null: none) and
+`smooth_inputs` (`--smooth-inputs layernorm`: only the LayerNorm outputs migrate).
 """
 
 import argparse
