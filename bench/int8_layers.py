@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from biodistil.export.command import CALIBRATION_EXAMPLES
+    from biodistil.export.command import calibration_examples
     from biodistil.export.onnx import quantize_scheme
     from biodistil.export.smoothing import smooth_graph
     from biodistil.models.loading import load_tokenizer
@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(file, work / file.name)
         fp32 = work / ".fp32.onnx"
         shutil.copy(work / "model.onnx", fp32)
-        calibration = read_split(task, "dev" if args.split == "test" else "train", args.data,
-                                 limit=CALIBRATION_EXAMPLES)  # as the export calibrates: never the compared split
+        _, calibration = calibration_examples(task, args.split, args.data)  # as the export: never the compared split
         tokenizer = load_tokenizer(str(work))
 
         def prepare(alpha: float | None, inputs: str) -> Path:

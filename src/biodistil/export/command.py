@@ -234,16 +234,22 @@ def _int8(loaded: LoadedModel, folder: Path, options: ExportOptions, batches: li
     return quantization, drifts[chosen] if chosen else None, int8_scores
 
 
-def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, alpha: float, options: ExportOptions,
-            task: TaskSpec) -> dict[str, Any]:
-    """The fp32 graph with SmoothQuant's migration at `alpha` written to `target`, calibrated on CALIBRATION_EXAMPLES
-    of the task's dev split (its training split when the gate scores dev or the task has no dev split: the
-    calibration never reads the split the gate scores)."""
-    split = "dev" if "dev" in task.files and options.split != "dev" else "train"
-    examples = read_split(task, split, task_data_root(options.data_root, [loaded.folder]), options.fold,
-                          CALIBRATION_EXAMPLES)
+def calibration_examples(task: TaskSpec, scored: str, data_root: str | Path | None,
+                         fold: int | None = None) -> tuple[str, list[Any]]:
+    """The split SmoothQuant's migration is calibrated on and CALIBRATION_EXAMPLES of it: the dev split, or the
+    training split when dev is the one scored or the task has none (never the split scored)."""
+    split = "dev" if "dev" in task.files and scored != "dev" else "train"
+    examples = read_split(task, split, data_root, fold, CALIBRATION_EXAMPLES)
     if not examples:
         raise BiodistilError(f"Task {task.name}: no {split} split to calibrate --int8-smooth on")
+    return split, examples
+
+
+def _smooth(loaded: LoadedModel, fp32_path: Path, target: Path, alpha: float, options: ExportOptions,
+            task: TaskSpec) -> dict[str, Any]:
+    """The fp32 graph with SmoothQuant's migration at `alpha` written to `target` (`calibration_examples`)."""
+    split, examples = calibration_examples(task, options.split, task_data_root(options.data_root, [loaded.folder]),
+                                           options.fold)
 
     def calibrate(model: Any) -> None:
         score_model(model, loaded.tokenizer, task, examples)

@@ -162,12 +162,15 @@ class OnnxModel:
                 raise BiodistilError(f"{self.path}: the graph needs input '{name}' (inputs: {self.input_names})")
         return feed
 
+    def run_rows(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        """The logits of one session run over a slice of a batch's rows."""
+        return self.session.run(["logits"], feed)[0]
+
     def __call__(self, **inputs: Any) -> OnnxOutput:
         feed = self.feed(inputs)
         rows, length = feed[self.input_names[0]].shape[:2]
         step = self.rows_per_run(rows, length)
-        parts = [self.session.run(["logits"], {k: v[start:start + step] for k, v in feed.items()})[0]
-                 for start in range(0, rows, step)]
+        parts = [self.run_rows({k: v[start:start + step] for k, v in feed.items()}) for start in range(0, rows, step)]
         return OnnxOutput(torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts)))
 
 

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from biodistil.errors import BiodistilError
-from biodistil.export.runtime import OnnxModel, OnnxOutput
+from biodistil.export.runtime import OnnxModel
 
 MIGRATED_OPS = ("MatMul", "Attention")  # the products quantize_dynamic quantises with a constant weight
 LAYER_NORMS = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization")  # unfused and fused
@@ -77,21 +76,17 @@ def migration_groups(graph: Any, producers: tuple[str, ...] | None = None) -> li
 class ChannelMaxima(OnnxModel):
     """The fp32 graph called like the model (`model(**batch).logits`), keeping for each watched tensor (name →
     channels) the largest |value| of every channel (its last axis) over the batches' non-padding positions. A batch
-    runs in slices of rows so that the watched tensors of one run stay within WATCHED_MB."""
+    runs in slices of rows (`OnnxModel`'s) so that the watched tensors of one run stay within WATCHED_MB."""
 
     def __init__(self, onnx_file: str | Path, watched: dict[str, int]):
-        super().__init__(onnx_file, variant="fp32", max_attention_mb=None)
+        super().__init__(onnx_file, variant="fp32")
         self.watched = watched
         self.maxima: dict[str, np.ndarray] = {}
 
-    def __call__(self, **inputs: Any) -> OnnxOutput:
-        feed = self.feed(inputs)
-        rows, length = feed["input_ids"].shape
-        step = max(1, int(WATCHED_MB * 2**20) // (4 * length * max(1, sum(self.watched.values()))))
-        logits = [self._watch({k: v[start:start + step] for k, v in feed.items()}) for start in range(0, rows, step)]
-        return OnnxOutput(torch.from_numpy(np.concatenate(logits)))
+    def rows_per_run(self, rows: int, length: int) -> int:
+        return max(1, min(rows, int(WATCHED_MB * 2**20) // (4 * length * max(1, sum(self.watched.values())))))
 
-    def _watch(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+    def run_rows(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         logits, *values = self.session.run(["logits", *self.watched], feed)
         keep = feed["attention_mask"].astype(bool)
         for name, value in zip(self.watched, values, strict=True):
