@@ -17,7 +17,8 @@ synthetic. Sections, each run in a child process (a failure in one never hides t
   commands   the CLI as a user runs it: `distill` (and `--stop-after` + `--resume` against an uninterrupted run, weights
              compared), `finetune` of the teacher and `kd` into the 3 × 384 student (a few hundred steps),
              `evaluate --finetuned`, `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with
-             its parity and dev-split checks);
+             its parity and dev-split checks), then `predict` of it on 2,000 corpus lines in PyTorch on the device
+             and as the int8 graph (records/s, the share of PyTorch's entities the int8 graph gives alike);
   mpnet      Study 6's route at its shapes: an MPNet 12 × 768 encoder without an MLM head (as mpnet-base) distilled
              into its alternate layers (MLM on a fresh head, hidden cosine, attention KL with MPNet's relative-position
              bias), fine-tuned, KD into that student, `evaluate --finetuned`, `export --int8` (unfused graph);
@@ -34,10 +35,12 @@ import subprocess
 import sys
 import time
 import traceback
+from itertools import islice
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ("env", "distill", "commands", "mpnet", "modernbert")
+PREDICT_DOCUMENTS = 2000  # corpus lines `predict` reads (the tiny corpus has 300)
 MARK = "GPUCHECK "
 
 
@@ -227,28 +230,61 @@ def task_commands(args, shapes: Shapes, files: dict[str, Path], runs: Path, sect
     if args.device == "cpu" and shapes.tiny:
         device_overrides.append("train.compile=false")  # seconds of C++ compile the tiny check need not spend
     distill = [str(files["distill_recipe"]), *device_overrides]
-    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill", shapes,
+    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill",
              section=section)
     half = shapes.distill_steps // 2
     if resume and _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"),
-                                                    "--stop-after", str(half)], None, shapes, section=section):
+                                                    "--stop-after", str(half)], None, section=section):
         _command("distill --resume", ["distill", *distill, "--out", str(runs / "resumed"), "--resume"],
-                 runs / "resumed", shapes, section=section)
+                 runs / "resumed", section=section)
         compare_weights(runs / "distill" / "model", runs / "resumed" / "model")
     finetune = ["finetune", str(files["finetune_recipe"]), *device_overrides, "--out", str(runs / "teacher-ner")]
-    if _command("finetune", finetune, runs / "teacher-ner", shapes, section=section):
+    if _command("finetune", finetune, runs / "teacher-ner", section=section):
         kd = ["kd", str(files["kd_recipe"]), *device_overrides, "--out", str(runs / "student-ner")]
-        if _command("kd", kd, runs / "student-ner", shapes, section=section):
+        if _command("kd", kd, runs / "student-ner", section=section):
             model = runs / "student-ner" / "model"
             _command("evaluate --finetuned", ["evaluate", "--finetuned", str(model), "--task", str(files["task"]),
-                                              "--out", str(runs / "scored"), "--device", args.device], None, shapes,
+                                              "--out", str(runs / "scored"), "--device", args.device], None,
                      results=runs / "scored" / "results.json", section=section)
-            _command("export --int8", ["export", str(model), "--out", str(runs / "student-onnx"), "--int8",
-                                       "--task", str(files["task"]), "--split", "dev"], None, shapes,
-                     export=runs / "student-onnx" / "export.json", section=section)
+            if _command("export --int8", ["export", str(model), "--out", str(runs / "student-onnx"), "--int8",
+                                          "--task", str(files["task"]), "--split", "dev"], None,
+                        export=runs / "student-onnx" / "export.json", section=section):
+                predict_commands(args, model, runs / "student-onnx", files["corpus"], runs, section)
 
 
-def _command(name: str, argv: list[str], run_dir: Path | None, shapes: Shapes, results: Path | None = None,
+def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, section: str) -> None:
+    """`predict` of the KD student on the corpus's first documents, in PyTorch on `--device` and as the int8 graph
+    (ONNX Runtime on the CPU): records/s of each and the share of PyTorch's entities the int8 graph gives alike."""
+    documents = runs / "documents.txt"
+    with corpus.open(encoding="utf-8") as lines:
+        documents.write_text("".join(islice(lines, PREDICT_DOCUMENTS)), encoding="utf-8")
+    outputs = {"pytorch": runs / "predicted-pytorch.jsonl", "onnx-int8": runs / "predicted-int8.jsonl"}
+    seconds = {}
+    for runtime, out in outputs.items():
+        device = ["--device", args.device] if runtime == "pytorch" else []
+        began = time.perf_counter()
+        if not _command(f"predict {runtime}", ["predict", str(model if runtime == "pytorch" else onnx),
+                                               str(documents), "--runtime", runtime, *device, "--out", str(out),
+                                               "--quiet"], None, section=section):
+            return
+        seconds[runtime] = time.perf_counter() - began
+    began = time.perf_counter()
+    try:
+        found = {runtime: [json.loads(line) for line in out.read_text().splitlines()]
+                 for runtime, out in outputs.items()}
+        entities = {runtime: {(r["id"], e["start"], e["end"], e["label"]) for r in records for e in r["entities"]}
+                    for runtime, records in found.items()}
+        same = len(entities["pytorch"] & entities["onnx-int8"])
+        records = len(found["pytorch"])
+        emit(section, "predict agreement", records=records, entities=len(entities["pytorch"]),
+             int8_share_of_pytorch=round(same / max(len(entities["pytorch"]), 1), 4),
+             int8_entities=len(entities["onnx-int8"]), pytorch_records_per_s=round(records / seconds["pytorch"], 1),
+             int8_records_per_s=round(records / seconds["onnx-int8"], 1), timed="the whole command, loading included")
+    except Exception:
+        failure(section, "predict agreement", began)
+
+
+def _command(name: str, argv: list[str], run_dir: Path | None, results: Path | None = None,
              export: Path | None = None, section: str = "commands") -> bool:
     """Run one `biodistil` command in this process (--debug: a failure keeps its traceback); emit its figures."""
     from biodistil.cli.main import main
@@ -345,7 +381,7 @@ def section_modernbert(args, shapes: Shapes) -> None:
         failure("modernbert", "setup", began)
         return
     _command("distill (ModernBERT, local + global attention)", ["distill", str(recipe)], work / "runs" / "modernbert",
-             shapes, section="modernbert")
+             section="modernbert")
 
 
 def section_mpnet(args, shapes: Shapes) -> None:
@@ -475,7 +511,7 @@ def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[st
             "train": {**train, "batch_size": shapes.task_batch, "learning_rate": 1e-4, "warmup_ratio": 0.1,
                       "save_every": 0}},
     }
-    paths = {"task": task, **{name: work / f"{name}.yaml" for name in recipes}}
+    paths = {"task": task, "corpus": corpus, **{name: work / f"{name}.yaml" for name in recipes}}
     for name, raw in recipes.items():
         paths[name].write_text(json.dumps(raw, indent=1), encoding="utf-8")
     return paths
@@ -549,7 +585,8 @@ SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "
          "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu", "peak_memory_mib", "seconds",
          "steps", "tokens_per_second",
          "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score", "two_over_one",
-         "two_over_one_plus_forward")
+         "two_over_one_plus_forward", "records", "entities", "int8_share_of_pytorch", "pytorch_records_per_s",
+         "int8_records_per_s")
 
 
 def summary_table(records: list[dict]) -> str:

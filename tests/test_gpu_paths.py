@@ -95,6 +95,9 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
     assert resume["bit_identical"] and resume["max_abs_diff"] == 0.0
     assert records["commands/finetune"]["steps"] > 0 and "f1" in records["commands/kd"]["test"]
     assert records["commands/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
+    agreement = records["commands/predict agreement"]  # `predict` in PyTorch on the device and as the int8 graph
+    assert agreement["records"] == 300 and 0 <= agreement["int8_share_of_pytorch"] <= 1
+    assert agreement["pytorch_records_per_s"] > 0 and agreement["int8_records_per_s"] > 0
     assert "| commands | resume equals uninterrupted | yes |" in printed, "the summary table"
     for mode in ("live-all", "live-masked", "cache-head", "cache-top-k"):  # two teachers against one
         assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2"]["tokens_per_s"] > 0, mode

@@ -80,6 +80,18 @@ def test_onnx_exports_predict_as_pytorch_does(ner, tmp_path):
         Predictor(tmp_path / "onnx", runtime="pytorch")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers; bench/gpu_check.py runs CUDA")
+def test_a_pytorch_model_runs_where_device_says_and_cuda_without_a_gpu_is_a_clear_error(ner, tmp_path, capsys):
+    model, _ = ner
+    predictor = Predictor(model, device="auto")
+    assert predictor.model.device.type == "cpu" and "on cpu" in predictor.description
+    (tmp_path / "notes.txt").write_text("protein kinase binding\n", encoding="utf-8")
+    assert main(["predict", str(model), str(tmp_path / "notes.txt"), "--out", str(tmp_path / "out.jsonl"),
+                 "--device", "cuda", "--quiet"]) == 2
+    assert "--device=cuda: no CUDA GPU is visible" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_a_pair_classifier_gives_its_label_and_every_probability(kd_models, tmp_path):
     teacher, _ = kd_models  # fine-tuned on the tiny yes/no pair task
     records = Predictor(teacher)([("is cell tumour", "protein kinase binding"), ("is mice", "dose levels")])

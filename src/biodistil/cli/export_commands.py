@@ -27,7 +27,8 @@ def _predict(args: argparse.Namespace) -> object:
 
     from biodistil.export.predict import Predictor, read_documents, write_predictions
 
-    predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length)
+    predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length,
+                          args.device)
     documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files,
                                task_format=args.format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
@@ -62,6 +63,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-length", type=int, help="sub-words per window (default: the length the model's run "
                         "was fine-tuned with, from its run folder; else the model's limit, at most 512)")
     parser.add_argument("--threads", type=int, help="CPU threads for ONNX Runtime (default: torch's)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where a PyTorch model runs: auto (default) = a CUDA GPU when one is visible; ONNX graphs "
+                        "run on the CPU (ONNX Runtime's CPU provider)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=_predict)
 

@@ -164,6 +164,6 @@ def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any], thre
     if item.runtime == "pytorch":
         from biodistil.training.machine import training_device
 
-        model.to(training_device(device))
+        model.to(training_device(device, "--device"))
     scored = score_model(model, tokenizer, fit_length_to_model(task, item.folder), examples)
     return scored, parameter_counts(model)

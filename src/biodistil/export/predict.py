@@ -85,9 +85,15 @@ class Predictor:
     """A fine-tuned classifier (PyTorch or ONNX) that labels documents; `predictor(texts)` returns one record each."""
 
     def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 64, threshold: float = 0.5,
-                 threads: int | None = None, max_length: int | None = None):
+                 threads: int | None = None, max_length: int | None = None, device: str = "auto"):
+        """`device`: where a PyTorch model runs, as `train.device` names one (auto: a CUDA GPU when one is visible);
+        ONNX graphs run on the CPU."""
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads)
+        if self.variant.runtime == "pytorch":
+            from biodistil.training.machine import training_device
+
+            self.model.to(training_device(device, "--device"))
         if head not in METRICS:
             raise BiodistilError(f"{model}: a {head.replace('_', ' ')} has no task head to predict with; give a model "
                                  "fine-tuned on a task (`biodistil finetune` or `kd`), or its ONNX export")
@@ -101,7 +107,8 @@ class Predictor:
 
     @property
     def description(self) -> str:
-        return f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}, {self.task.kind})"
+        where = f" on {self.model.device.type}" if self.variant.runtime == "pytorch" else ""
+        return f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}{where}, {self.task.kind})"
 
     def __call__(self, texts: Sequence[str | tuple[str, str] | Document]) -> list[dict[str, Any]]:
         """One record per input: `{"id", "entities": [...]}` for a token classifier, `{"id", "label",

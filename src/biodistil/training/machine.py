@@ -142,17 +142,17 @@ def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:
     return resolved
 
 
-def training_device(setting: str = "auto") -> torch.device:
-    """The device `train.device` names: "auto" is the CUDA GPU when one is visible, else the CPU; "cuda" without a
-    visible GPU is an error that says why (a CPU build of PyTorch, or no GPU / driver)."""
+def training_device(setting: str = "auto", option: str = "train.device") -> torch.device:
+    """The device `train.device` (or another `option`) names: "auto" is the CUDA GPU when one is visible, else the
+    CPU; "cuda" without a visible GPU is an error that says why (a CPU build of PyTorch, or no GPU / driver)."""
     if setting == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
         return torch.device("cuda")
     if setting == "cuda":
         build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise BiodistilError(f"train.device=cuda: no CUDA GPU is visible to PyTorch {torch.__version__} ({build}; "
-                             "check nvidia-smi and CUDA_VISIBLE_DEVICES); use train.device=auto or cpu")
+        raise BiodistilError(f"{option}=cuda: no CUDA GPU is visible to PyTorch {torch.__version__} ({build}; "
+                             f"check nvidia-smi and CUDA_VISIBLE_DEVICES); use {option}=auto or cpu")
     return torch.device("cpu")
 
 
