@@ -9,7 +9,11 @@ reference, the share of the wall time spent outside the model's forward calls (t
 character offsets, JSON writing: the `predict` overhead), and peak memory (ru_maxrss of a fresh child process that
 predicts half the sentences, then of one that predicts all of them: a peak that does not grow with the input's size
 is the same twice). MODEL: a model folder (PyTorch fp32), an export folder (`--runtime`, default auto: its int8 graph)
-or NAME=PATH. Prints a table and, last, one JSON line. Tests never assert on these timings.
+or NAME=PATH. `--int8-fallback MARGIN...` adds, after each int8 model, a row per margin with `predict --int8-fallback`
+(the windows int8 is unsure of predicted again by the fp32 graph; the share of windows it reran). Prints a table and,
+last, one JSON line. Tests never assert on these timings.
+
+    python bench/predict.py teacher=TEACHER student=EXPORT --int8-fallback 0.1 --task ncbi_disease --split dev
 """
 
 import argparse
@@ -33,9 +37,30 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--runtime", default="auto", choices=("auto", "pytorch", "onnx", "onnx-int8"))
     parser.add_argument("--data", help="data folder (default: $BIODISTIL_DATA, else ../shared/data)")
     parser.add_argument("--no-memory", action="store_true", help="skip the child-process peak memory runs")
-    parser.add_argument("--task", help="also compare on this task's test split (joined back into text): each model's "
+    parser.add_argument("--task", help="also compare on this task's split (joined back into text): each model's "
                         "entities against what `evaluate --finetuned` scores, and every model's against the first's")
+    parser.add_argument("--split", default="test", help="the --task split (test; dev to choose a fallback margin)")
+    parser.add_argument("--int8-fallback", type=float, nargs="+", default=[], metavar="MARGIN",
+                        help="also run each int8 model with `predict --int8-fallback MARGIN`, for each margin")
     return parser.parse_args()
+
+
+def variants(specs: list[str], runtime: str, margins: list[float]) -> list[tuple[str, str, float | None]]:
+    """(name, path, fallback margin) per row: each MODEL, then each of its fallback rows where it runs int8."""
+    from biodistil.export.predict import choose_variant
+
+    rows = []
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        rows.append((name or Path(path).name, path, None))
+        if margins and choose_variant(path, runtime_of(path, runtime)).precision == "int8":
+            rows += [(f"{name or Path(path).name}+fp32<{margin:g}", path, margin) for margin in margins]
+    return rows
+
+
+def runtime_of(path: str, runtime: str) -> str:
+    """A model folder runs in PyTorch whatever `--runtime` says; an export folder as `--runtime` says."""
+    return runtime if not Path(path, "config.json").is_file() else "auto"
 
 
 def sentences(data: str | None, count: int) -> list[str]:
@@ -81,79 +106,87 @@ class TimedModel:
         return getattr(self._model, name)
 
 
-def run(model: str, runtime: str, texts: list[str], threads: int) -> dict:
+def run(model: str, runtime: str, texts: list[str], threads: int, fallback: float | None = None) -> dict:
     """Predict `texts` with `model` through the command's writer; wall time and the time inside the model."""
     from biodistil.export.predict import Document, Predictor, write_predictions
 
     torch.set_num_threads(threads)
-    predictor = Predictor(model, runtime=runtime if not Path(model, "config.json").is_file() else "auto",
-                          threads=threads)
+    predictor = Predictor(model, runtime=runtime_of(model, runtime), threads=threads, int8_fallback=fallback)
     clock = ModelClock()
     if isinstance(predictor.model, torch.nn.Module):  # the time between its forward pre-hook and its forward hook
         predictor.model.register_forward_pre_hook(lambda *_: clock.start())
         predictor.model.register_forward_hook(lambda *_: clock.stop())
     else:
         predictor.model = TimedModel(predictor.model, clock)
+    if predictor.fallback is not None:
+        predictor.fallback.model = TimedModel(predictor.fallback.model, clock)
     documents = [Document(str(i), text) for i, text in enumerate(texts)]
     with tempfile.TemporaryDirectory() as folder:
         began = time.perf_counter()
         write_predictions(predictor, documents, str(Path(folder) / "out.jsonl"), progress=False)
         wall = time.perf_counter() - began
         entities = sum(len(json.loads(line).get("entities", [])) for line in (Path(folder) / "out.jsonl").open())
-    return {"model": predictor.description, "records": len(texts), "seconds": round(wall, 2),
-            "records_per_s": round(len(texts) / wall, 1), "model_seconds": round(clock.seconds, 2),
-            "overhead_share": round(1 - clock.seconds / wall, 3), "entities": entities}
+    row = {"model": predictor.description, "records": len(texts), "seconds": round(wall, 2),
+           "records_per_s": round(len(texts) / wall, 1), "model_seconds": round(clock.seconds, 2),
+           "overhead_share": round(1 - clock.seconds / wall, 3), "entities": entities}
+    if predictor.fallback is not None:
+        row["fallback_rerun_share"] = round(predictor.fallback.rerun / max(predictor.fallback.windows, 1), 4)
+    return row
 
 
-def _child(model: str, runtime: str, texts: list[str], threads: int, queue) -> None:
-    run(model, runtime, texts, threads)
+def _child(model: str, runtime: str, texts: list[str], threads: int, fallback: float | None, queue) -> None:
+    run(model, runtime, texts, threads, fallback)
     queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 
 
-def peak_mib(model: str, runtime: str, texts: list[str], threads: int) -> int:
+def peak_mib(model: str, runtime: str, texts: list[str], threads: int, fallback: float | None = None) -> int:
     """Peak resident memory (MiB) of a fresh process that predicts `texts` with `model`."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    child = context.Process(target=_child, args=(model, runtime, texts, threads, queue))
+    child = context.Process(target=_child, args=(model, runtime, texts, threads, fallback, queue))
     child.start()
     peak = queue.get()
     child.join()
     return int(peak)
 
 
-def task_agreement(models: list[str], runtime: str, task_name: str, data: str | None) -> dict:
-    """On a token task's test split: whether `predict` returns exactly the entities evaluation scores (per model),
-    and the share of the first model's entities (start, end, label) each other model returns too."""
+def task_agreement(rows: list[tuple[str, str, float | None]], runtime: str, task_name: str, data: str | None,
+                   split: str = "test") -> dict:
+    """On a token task's split: whether `predict` returns exactly the entities evaluation scores (per model; a
+    fallback row has no evaluation to equal), and the share of the first model's entities (start, end, label) each
+    other row returns too."""
     from biodistil.export.deployed import expand_models, score_deployed
     from biodistil.export.predict import Predictor, entity_spans
     from biodistil.tasks.registry import get_task
     from biodistil.tasks.splits import read_split
 
     task = get_task(task_name)
-    examples = read_split(task, "test", data)
+    examples = read_split(task, split, data)
     texts = [" ".join(example.tokens) for example in examples]
-    found, same = [], {}
-    for spec in models:
-        path = spec.rpartition("=")[2]
-        predictor = Predictor(path, runtime=runtime if not Path(path, "config.json").is_file() else "auto",
-                              max_length=task.max_length)
+    found, same, rerun = [], {}, {}
+    for name, path, fallback in rows:
+        predictor = Predictor(path, runtime=runtime_of(path, runtime), max_length=task.max_length,
+                              int8_fallback=fallback)
         records = predictor(texts)
+        spans = [{(e["start"], e["end"], e["label"]) for e in record["entities"]} for record in records]
+        found.append(spans)
+        if predictor.fallback is not None:
+            rerun[name] = round(predictor.fallback.rerun / max(predictor.fallback.windows, 1), 4)
+            continue
         variant = next(v for v in expand_models([(None, path)]) if v.path == predictor.variant.path)
         scored, _ = score_deployed(variant, task, examples)
-        spans = [{(e["start"], e["end"], e["label"]) for e in record["entities"]} for record in records]
         evaluated = []
         for example, tags in zip(examples, scored.predictions.labels, strict=True):
             offsets = [len(" ".join(example.tokens[:i])) + (1 if i else 0) for i in range(len(example.tokens))]
             evaluated.append({(offsets[a], offsets[b] + len(example.tokens[b]), label)
                               for a, b, label in entity_spans(tags)})
-        same[spec] = spans == evaluated
-        found.append(spans)
+        same[name] = spans == evaluated
     first = found[0]
     total = sum(len(s) for s in first)
-    agreement = {spec: round(sum(len(a & b) for a, b in zip(first, other, strict=True)) / max(total, 1), 4)
-                 for spec, other in zip(models, found, strict=True)}
-    return {"task": task.name, "sentences": len(texts), "entities_of_first": total,
-            "predict_equals_evaluate": same, "share_of_first_entities": agreement}
+    agreement = {name: round(sum(len(a & b) for a, b in zip(first, other, strict=True)) / max(total, 1), 4)
+                 for (name, _, _), other in zip(rows, found, strict=True)}
+    return {"task": task.name, "split": split, "sentences": len(texts), "entities_of_first": total,
+            "predict_equals_evaluate": same, "share_of_first_entities": agreement, "fallback_rerun_share": rerun}
 
 
 def main() -> None:
@@ -161,13 +194,13 @@ def main() -> None:
     from biodistil.training.machine import cpu_line
 
     texts = sentences(args.data, args.sentences)
+    planned = variants(args.models, args.runtime, args.int8_fallback)
     rows = []
-    for spec in args.models:
-        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        row = {"name": name or Path(path).name, **run(path, args.runtime, texts, args.threads)}
+    for name, path, fallback in planned:
+        row = {"name": name, **run(path, args.runtime, texts, args.threads, fallback)}
         if not args.no_memory:
-            row["peak_mib_half"] = peak_mib(path, args.runtime, texts[: len(texts) // 2], args.threads)
-            row["peak_mib_all"] = peak_mib(path, args.runtime, texts, args.threads)
+            row["peak_mib_half"] = peak_mib(path, args.runtime, texts[: len(texts) // 2], args.threads, fallback)
+            row["peak_mib_all"] = peak_mib(path, args.runtime, texts, args.threads, fallback)
         rows.append(row)
     reference = rows[0]["records_per_s"]
     for row in rows:
@@ -181,11 +214,12 @@ def main() -> None:
     result = {"sentences": len(texts), "threads": args.threads, "cpu": cpu_line(), "rows": rows,
               "load_1min": os.getloadavg()[0]}
     if args.task:
-        result["task_check"] = task_agreement(args.models, args.runtime, args.task, args.data)
+        result["task_check"] = task_agreement(planned, args.runtime, args.task, args.data, args.split)
         check = result["task_check"]
-        print(f"{check['task']} test ({check['sentences']:,} sentences): predict == evaluate "
+        print(f"{check['task']} {check['split']} ({check['sentences']:,} sentences): predict == evaluate "
               f"{check['predict_equals_evaluate']}; share of the first model's {check['entities_of_first']:,} "
-              f"entities found: {check['share_of_first_entities']}")
+              f"entities found: {check['share_of_first_entities']}; windows the fallback reran: "
+              f"{check['fallback_rerun_share']}")
     print(json.dumps(result))
 
 

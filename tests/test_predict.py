@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from kd_fixtures import save_teacher, write_token_task
@@ -15,7 +16,8 @@ from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
 from biodistil.export.deployed import Deployed, score_deployed
 from biodistil.export.predict import Document, entity_spans, read_documents
-from biodistil.tasks.registry import get_task
+from biodistil.tasks.prediction import decision_margin
+from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
 
 
@@ -90,6 +92,59 @@ def test_a_pytorch_model_runs_where_device_says_and_cuda_without_a_gpu_is_a_clea
                  "--device", "cuda", "--quiet"]) == 2
     assert "--device=cuda: no CUDA GPU is visible" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_decision_margins_by_hand():
+    """The gap between the two most probable tags at words' first sub-words (others ignored), classes, or labels."""
+    token = TaskSpec(name="t", kind="token_classification", format="biobert_ner_tsv", files={"test": "x"},
+                     labels=["O", "B", "I"], metric="entity_f1")
+    logits = np.log(np.array([[1, 1, 1], [3, 1, 1], [1, 1, 1], [4, 1, 1], [1, 1, 1]], dtype=float))
+    # softmax rows: [3/5, 1/5, 1/5] (gap 0.4) at word 0's first sub-word, [4/6, 1/6, 1/6] (0.5) at word 1's; the
+    # uniform rows (gap 0) are [CLS], word 0's second sub-word and [SEP]
+    assert decision_margin(token, logits, [None, 0, 0, 1, None]) == pytest.approx(0.4)
+    assert decision_margin(token, logits, [None, None, None, None, None]) == 1.0
+    single = token.model_copy(update={"kind": "sequence_classification"})
+    assert decision_margin(single, np.log(np.array([3.0, 1.0, 1.0]))) == pytest.approx(0.4)
+    multi = token.model_copy(update={"kind": "multilabel_classification"})
+    # sigmoid(ln 3) = 0.75 -> |0.75 - 0.5| * 2 = 0.5; sigmoid(-ln 4) = 0.2 -> 0.6
+    assert decision_margin(multi, np.array([np.log(3.0), -np.log(4.0)])) == pytest.approx(0.5)
+
+
+def test_the_int8_fallback_predicts_unsure_windows_again_with_the_fp32_graph(ner, tmp_path, capsys):
+    model, task = ner
+    assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    texts = [" ".join(example.tokens) for example in read_split(task, "test", None)]
+    fp32 = Predictor(tmp_path / "onnx", runtime="onnx", max_length=16)(texts)
+    int8 = Predictor(tmp_path / "onnx", max_length=16)(texts)
+    assert int8 != fp32, "int8 drifts (the entities' scores at least), so the checks below can tell them apart"
+    everything = Predictor(tmp_path / "onnx", max_length=16, int8_fallback=1.0)  # every gap is under 1: all again
+    assert everything(texts) == fp32 and everything.fallback.rerun == everything.fallback.windows > 0
+    nothing = Predictor(tmp_path / "onnx", max_length=16, int8_fallback=1e-12)
+    assert nothing(texts) == int8 and nothing.fallback.rerun == 0
+    def spans(records):
+        return [{(e["start"], e["end"], e["label"]) for e in r["entities"]} for r in records]
+
+    whole = {runtime: spans(Predictor(tmp_path / "onnx", runtime=runtime, max_length=128)(texts))
+             for runtime in ("onnx", "onnx-int8")}  # a window per sentence
+    for margin in (0.3, 0.1, 0.03, 0.01, 0.003, 0.001):  # the random head is unsure of most windows
+        middle = Predictor(tmp_path / "onnx", max_length=128, int8_fallback=margin)
+        mixed = spans(middle(texts))
+        if 0 < middle.fallback.rerun < middle.fallback.windows:
+            break
+    assert 0 < middle.fallback.rerun < middle.fallback.windows, "some windows sure, some not"
+    assert all(m in (a, b) for m, a, b in zip(mixed, whole["onnx-int8"], whole["onnx"], strict=True))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["predict", str(tmp_path / "onnx"), str(notes), "--out", str(tmp_path / "out.jsonl"),
+                 "--int8-fallback", "1", "--quiet"]) == 0
+    assert "predicted again by the fp32 graph (decision margin under 1)" in capsys.readouterr().err
+    for argv, expected in (([str(model), "--int8-fallback", "0.1"], "the fallback backs an int8 graph"),
+                           ([str(tmp_path / "onnx"), "--int8-fallback", "0"], "expected a probability gap in"),
+                           ([str(tmp_path / "onnx" / "model.int8.onnx"), "--int8-fallback", "0.1"],
+                            "needs the export's fp32 graph beside its int8 one")):
+        assert main(["predict", *argv, str(notes), "--out", str(tmp_path / "bad.jsonl"), "--quiet"]) == 2
+        assert expected in capsys.readouterr().err, argv
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 def test_a_pair_classifier_gives_its_label_and_every_probability(kd_models, tmp_path):
@@ -268,3 +323,29 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, 
     rows = {(row["keep_fp32"], row["smooth"]): row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {(keep, alpha) for keep in ("none", "embeddings,0,1,2,3,head") for alpha in (None, 0.7)}
     assert rows["embeddings,0,1,2,3,head", 0.7]["share_of_pytorch"] == 1.0, "the migrated fp32 graph is the model"
+
+
+def test_the_predict_bench_adds_a_fallback_row_per_margin_and_checks_it_on_a_task(ner, tmp_path, monkeypatch):
+    """bench/predict.py: `--int8-fallback` adds a row per margin after an int8 model; at margin 1 every window is
+    predicted again in fp32, so that row finds exactly the PyTorch model's entities."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import predict as predict_bench
+
+    model, _ = ner
+    assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    rows = predict_bench.variants([f"pytorch={model}", f"student={tmp_path / 'onnx'}"], "auto", [0.05, 1.0])
+    onnx = str(tmp_path / "onnx")
+    assert rows == [("pytorch", str(model), None), ("student", onnx, None), ("student+fp32<0.05", onnx, 0.05),
+                    ("student+fp32<1", onnx, 1.0)]
+    threads = torch.get_num_threads()
+    try:
+        timed = predict_bench.run(str(tmp_path / "onnx"), "auto", ["protein kinase binding", "cell tumour"], 1, 1.0)
+    finally:
+        torch.set_num_threads(threads)
+    assert timed["fallback_rerun_share"] == 1.0 and timed["records"] == 2 and 0 <= timed["overhead_share"] < 1
+    task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "test": 24})  # the fixture's task again
+    check = predict_bench.task_agreement(rows, "auto", str(task_file), None, "test")
+    assert check["predict_equals_evaluate"] == {"pytorch": True, "student": True}
+    assert check["share_of_first_entities"]["student+fp32<1"] == 1.0
+    assert check["fallback_rerun_share"]["student+fp32<1"] == 1.0
+    assert 0 <= check["fallback_rerun_share"]["student+fp32<0.05"] <= 1

@@ -28,7 +28,7 @@ def _predict(args: argparse.Namespace) -> object:
     from biodistil.export.predict import Predictor, read_documents, write_predictions
 
     predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length,
-                          args.device)
+                          args.device, args.int8_fallback)
     documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files,
                                task_format=args.format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
@@ -66,6 +66,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where a PyTorch model runs: auto (default) = a CUDA GPU when one is visible; ONNX graphs "
                         "run on the CPU (ONNX Runtime's CPU provider)")
+    parser.add_argument("--int8-fallback", type=float, metavar="MARGIN", help="with an int8 graph: predict again "
+                        "with the export's fp32 graph every window whose int8 prediction is unsure — a word's two most "
+                        "probable tags (a classifier's two classes) closer than MARGIN in probability, e.g. 0.1 "
+                        "(docs/deployment.md: how much agreement it buys and what it costs)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=_predict)
 

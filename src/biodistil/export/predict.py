@@ -26,7 +26,7 @@ from biodistil.errors import BiodistilError
 from biodistil.export.deployed import Deployed, expand_models, load_deployed
 from biodistil.models.families import position_limit
 from biodistil.tasks.encoding import collator_for, encode_split
-from biodistil.tasks.prediction import predict
+from biodistil.tasks.prediction import Fallback, predict
 from biodistil.tasks.registry import TaskSpec
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # a word: a run of letters/digits, or one other visible character
@@ -85,11 +85,14 @@ class Predictor:
     """A fine-tuned classifier (PyTorch or ONNX) that labels documents; `predictor(texts)` returns one record each."""
 
     def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 64, threshold: float = 0.5,
-                 threads: int | None = None, max_length: int | None = None, device: str = "auto"):
+                 threads: int | None = None, max_length: int | None = None, device: str = "auto",
+                 int8_fallback: float | None = None):
         """`device`: where a PyTorch model runs, as `train.device` names one (auto: a CUDA GPU when one is visible);
-        ONNX graphs run on the CPU."""
+        ONNX graphs run on the CPU. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under
+        this are predicted again by the export's fp32 graph."""
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads)
+        self.fallback = self._fallback(model, int8_fallback, threads) if int8_fallback is not None else None
         if self.variant.runtime == "pytorch":
             from biodistil.training.machine import training_device
 
@@ -105,10 +108,29 @@ class Predictor:
         self.task = model_task(head, labels, length)
         self.batch_size, self.threshold = batch_size, threshold
 
+    def _fallback(self, model: str | Path, margin: float, threads: int | None) -> Fallback:
+        if self.variant.precision != "int8":
+            raise BiodistilError(f"--int8-fallback {margin}: {self.variant.path} is a {self.variant.runtime} "
+                                 f"{self.variant.precision} model; the fallback backs an int8 graph (--runtime "
+                                 "onnx-int8 or auto on an export folder)")
+        if not 0 < margin <= 1:
+            raise BiodistilError(f"--int8-fallback {margin}: expected a probability gap in (0, 1], e.g. 0.1")
+        try:
+            fp32, _, _ = load_deployed(choose_variant(model, "onnx"), threads)
+        except BiodistilError as error:
+            raise BiodistilError(f"--int8-fallback needs the export's fp32 graph beside its int8 one: {error}") \
+                from None
+        return Fallback(fp32, margin)
+
     @property
     def description(self) -> str:
         where = f" on {self.model.device.type}" if self.variant.runtime == "pytorch" else ""
-        return f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}{where}, {self.task.kind})"
+        described = f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}{where}, {self.task.kind})"
+        if self.fallback is not None:
+            share = self.fallback.rerun / max(self.fallback.windows, 1)
+            described += (f"; {self.fallback.rerun:,} of {self.fallback.windows:,} windows ({share:.1%}) predicted "
+                          f"again by the fp32 graph (decision margin under {self.fallback.margin:g})")
+        return described
 
     def __call__(self, texts: Sequence[str | tuple[str, str] | Document]) -> list[dict[str, Any]]:
         """One record per input: `{"id", "entities": [...]}` for a token classifier, `{"id", "label",
@@ -152,7 +174,7 @@ class Predictor:
     def _predict(self, examples: Sequence[Example]):
         encoded = encode_split(self.task, examples, self.tokenizer)
         return predict(self.model, self.task, examples, encoded, collator_for(self.task, self.tokenizer),
-                       self.batch_size)
+                       self.batch_size, self.fallback)
 
 
 def recorded_max_length(model: Path) -> int | None:

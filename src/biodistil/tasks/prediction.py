@@ -32,22 +32,32 @@ class Predictions:
     word_scores: list[list[float]] | None = None  # token tasks: each word's probability of its predicted tag
 
 
+@dataclass
+class Fallback:
+    """A more exact model for the windows the first one is unsure of: a window whose `decision_margin` is under
+    `margin` is predicted again by `model` (an int8 graph's fp32 original); `windows` and `rerun` count them."""
+
+    model: Any
+    margin: float
+    windows: int = 0
+    rerun: int = 0
+
+
 @torch.no_grad()
 def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
-            collate: FeatureCollator, batch_size: int = 64) -> Predictions:
+            collate: FeatureCollator, batch_size: int = 64, fallback: Fallback | None = None) -> Predictions:
     """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
     returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`).
-    Features are batched by length (little padding), and the outputs returned in feature order."""
-    model.eval()
-    device = model.device
-    by_length = sorted(range(len(encoded.features)), key=lambda i: len(encoded.features[i]["input_ids"]))
-    loader = DataLoader([encoded.features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
-    outputs: list[np.ndarray] = [np.empty(0)] * len(by_length)
-    rows = iter(by_length)
-    for batch in loader:
-        batch = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
-        for row in model(**batch).logits.float().cpu().numpy():
-            outputs[next(rows)] = row
+    Features are batched by length (little padding), and the outputs returned in feature order. With a `fallback`,
+    the windows `model` is unsure of are predicted again by the fallback's model."""
+    outputs = _logits(model, encoded.features, collate, batch_size)
+    if fallback is not None:
+        word_ids = encoded.word_ids if task.kind == "token_classification" else [None] * len(outputs)
+        unsure = [i for i, row in enumerate(outputs) if decision_margin(task, row, word_ids[i]) < fallback.margin]
+        again = _logits(fallback.model, [encoded.features[i] for i in unsure], collate, batch_size)
+        for index, row in zip(unsure, again, strict=True):
+            outputs[index] = row
+        fallback.windows, fallback.rerun = fallback.windows + len(outputs), fallback.rerun + len(unsure)
     if task.kind == "token_classification":
         return _word_level(task, examples, encoded, outputs)
     if task.kind == "multilabel_classification":
@@ -55,6 +65,36 @@ def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example],
         return Predictions([[int(p > 0.5) for p in row] for row in probs], [row.tolist() for row in probs])
     probs = [np.exp(row - row.max()) / np.exp(row - row.max()).sum() for row in outputs]
     return Predictions([task.labels[int(p.argmax())] for p in probs], [p.tolist() for p in probs])
+
+
+def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batch_size: int) -> list[np.ndarray]:
+    """The model's logits for each feature, in the features' order, batched by length."""
+    model.eval()
+    by_length = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    loader = DataLoader([features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
+    outputs: list[np.ndarray] = [np.empty(0)] * len(by_length)
+    rows = iter(by_length)
+    for batch in loader:
+        batch = {k: v.to(model.device) for k, v in model_inputs(model, batch).items()}
+        for row in model(**batch).logits.float().cpu().numpy():
+            outputs[next(rows)] = row
+    return outputs
+
+
+def decision_margin(task: TaskSpec, logits: np.ndarray, word_ids: Sequence[int | None] | None = None) -> float:
+    """How sure a window's prediction is, in probability: the smallest gap between the two most probable tags at a
+    word's first sub-word (token tasks: the tags that are predicted), between the two most probable classes
+    (single-label), or between a label's probability and 0.5, doubled (multi-label); 1.0 with nothing predicted."""
+    if task.kind == "multilabel_classification":
+        return float((2 * np.abs(1 / (1 + np.exp(-logits)) - 0.5)).min(initial=1.0))
+    rows = logits[None] if task.kind != "token_classification" else \
+        logits[[i for i, word in enumerate(word_ids or []) if word is not None and (i == 0 or word_ids[i - 1] != word)]]
+    if not len(rows):
+        return 1.0
+    probabilities = np.exp(rows - rows.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    top_two = np.sort(probabilities, -1)[:, -2:]
+    return float((top_two[:, 1] - top_two[:, 0]).min())
 
 
 def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[np.ndarray]) -> Predictions:
