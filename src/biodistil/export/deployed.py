@@ -118,14 +118,17 @@ def _run_config_of(model: Path) -> Path | None:
     return config if model.name == "model" and config.is_file() else None
 
 
-def load_deployed(item: Deployed, threads: int | None = None) -> tuple[Any, Any, str]:
-    """(model, tokenizer, head) of a deployed variant; the model answers `model(**batch).logits`."""
+def load_deployed(item: Deployed, threads: int | None = None, device: str = "cpu") -> tuple[Any, Any, str]:
+    """(model, tokenizer, head) of a deployed variant; the model answers `model(**batch).logits`. A PyTorch model
+    goes to `device` (as `train.device` names one, given on the command line as --device); ONNX graphs run on the
+    CPU."""
     from biodistil.export.onnx import head_of, load_model_folder
     from biodistil.models.loading import load_tokenizer
+    from biodistil.training.machine import training_device
 
     if item.runtime == "pytorch":
         loaded = load_model_folder(item.path)
-        return loaded.model, loaded.tokenizer, loaded.head
+        return loaded.model.to(training_device(device, "--device")), loaded.tokenizer, loaded.head
     model = OnnxModel(item.path, threads=threads)
     return model, load_tokenizer(str(item.folder)), head_of(model.config, item.folder)
 
@@ -159,11 +162,7 @@ def score_deployed(item: Deployed, task: TaskSpec, examples: Sequence[Any], thre
                    device: str = "cpu") -> tuple[Scored, dict[str, int]]:
     """Load one deployed variant, check that it fits the task, score it (a PyTorch model on `device`, as
     `train.device` names one; ONNX graphs on the CPU); also its parameter counts."""
-    model, tokenizer, head = load_deployed(item, threads)
+    model, tokenizer, head = load_deployed(item, threads, device)
     check_task_fits(task, head, model.config, item.path)
-    if item.runtime == "pytorch":
-        from biodistil.training.machine import training_device
-
-        model.to(training_device(device, "--device"))
     scored = score_model(model, tokenizer, fit_length_to_model(task, item.folder), examples)
     return scored, parameter_counts(model)

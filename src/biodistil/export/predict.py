@@ -91,12 +91,8 @@ class Predictor:
         ONNX graphs run on the CPU. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under
         this are predicted again by the export's fp32 graph."""
         self.variant = choose_variant(model, runtime)
-        self.model, self.tokenizer, head = load_deployed(self.variant, threads)
+        self.model, self.tokenizer, head = load_deployed(self.variant, threads, device)
         self.fallback = self._fallback(model, int8_fallback, threads) if int8_fallback is not None else None
-        if self.variant.runtime == "pytorch":
-            from biodistil.training.machine import training_device
-
-            self.model.to(training_device(device, "--device"))
         if head not in METRICS:
             raise BiodistilError(f"{model}: a {head.replace('_', ' ')} has no task head to predict with; give a model "
                                  "fine-tuned on a task (`biodistil finetune` or `kd`), or its ONNX export")
