@@ -48,6 +48,7 @@ def test_the_peer_step_computes_the_triple_loss_biodistil_computes(throughput, p
     assert float(peer.detach()) == pytest.approx(float(ours.detach()), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_the_bench_runs_the_peer_beside_biodistil(throughput):
     result = throughput.measure(throughput.parse([*TINY, "--modes", "mlm", "live-all", "peer-all", "peer-masked"]))
     assert set(result["tokens_per_s"]) == {"mlm", "live-all", "peer-all", "peer-masked"}

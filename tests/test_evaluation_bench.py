@@ -88,6 +88,7 @@ def test_peak_memory_counts_what_a_run_allocates():
     assert peak_memory_bytes(lambda: 0.0, cpu) < size / 4
 
 
+@pytest.mark.slow
 def test_isolated_memory_is_measured_in_a_fresh_process_per_model_and_shape(teacher_dir):
     # the model's weights are loaded in the fresh process before its baseline: the increase is what the runs add, and
     # the process's peak (libraries, weights, runs) is larger; a longer batch needs more

@@ -268,6 +268,7 @@ def test_large_batches_run_in_slices_with_the_same_outputs(long_export):
     assert got.shape == (5, 200, 3) and torch.allclose(want, got, atol=1e-6)
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_modernbert_is_exported_unfused_with_a_note(modernbert_dir):
     out = modernbert_dir.parent / "onnx"
@@ -327,6 +328,7 @@ def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir, mo
     assert close_at(out, mpnet_dir, 3, 100, "int8") < 0.5
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_an_int8_failure_on_a_nearly_full_disk_says_so(mpnet_dir, monkeypatch):
     """A full disk truncated ONNX's shape-inference output and the quantiser failed to parse it (a DecodeError, seen
@@ -491,6 +493,7 @@ def test_the_gate_picks_the_int8_graph_that_ships(token_dir, tmp_path, monkeypat
 # ------------------------------------------------------------------------------------------ latency
 
 
+@pytest.mark.slow
 @needs_onnx
 def test_bench_measures_onnx_beside_pytorch(token_dir, token_export):
     models = [(d.label, str(d.path)) for d in expand_models([("tiny", str(token_dir)), (None, str(token_export[0]))])]

@@ -159,6 +159,7 @@ def test_the_option_is_checked_before_any_work(tmp_path, capsys):
     assert ExportOptions(int8=True, task="t").schemes == ["per-tensor", "per-channel"]
 
 
+@pytest.mark.slow
 @needs_onnx
 @pytest.mark.skipif(data_root() is None, reason="needs the shared data folder (NCBI-disease)")
 def test_export_int8_smooth_on_an_mpnet_calibrates_on_dev_and_records_it(tmp_path, tokenizer, capsys):

@@ -34,6 +34,7 @@ def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
                           env=env)
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_a_locked_run_folder_naming_the_holder(tmp_path):
     folder = tmp_path / "run"
     RunFolder(str(folder), Recipe(run=RunConfig(output_dir=str(folder))), stages=True)

@@ -190,6 +190,7 @@ def test_the_ensemble_of_one_teacher_is_that_teacher_and_of_two_their_mixture(kd
     assert both["accuracy"] == pytest.approx(accuracy), "argmax of 0.25·p_1 + 0.75·p_2, worked out here"
 
 
+@pytest.mark.slow
 def test_a_study_fine_tunes_more_teachers_and_its_arms_name_them(kd_models, pair_task, teacher_dir, tmp_path):
     import yaml
 

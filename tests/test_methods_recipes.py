@@ -62,6 +62,7 @@ def paths(tmp_path_factory, teacher_dir, tokenizer):
     return {"root": root, "teacher": str(teacher_dir), "small_student": str(small), "mobilebert": str(mobile)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DISTILL))
 def test_distill_recipe_runs_from_the_cli(name, paths, corpus_file, tmp_path):
     out = tmp_path / name

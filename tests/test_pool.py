@@ -107,8 +107,17 @@ def test_a_worker_killed_during_a_run_is_named_and_nothing_waits_forever(tmp_pat
         run_in_workers([_die], ["dying run"], [tmp_path / "run.log"], WorkerPlan(1, 1, "test"))
 
 
+@pytest.fixture()
+def ctrl_c_raises():
+    """Python's own Ctrl-C handler: a process started in the background by a shell without job control inherits
+    SIGINT ignored, and then `_thread.interrupt_main` does nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.slow
-def test_an_interrupt_stops_every_worker(tmp_path):
+def test_an_interrupt_stops_every_worker(tmp_path, ctrl_c_raises):
     pid_file = tmp_path / "pid"
     timer = threading.Timer(0.5, lambda: (_wait_for(pid_file), _thread.interrupt_main()))
     timer.start()

@@ -60,6 +60,7 @@ def test_task_kd_under_bf16_autocast_learns(kd_models, pair_task, tmp_path, fres
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], "the loss falls under bf16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", [True, False], ids=["with-a-compiler", "without"])
 def test_train_compile_trains_in_place_or_says_it_cannot(compiler, tmp_path, teacher_dir, corpus_file, monkeypatch,
                                                          capsys):
