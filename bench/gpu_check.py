@@ -253,17 +253,18 @@ def task_commands(args, shapes: Shapes, files: dict[str, Path], runs: Path, sect
 
 
 def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, section: str) -> None:
-    """`predict` of the KD student on the corpus's first documents, in PyTorch on `--device` and as the int8 graph
-    (ONNX Runtime on the CPU): records/s of each and the share of PyTorch's entities the int8 graph gives alike."""
+    """`predict` of the KD student on the corpus's first documents, in PyTorch on `--device` (float32, then bf16
+    autocast) and as the int8 graph (ONNX Runtime on the CPU): records/s of each and the share of float32 PyTorch's
+    entities the bf16 and int8 runs give alike."""
     documents = runs / "documents.txt"
     with corpus.open(encoding="utf-8") as lines:
         documents.write_text("".join(islice(lines, PREDICT_DOCUMENTS)), encoding="utf-8")
-    outputs = {"pytorch": runs / "predicted-pytorch.jsonl", "onnx-int8": runs / "predicted-int8.jsonl"}
+    outputs = {runtime: runs / f"predicted-{runtime}.jsonl" for runtime in ("pytorch", "pytorch-bf16", "onnx-int8")}
     seconds = {}
     for runtime, out in outputs.items():
-        device = ["--device", args.device] if runtime == "pytorch" else []
+        device = ["--device", args.device] if runtime.startswith("pytorch") else []
         began = time.perf_counter()
-        if not _command(f"predict {runtime}", ["predict", str(model if runtime == "pytorch" else onnx),
+        if not _command(f"predict {runtime}", ["predict", str(onnx if runtime == "onnx-int8" else model),
                                                str(documents), "--runtime", runtime, *device, "--out", str(out),
                                                "--quiet"], None, section=section):
             return
@@ -274,11 +275,15 @@ def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, se
                  for runtime, out in outputs.items()}
         entities = {runtime: {(r["id"], e["start"], e["end"], e["label"]) for r in records for e in r["entities"]}
                     for runtime, records in found.items()}
-        same = len(entities["pytorch"] & entities["onnx-int8"])
-        records = len(found["pytorch"])
-        emit(section, "predict agreement", records=records, entities=len(entities["pytorch"]),
-             int8_share_of_pytorch=round(same / max(len(entities["pytorch"]), 1), 4),
+        records, reference = len(found["pytorch"]), entities["pytorch"]
+
+        def share(runtime: str) -> float:
+            return round(len(reference & entities[runtime]) / max(len(reference), 1), 4)
+
+        emit(section, "predict agreement", records=records, entities=len(reference),
+             bf16_share_of_pytorch=share("pytorch-bf16"), int8_share_of_pytorch=share("onnx-int8"),
              int8_entities=len(entities["onnx-int8"]), pytorch_records_per_s=round(records / seconds["pytorch"], 1),
+             bf16_records_per_s=round(records / seconds["pytorch-bf16"], 1),
              int8_records_per_s=round(records / seconds["onnx-int8"], 1), timed="the whole command, loading included")
     except Exception:
         failure(section, "predict agreement", began)

@@ -94,6 +94,34 @@ def test_a_pytorch_model_runs_where_device_says_and_cuda_without_a_gpu_is_a_clea
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_pytorch_bf16_runs_the_model_folder_under_bf16_autocast_close_to_float32(ner, tmp_path, capsys, monkeypatch):
+    """`--runtime pytorch-bf16`: the same weights, every forward under bf16 autocast (the head's matrix product comes
+    out in bf16), logits within bf16's rounding of float32's; refused on an export folder; a CPU without bf16
+    instructions is told that it only emulates it."""
+    model, task = ner
+    texts = [" ".join(example.tokens) for example in read_split(task, "test", None)]
+    logits: dict[str, list[torch.Tensor]] = {"fp32": [], "bf16": []}
+    for runtime, key in (("pytorch", "fp32"), ("pytorch-bf16", "bf16")):
+        predictor = Predictor(model, runtime=runtime, max_length=16)
+        predictor.model.classifier.register_forward_hook(lambda _m, _i, out, key=key: logits[key].append(out))
+        records = predictor(texts)
+        assert [r["id"] for r in records] == [str(i) for i in range(len(texts))]
+    assert predictor.variant.precision == "bf16" and "(pytorch bf16 on cpu" in predictor.description
+    assert {t.dtype for t in logits["fp32"]} == {torch.float32}
+    assert {t.dtype for t in logits["bf16"]} == {torch.bfloat16}
+    fp32 = torch.cat([t.flatten() for t in logits["fp32"]])
+    bf16 = torch.cat([t.float().flatten() for t in logits["bf16"]])
+    assert fp32.shape == bf16.shape and fp32.abs().max() > 0.05, "a head that outputs something to compare"
+    assert (fp32 - bf16).abs().max() < 0.02 + 0.02 * fp32.abs().max(), "bf16 keeps 8 bits of each product's inputs"
+    assert "no native bf16" not in capsys.readouterr().err, "this machine's flags decide; see the next check"
+    monkeypatch.setattr("biodistil.export.predict.bf16_fast", lambda device: False)
+    Predictor(model, runtime="pytorch-bf16")
+    assert "cpu has no native bf16 (a CPU needs amx_bf16 or avx512_bf16)" in capsys.readouterr().err
+    assert main(["export", str(model), "--out", str(tmp_path / "onnx")]) == 0
+    with pytest.raises(BiodistilError, match="holds no pytorch-bf16 model"):
+        Predictor(tmp_path / "onnx", runtime="pytorch-bf16")
+
+
 def test_decision_margins_by_hand():
     """The gap between the two most probable tags at words' first sub-words (others ignored), classes, or labels."""
     token = TaskSpec(name="t", kind="token_classification", format="biobert_ner_tsv", files={"test": "x"},
@@ -327,16 +355,19 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, 
 
 def test_the_predict_bench_adds_a_fallback_row_per_margin_and_checks_it_on_a_task(ner, tmp_path, monkeypatch):
     """bench/predict.py: `--int8-fallback` adds a row per margin after an int8 model; at margin 1 every window is
-    predicted again in fp32, so that row finds exactly the PyTorch model's entities."""
+    predicted again in fp32, so that row finds exactly the PyTorch model's entities. `PATH@RUNTIME` runs one row
+    with that runtime (a model folder under bf16 autocast), which evaluation has no scores of to equal."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import predict as predict_bench
 
     model, _ = ner
     assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
-    rows = predict_bench.variants([f"pytorch={model}", f"student={tmp_path / 'onnx'}"], "auto", [0.05, 1.0])
+    rows = predict_bench.variants([f"pytorch={model}", f"student={tmp_path / 'onnx'}", f"bf16={model}@pytorch-bf16"],
+                                  "auto", [0.05, 1.0])
     onnx = str(tmp_path / "onnx")
-    assert rows == [("pytorch", str(model), None), ("student", onnx, None), ("student+fp32<0.05", onnx, 0.05),
-                    ("student+fp32<1", onnx, 1.0)]
+    assert rows == [("pytorch", str(model), "auto", None), ("student", onnx, "auto", None),
+                    ("student+fp32<0.05", onnx, "auto", 0.05), ("student+fp32<1", onnx, "auto", 1.0),
+                    ("bf16", str(model), "pytorch-bf16", None)]
     threads = torch.get_num_threads()
     try:
         timed = predict_bench.run(str(tmp_path / "onnx"), "auto", ["protein kinase binding", "cell tumour"], 1, 1.0)
@@ -344,8 +375,9 @@ def test_the_predict_bench_adds_a_fallback_row_per_margin_and_checks_it_on_a_tas
         torch.set_num_threads(threads)
     assert timed["fallback_rerun_share"] == 1.0 and timed["records"] == 2 and 0 <= timed["overhead_share"] < 1
     task_file = write_token_task(tmp_path / "task", sizes={"train": 8, "test": 24})  # the fixture's task again
-    check = predict_bench.task_agreement(rows, "auto", str(task_file), None, "test")
+    check = predict_bench.task_agreement(rows, str(task_file), None, "test")
     assert check["predict_equals_evaluate"] == {"pytorch": True, "student": True}
     assert check["share_of_first_entities"]["student+fp32<1"] == 1.0
     assert check["fallback_rerun_share"]["student+fp32<1"] == 1.0
     assert 0 <= check["fallback_rerun_share"]["student+fp32<0.05"] <= 1
+    assert 0 <= check["share_of_first_entities"]["bf16"] <= 1  # bf16 moves a random head's near-ties: no bound

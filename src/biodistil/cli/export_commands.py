@@ -49,8 +49,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="model folder (a run's model/), ONNX export folder, or one .onnx file of one")
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="text file, folder of .txt files, .jsonl, or -")
     parser.add_argument("--out", required=True, help="JSON-lines output file, or - for standard output")
-    parser.add_argument("--runtime", choices=["auto", "pytorch", "onnx", "onnx-int8"], default="auto",
-                        help="auto (default): the fastest the folder holds (int8, then fp32 ONNX, then PyTorch)")
+    parser.add_argument("--runtime", choices=["auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8"],
+                        default="auto", help="auto (default): the fastest the folder holds (int8, then fp32 ONNX, "
+                        "then PyTorch float32); pytorch-bf16: a model folder under bf16 autocast, for a GPU or a CPU "
+                        "with bf16 instructions (amx_bf16, avx512_bf16; docs/deployment.md: its speed and agreement)")
     parser.add_argument("--text-field", default="text", help="JSON lines: the field holding the text (text)")
     parser.add_argument("--pair-field", help="JSON lines: the field holding a pair classifier's second text")
     parser.add_argument("--id-field", default="id", help="JSON lines: the field holding the record's id (id)")

@@ -27,12 +27,13 @@ from biodistil.tasks.scoring import Scored, score_model
 
 @dataclass(frozen=True)
 class Deployed:
-    """One model as deployed: PyTorch fp32 (a model folder) or an ONNX graph (a .onnx file of an export)."""
+    """One model as deployed: PyTorch (a model folder; fp32, or bf16 autocast when `predict` is asked for it) or an
+    ONNX graph (a .onnx file of an export)."""
 
     label: str
     path: Path
     runtime: str  # "pytorch" | "onnxruntime"
-    precision: str  # "fp32" | "int8"
+    precision: str  # "fp32" | "int8" | "bf16"
 
     @property
     def folder(self) -> Path:

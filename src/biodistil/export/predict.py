@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.errors import BiodistilError
@@ -28,9 +31,10 @@ from biodistil.models.families import position_limit
 from biodistil.tasks.encoding import collator_for, encode_split
 from biodistil.tasks.prediction import Fallback, predict
 from biodistil.tasks.registry import TaskSpec
+from biodistil.training.machine import BF16_FLAGS, bf16_fast
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # a word: a run of letters/digits, or one other visible character
-RUNTIMES = ("auto", "pytorch", "onnx", "onnx-int8")
+RUNTIMES = ("auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8")
 METRICS = {"token_classification": "entity_f1", "sequence_classification": "accuracy_macro_f1",
            "multilabel_classification": "hoc_example_f1"}  # a valid task needs one; predicting scores nothing
 
@@ -66,17 +70,19 @@ class Document:
 
 def choose_variant(path: str | Path, runtime: str = "auto") -> Deployed:
     """The deployed variant of `path` to run: `auto` is the fastest the folder holds (an export's int8 graph, else
-    its fp32 graph; a model folder's PyTorch weights)."""
+    its fp32 graph; a model folder's PyTorch weights, in float32); `pytorch-bf16` runs a model folder's weights
+    under bf16 autocast."""
     if runtime not in RUNTIMES:
         raise BiodistilError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
     variants = expand_models([(None, str(path))])
-    wanted = {"pytorch": ("pytorch", "fp32"), "onnx": ("onnxruntime", "fp32"), "onnx-int8": ("onnxruntime", "int8")}
+    wanted = {"pytorch": ("pytorch", "fp32"), "pytorch-bf16": ("pytorch", "fp32"), "onnx": ("onnxruntime", "fp32"),
+              "onnx-int8": ("onnxruntime", "int8")}
     if runtime == "auto":
         order = [("onnxruntime", "int8"), ("onnxruntime", "fp32"), ("pytorch", "fp32")]
         return min(variants, key=lambda v: order.index((v.runtime, v.precision)))
     for variant in variants:
         if (variant.runtime, variant.precision) == wanted[runtime]:
-            return variant
+            return replace(variant, precision="bf16") if runtime == "pytorch-bf16" else variant
     held = ", ".join(f"{v.runtime} {v.precision}" for v in variants)
     raise BiodistilError(f"{path} holds no {runtime} model (it holds: {held}); choose --runtime accordingly")
 
@@ -88,10 +94,17 @@ class Predictor:
                  threads: int | None = None, max_length: int | None = None, device: str = "auto",
                  int8_fallback: float | None = None):
         """`device`: where a PyTorch model runs, as `train.device` names one (auto: a CUDA GPU when one is visible);
-        ONNX graphs run on the CPU. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under
-        this are predicted again by the export's fp32 graph."""
+        ONNX graphs run on the CPU. `runtime="pytorch-bf16"`: a PyTorch model under bf16 autocast, which a CPU
+        without native bf16 (`training.machine.cpu_bf16_fast`) only emulates, more slowly than float32: said on
+        stderr. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under this are predicted
+        again by the export's fp32 graph."""
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads, device)
+        self.autocast = torch.bfloat16 if self.variant.precision == "bf16" else None
+        if self.autocast is not None and not bf16_fast(self.model.device):
+            print(f"--runtime pytorch-bf16: {self.model.device.type} has no native bf16 (a CPU needs "
+                  f"{' or '.join(BF16_FLAGS)}), so bf16 is emulated and slower than --runtime pytorch",
+                  file=sys.stderr, flush=True)
         self.fallback = self._fallback(model, int8_fallback, threads) if int8_fallback is not None else None
         if head not in METRICS:
             raise BiodistilError(f"{model}: a {head.replace('_', ' ')} has no task head to predict with; give a model "
@@ -170,7 +183,7 @@ class Predictor:
     def _predict(self, examples: Sequence[Example]):
         encoded = encode_split(self.task, examples, self.tokenizer)
         return predict(self.model, self.task, examples, encoded, collator_for(self.task, self.tokenizer),
-                       self.batch_size, self.fallback)
+                       self.batch_size, self.fallback, self.autocast)
 
 
 def recorded_max_length(model: Path) -> int | None:
@@ -312,8 +325,6 @@ def _read(path: Path) -> str:
 
 
 def _stdin() -> Iterator[str]:
-    import sys
-
     yield from sys.stdin
 
 
@@ -326,7 +337,6 @@ def write_predictions(predictor: Predictor, documents: Iterable[Document], out: 
     atomically: a crash or Ctrl-C leaves no half-written file. Memory holds one chunk, whatever the input's size.
     Returns the closing line (records, seconds, records/s)."""
     import os
-    import sys
     import time
     from itertools import islice
 

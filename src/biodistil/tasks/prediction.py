@@ -45,12 +45,14 @@ class Fallback:
 
 @torch.no_grad()
 def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
-            collate: FeatureCollator, batch_size: int = 64, fallback: Fallback | None = None) -> Predictions:
+            collate: FeatureCollator, batch_size: int = 64, fallback: Fallback | None = None,
+            autocast: torch.dtype | None = None) -> Predictions:
     """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
     returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`).
     Features are batched by length (little padding), and the outputs returned in feature order. With a `fallback`,
-    the windows `model` is unsure of are predicted again by the fallback's model."""
-    outputs = _logits(model, encoded.features, collate, batch_size)
+    the windows `model` is unsure of are predicted again by the fallback's model. With `autocast` (torch.bfloat16),
+    a PyTorch model runs under autocast to that type on its device: float32 weights, bf16 matrix products."""
+    outputs = _logits(model, encoded.features, collate, batch_size, autocast)
     if fallback is not None:
         word_ids = encoded.word_ids if task.kind == "token_classification" else [None] * len(outputs)
         unsure = [i for i, row in enumerate(outputs) if decision_margin(task, row, word_ids[i]) < fallback.margin]
@@ -67,8 +69,9 @@ def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example],
     return Predictions([task.labels[int(p.argmax())] for p in probs], [p.tolist() for p in probs])
 
 
-def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batch_size: int) -> list[np.ndarray]:
-    """The model's logits for each feature, in the features' order, batched by length."""
+def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batch_size: int,
+            autocast: torch.dtype | None = None) -> list[np.ndarray]:
+    """The model's logits for each feature, in the features' order, batched by length (under `autocast`, if given)."""
     model.eval()
     by_length = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
     loader = DataLoader([features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
@@ -76,7 +79,9 @@ def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batc
     rows = iter(by_length)
     for batch in loader:
         batch = {k: v.to(model.device) for k, v in model_inputs(model, batch).items()}
-        for row in model(**batch).logits.float().cpu().numpy():
+        with torch.autocast(model.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = model(**batch).logits
+        for row in logits.float().cpu().numpy():
             outputs[next(rows)] = row
     return outputs
 
