@@ -165,7 +165,8 @@ def peak_mib(model: str, runtime: str, texts: list[str], threads: int, fallback:
 def task_agreement(rows: list[Row], task_name: str, data: str | None, split: str = "test") -> dict:
     """On a token task's split: whether `predict` returns exactly the entities evaluation scores (per model; a
     fallback or bf16 row has no evaluation to equal), and the share of the first model's entities (start, end,
-    label) each other row returns too."""
+    label) each other row returns too. ONNX Runtime runs at 1 thread here: with several, its sums may come in another
+    order from one session to the next, and a near-tied tag could then differ between `predict` and evaluation."""
     from biodistil.export.deployed import expand_models, score_deployed
     from biodistil.export.predict import Predictor, entity_spans
     from biodistil.tasks.registry import get_task
@@ -176,7 +177,7 @@ def task_agreement(rows: list[Row], task_name: str, data: str | None, split: str
     texts = [" ".join(example.tokens) for example in examples]
     found, same, rerun = [], {}, {}
     for name, path, runtime, fallback in rows:
-        predictor = Predictor(path, runtime=runtime, max_length=task.max_length, int8_fallback=fallback)
+        predictor = Predictor(path, runtime=runtime, threads=1, max_length=task.max_length, int8_fallback=fallback)
         records = predictor(texts)
         spans = [{(e["start"], e["end"], e["label"]) for e in record["entities"]} for record in records]
         found.append(spans)
@@ -185,7 +186,7 @@ def task_agreement(rows: list[Row], task_name: str, data: str | None, split: str
         if predictor.fallback is not None or predictor.autocast is not None:
             continue
         variant = next(v for v in expand_models([(None, path)]) if v.path == predictor.variant.path)
-        scored, _ = score_deployed(variant, task, examples)
+        scored, _ = score_deployed(variant, task, examples, threads=1)
         evaluated = []
         for example, tags in zip(examples, scored.predictions.labels, strict=True):
             offsets = [len(" ".join(example.tokens[:i])) + (1 if i else 0) for i in range(len(example.tokens))]
