@@ -77,12 +77,12 @@ def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batc
     loader = DataLoader([features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
     outputs: list[np.ndarray] = [np.empty(0)] * len(by_length)
     rows = iter(by_length)
-    for batch in loader:
-        batch = {k: v.to(model.device) for k, v in model_inputs(model, batch).items()}
-        with torch.autocast(model.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            logits = model(**batch).logits
-        for row in logits.float().cpu().numpy():
-            outputs[next(rows)] = row
+    # one autocast region for every batch: autocast casts each weight to bf16 once in a region, not once a batch
+    with torch.autocast(model.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        for batch in loader:
+            batch = {k: v.to(model.device) for k, v in model_inputs(model, batch).items()}
+            for row in model(**batch).logits.float().cpu().numpy():
+                outputs[next(rows)] = row
     return outputs
 
 
