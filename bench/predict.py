@@ -62,7 +62,8 @@ def variants(specs: list[str], runtime: str, margins: list[float]) -> list[Row]:
     rows = []
     for spec in specs:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        path, _, asked = path.rpartition("@") if path.rpartition("@")[2] in RUNTIMES else (path, "", "")
+        before, _, after = path.rpartition("@")
+        path, asked = (before, after) if before and after in RUNTIMES else (path, "")
         name, chosen = name or Path(path).name, asked or runtime_of(path, runtime)
         rows.append((name, path, chosen, None))
         if margins and choose_variant(path, chosen).precision == "int8":
