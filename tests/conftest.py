@@ -3,15 +3,29 @@ task with a teacher fine-tuned on it and a student, all offline. Helper function
 `numerics`."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
+
+# Every cache the project or its libraries read points into one empty folder of this test session (made by the first
+# process that reads this file; pytest-xdist's workers and the tests' subprocesses inherit it): a model fetched, a
+# corpus cached or a hub download left on the developer's machine can make no test pass. A test that needs a fetched
+# model is skipped unless --fetched-models names where one is (see `fetched_model`).
+CACHE_VARIABLES = ("BIODISTIL_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "XDG_CACHE_HOME", "TORCH_HOME",
+                   "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "MPLCONFIGDIR")
+if "BIODISTIL_TEST_HOME" not in os.environ:
+    os.environ["BIODISTIL_TEST_HOME"] = tempfile.mkdtemp(prefix="biodistil-tests-")
+    for variable in CACHE_VARIABLES:
+        os.environ[variable] = os.path.join(os.environ["BIODISTIL_TEST_HOME"], variable.lower())
+TEST_HOME = Path(os.environ["BIODISTIL_TEST_HOME"])
 
 # Before torch loads OpenMP: threads that wait for work sleep instead of spinning. The suite runs two workers (pytest-
 # xdist) on two cores, and at OMP_NUM_THREADS=2 spinning threads of one worker took the cores the other needed (a 3×
 # slower pass). Subprocesses of the tests inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-import torch
+import pytest  # noqa: E402  (after the environment above: torch reads it when it loads)
+import torch  # noqa: E402
 
 # biodistil and transformers are imported by the fixtures that use them: pytest-xdist's controller process loads this
 # file too, runs no test, and need not spend seconds importing transformers' models
@@ -117,15 +131,64 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fetched-models", metavar="DIR", default=None,
+                     help="a folder of fetched models (e.g. ~/.cache/biodistil/models, filled by `biodistil models "
+                     "fetch NAME`) for the tests that need one; without it they are skipped")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(SlowFirst(), "slow-first")
+    fetched = config.getoption("fetched_models")
+    if fetched:  # linked into the session's own cache: the rest of it stays empty
+        (TEST_HOME / "biodistil_cache").mkdir(parents=True, exist_ok=True)
+        link = TEST_HOME / "biodistil_cache" / "models"
+        if not link.exists():
+            link.symlink_to(Path(fetched).expanduser().resolve(), target_is_directory=True)
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the process that made the folder (pytest-xdist's controller, or -n 0)
+        shutil.rmtree(TEST_HOME, ignore_errors=True)
+
+
+@pytest.fixture()
+def fetched_model():
+    """`fetched_model("mpnet-base")`: the folder of a fetched model, or the test is skipped with the command that
+    fetches it (the suite's cache starts empty; pass --fetched-models DIR to use the models fetched there)."""
+    from biodistil.embedded import FETCHED, fetched_model_folder
+
+    def folder(name: str) -> Path:
+        if not (TEST_HOME / "biodistil_cache" / "models" / name / FETCHED[name].weights).is_file():
+            pytest.skip(f"needs the fetched model {name}: biodistil models fetch {name}, then python -m pytest "
+                        "--fetched-models ~/.cache/biodistil/models")
+        return fetched_model_folder(FETCHED[name])
+
+    return folder
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n`, `--dist loadgroup`, set in pyproject.toml): the tests of a module that share a module
-    fixture run on one worker (`xdist_group`: the fixture is built once), and the slow tests are handed out first so
-    that no long test starts last while the other worker idles."""
+    fixture run on one worker (`xdist_group`: the fixture is built once)."""
     for item in items:
         if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+class SlowFirst:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        """The slow tests are handed out first, so that no long test starts last while the other worker idles. The
+        sort is stable: the order pytest-randomly shuffled (before every other hook) holds within each part."""
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    seed = config.getoption("randomly_seed", default=None)
+    if seed is not None and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"Tests ran in a random order (pytest-randomly); replay it with: python -m pytest "
+                                    f"--randomly-seed={seed}")
 
 
 def pytest_xdist_auto_num_workers(config):

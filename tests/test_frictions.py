@@ -2,9 +2,12 @@
 user typed it: a task file beside the recipe (written as the registry is), relative paths, `finetune`, `kd`,
 `export --int8 --task` and `evaluate --finetuned` from another folder."""
 
+import io
 import json
 import logging
 import shutil
+from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,25 @@ def project(tmp_path_factory, teacher_dir, kd_models) -> Path:
         patch.chdir(root)
         assert main(["finetune", "finetune.yaml", "--out", "runs/teacher"]) == 0
     return root
+
+
+@dataclass(frozen=True)
+class Scored:
+    folder: Path
+    printed: str
+
+
+@pytest.fixture(scope="module")
+def scored(project) -> Scored:
+    """The fine-tuned teacher scored with one seed, as the user typed it from another folder: `evaluate --finetuned`
+    with relative paths and no --data."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project / "elsewhere")
+        printed = io.StringIO()
+        with redirect_stdout(printed):
+            assert main(["evaluate", "--finetuned", "../runs/teacher/model", "--task", "../my_species.yaml", "--out",
+                         "../runs/scored"]) == 0
+    return Scored(project / "runs" / "scored", printed.getvalue())
 
 
 def test_a_registry_style_task_file_with_one_task_is_read_and_several_are_refused_in_three_lines(project):
@@ -110,12 +132,14 @@ def test_cards_carry_the_right_pipeline_tag_their_own_scores_and_provenance(proj
     weights = json.loads((project / "runs/teacher/provenance.json").read_text())  # the run's own record of inputs
     assert weights["biodistil"]["version"] and "made by biodistil" in export.text
     assert "source weights `model.safetensors`: sha256 `" in export.text
-    assert main(["evaluate", "--finetuned", "../runs/teacher/model", "--task", "../my_species.yaml", "--out",
-                 "../runs/scored"]) == 0
-    assert "(task.data_dir of" in capsys.readouterr().out
 
 
-def test_windowed_long_sentences_raise_no_length_warning_and_one_seed_prints_one_table(project, caplog, tmp_path):
+def test_evaluate_finetuned_finds_the_data_in_the_run_folders_record(scored):
+    """Friction 3, for `evaluate --finetuned` from another folder, without --data."""
+    assert "(task.data_dir of" in scored.printed
+
+
+def test_windowed_long_sentences_raise_no_length_warning_and_one_seed_prints_one_table(project, scored, caplog):
     """Friction 7: biodistil windows a long sentence itself, so transformers' "Token indices sequence length is
     longer than the specified maximum" is not printed for it (it still is for text biodistil does not window); an
     evaluation with one seed has one table of scores, not a second of "medians over seeds"."""
@@ -133,5 +157,5 @@ def test_windowed_long_sentences_raise_no_length_warning_and_one_seed_prints_one
         assert "longer than the specified maximum" in caplog.text, "the warning itself still exists"
     finally:
         transformers_logger.removeHandler(caplog.handler)
-    report = (project / "runs/scored/report.md").read_text()
+    report = (scored.folder / "report.md").read_text()
     assert "Medians over seeds" not in report and report.count("| model |") <= 2

@@ -2,12 +2,15 @@
 transfer-study*, meta-study*) on a small slice of the real data folder, and the small study recipes."""
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from kd_fixtures import save_student, save_teacher
 from recipe_fixtures import QUIET, RECIPES, data_root, needs_data
+from transformers import MPNetConfig, MPNetModel
 
 from biodistil.cli.main import main
 from biodistil.config import load_recipe
@@ -18,19 +21,38 @@ from biodistil.kd.study import run_study
 from biodistil.tasks.registry import get_task
 
 
+def corpus_lines() -> list[str]:
+    lines = []
+    for name in ("corpus/biomed.txt", "corpus/general.txt"):
+        with (data_root() / name).open(encoding="utf-8") as handle:
+            lines += [next(handle) for _ in range(1500)]
+    return lines
+
+
 @pytest.fixture(scope="module")
 def real_text_models(tmp_path_factory):
     """Tiny models with a WordPiece vocabulary of the data folder's corpora (so that real questions stay short):
     a 4-layer encoder (teacher initialisation), "fine-tuned" teachers for BioASQ and GAD, a 2-layer student."""
     root = tmp_path_factory.mktemp("recipe_models")
-    lines = []
-    for name in ("corpus/biomed.txt", "corpus/general.txt"):
-        with (data_root() / name).open(encoding="utf-8") as handle:
-            lines += [next(handle) for _ in range(1500)]
-    tokenizer = train_wordpiece(lines, vocab_size=1500, min_frequency=2)
+    tokenizer = train_wordpiece(corpus_lines(), vocab_size=1500, min_frequency=2)
     init = save_student(tokenizer, root / "init", layers=4, positions=128)
     teachers = {name: save_teacher(init, get_task(name), root / f"teacher-{name}") for name in ("bioasq", "gad")}
     return init, teachers, save_student(tokenizer, root / "student", positions=128)
+
+
+@pytest.fixture(scope="module")
+def tiny_mpnet(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide MPNet encoder (no head, as mpnet-base) with a vocabulary of its own, so that its words
+    split into other pieces than the BERT models' (random weights): what a study's second teacher, `mpnet-base`, is
+    to the tests, without fetching it."""
+    torch.manual_seed(2)
+    tokenizer = train_wordpiece(corpus_lines(), vocab_size=1100, min_frequency=2)
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
+    folder = tmp_path_factory.mktemp("tiny_mpnet")
+    MPNetModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def kd_overrides(recipe: str, teachers: dict[str, Path], student: Path, tmp_path: Path) -> list[str]:
@@ -70,7 +92,11 @@ def test_finetune_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
     assert (out / "model" / "config.json").is_file()
 
 
-def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> StudyRecipe:
+def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path, more_teachers: Path | None = None
+               ) -> StudyRecipe:
+    """The study recipe at `path` on tiny models and a slice of the data; its recipe's models are named, never
+    loaded (`resolve_models=False`): a fetched one need not be on this machine. Any more teachers of its tasks start
+    from `more_teachers` (else `teacher_init`)."""
     overrides = [f"student={student}", "student_layers=null", f"teacher_init={teacher_init}", "seeds=[1]",
                  f"run.output_dir={out}"]
     for command in ("finetune", "kd"):
@@ -81,11 +107,11 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
     budgets = "labelled:" in path.read_text()  # a labelled budget: the whole (capped) training split as source
     if not budgets:
         overrides.append("defaults.kd.transfer.source.max_examples=24")
-    recipe = load_recipe(StudyRecipe, path, overrides)
+    recipe = load_recipe(StudyRecipe, path, overrides, resolve_models=False)
     for study_task in recipe.tasks:
         study_task.teacher_overrides = {}
-        for more in study_task.more_teachers.values():  # the tiny encoder in place of a real one
-            more.teacher_init, more.teacher_overrides = str(teacher_init), {}
+        for more in study_task.more_teachers.values():  # a tiny encoder in place of a real one
+            more.teacher_init, more.teacher_overrides = str(more_teachers or teacher_init), {}
         if study_task.overrides:
             study_task.overrides = {"finetune": {"task": {"train_examples": 8}}, "kd": {"transfer": {"labelled": 8}}}
     for arm in recipe.arms:
@@ -103,11 +129,12 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path) -> Stud
 @pytest.mark.parametrize("recipe", ["transfer-study.yaml", "meta-study.yaml", "studies/transfer-data.yaml",
                                     "studies/meta-kd.yaml", "studies/users-setting.yaml",
                                     "studies/multi-teacher.yaml"])
-def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
+def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_path):
     init, _, student = real_text_models
     out = tmp_path / "study"
     side_by_side = recipe == "transfer-study.yaml"  # its runs in two worker processes (`study --processes 2`)
-    report = run_study(tiny_study(RECIPES / recipe, student, init, out), processes=2 if side_by_side else 1)
+    study = partial(tiny_study, RECIPES / recipe, student, init, out, more_teachers=tiny_mpnet)
+    report = run_study(study(), processes=2 if side_by_side else 1)
     summary = json.loads((out / "summary.json").read_text())
     expected = yaml.safe_load((RECIPES / recipe).read_text())
     arms = [arm["name"] for arm in expected["arms"]]
@@ -150,11 +177,11 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tmp_path):
                 assert config["task"]["train_examples"] == (None if run["arm"] == "all-labels" else 8)
     first = out / expected["tasks"][0]["name"] / arms[0] / "seed-1" / "metrics.json"
     before = first.stat().st_mtime_ns
-    run_study(tiny_study(RECIPES / recipe, student, init, out), resume=True)
+    run_study(study(), resume=True)
     assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
     assert json.loads((out / "summary.json").read_text())["side_by_side"] == summary["side_by_side"]
     if recipe.endswith("users-setting.yaml"):  # seeds added to one arm: only its new run trains
-        grown = tiny_study(RECIPES / recipe, student, init, out)
+        grown = study()
         grown.arms[0].seeds = [1, 2]
         run_study(grown, resume=True)
         assert first.stat().st_mtime_ns == before

@@ -61,21 +61,31 @@ def test_an_mpnet_teacher_distils_into_its_layers_and_the_student_fine_tunes(mpn
 def test_recomputed_attention_equals_mpnets_own_with_its_relative_position_bias(mpnet):
     """The hooked Q/K and the relative-position bias the encoder computes give MPNet's own attention probabilities
     (eager, eval mode) at every layer, padding included; without the bias they would not."""
+    assert_recomputed_attention_is_own(mpnet, atol=1e-5)
+
+
+def test_the_fetched_mpnet_base_has_its_attention_recomputed_as_its_own(fetched_model):
+    """The same on the real 12 × 768 encoder (skipped unless `mpnet-base` is fetched and given: --fetched-models)."""
+    assert_recomputed_attention_is_own(fetched_model("mpnet-base"), atol=1e-4)
+
+
+def assert_recomputed_attention_is_own(folder: Path, atol: float) -> None:
     from biodistil.models.features import FeatureRequest, extract_features
     from biodistil.models.loading import load_masked_lm
 
-    model = load_masked_lm(str(mpnet), "float32").eval()
+    model = load_masked_lm(str(folder), "float32").eval()
+    layers = model.config.num_hidden_layers
     ids = torch.randint(5, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 30:] = 0
     batch = {"input_ids": ids, "attention_mask": mask}
     with torch.no_grad():
-        features = extract_features(model, batch, FeatureRequest(attentions={1, 2, 3, 4}), None)
+        features = extract_features(model, batch, FeatureRequest(attentions=set(range(1, layers + 1))), None)
         own = model.mpnet(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
-    for layer in range(1, 5):
-        assert torch.allclose(features.attention_at(layer)[0], own[layer - 1][0], atol=1e-5), layer
+    for layer in range(1, layers + 1):
+        assert torch.allclose(features.attention_at(layer)[0], own[layer - 1][0], atol=atol), layer
         assert torch.allclose(features.attention_at(layer)[1, :, :30, :30], own[layer - 1][1, :, :30, :30],
-                              atol=1e-5), layer
+                              atol=atol), layer
     assert model.mpnet.encoder.relative_attention_bias.weight.abs().max() > 0.01, "the bias is not zero"
 
 

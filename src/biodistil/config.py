@@ -7,6 +7,7 @@ the offending key and the valid choices in the message; the resolved recipe is s
 from __future__ import annotations
 
 import copy
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -22,8 +23,13 @@ from biodistil.term_specs import TASK_TERMS, TERM_NAMES, TERM_SPECS, misplaced_o
 Precision = Literal["auto", "no", "bf16", "fp16"]
 
 
+# False while `validate_recipe(..., resolve_models=False)` reads a recipe to compare or show it, not to run it: model
+# names stay as written, so it needs none of its models on this machine (a fetched model may not be there).
+_RESOLVING_MODELS: ContextVar[bool] = ContextVar("resolving_models", default=True)
+
+
 def resolve_model_ref(name: str) -> str:
-    return model_reference(resolve_model_name(name))
+    return model_reference(resolve_model_name(name)) if _RESOLVING_MODELS.get() else name
 
 
 # Paths a user gives are resolved when the recipe is read, against the working folder, and recorded absolute in the
@@ -540,21 +546,27 @@ def _path_function_in(metadata: Any) -> Any:
     return None
 
 
-def load_recipe(recipe_cls: type[RecipeT], path: str | Path | None, overrides: list[str] = ()) -> RecipeT:
-    """Read a YAML recipe, apply `key.sub=value` overrides, and validate it into `recipe_cls`."""
+def load_recipe(recipe_cls: type[RecipeT], path: str | Path | None, overrides: list[str] = (), *,
+                resolve_models: bool = True) -> RecipeT:
+    """Read a YAML recipe, apply `key.sub=value` overrides, and validate it into `recipe_cls`; with `resolve_models`
+    False, model names stay as written (nothing is looked up, checked or fetched)."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
     for item in overrides:
         _apply_override(raw, item)
-    return validate_recipe(recipe_cls, raw, source=str(path) if path else "overrides")
+    return validate_recipe(recipe_cls, raw, source=str(path) if path else "overrides", resolve_models=resolve_models)
 
 
-def validate_recipe(recipe_cls: type[RecipeT], raw: dict[str, Any], source: str = "recipe") -> RecipeT:
+def validate_recipe(recipe_cls: type[RecipeT], raw: dict[str, Any], source: str = "recipe", *,
+                    resolve_models: bool = True) -> RecipeT:
+    token = _RESOLVING_MODELS.set(resolve_models)
     try:
         return recipe_cls.model_validate(raw)
     except ValidationError as err:
         raise BiodistilError(f"Invalid recipe {source}:\n{_explain(err, recipe_cls)}") from None
+    finally:
+        _RESOLVING_MODELS.reset(token)
 
 
 def dump_recipe(recipe: Section, path: Path) -> None:

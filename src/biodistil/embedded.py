@@ -103,6 +103,19 @@ def resolve_model_name(name_or_path: str) -> str:
     return name_or_path
 
 
+def model_name_of(reference: str) -> str:
+    """The short name of an embedded or fetched model when `reference` is the folder it resolves to, on this machine or
+    another (a recorded recipe), else `reference`."""
+    parts = Path(reference).parts
+    for entry in EMBEDDED.values():
+        folder = Path(entry.folder).parts
+        if len(parts) > len(folder) and parts[-len(folder):] == folder:
+            return entry.name
+    if len(parts) > 2 and parts[-2] == "models" and parts[-1] in FETCHED:
+        return parts[-1]
+    return reference
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("BIODISTIL_CACHE", Path.home() / ".cache" / "biodistil")).expanduser()
 

@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
+from biodistil.embedded import cache_root
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
 
@@ -226,7 +227,7 @@ def batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("BIODISTIL_CACHE", Path.home() / ".cache" / "biodistil")) / "corpora"
+    return cache_root() / "corpora"
 
 
 def build_block_dataset(
