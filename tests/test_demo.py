@@ -8,7 +8,8 @@ import pytest
 from recipe_fixtures import data_root
 
 from biodistil.config import validate_recipe
-from biodistil.demo import PLAN, compare, run_demo, study_recipe
+from biodistil.demo import PLAN, run_demo, study_recipe
+from biodistil.demo import compare as demo_compare
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.paths import absolute
@@ -81,8 +82,13 @@ def test_the_demo_recipe_records_absolute_paths_whatever_the_spelling_of_out(tmp
 
 def test_a_difference_is_a_finding_only_when_its_confidence_interval_excludes_zero():
     """The demo's verdicts use the one rule (tasks.significance): Welch's t-test on the per-seed F1."""
+    from biodistil.tasks.significance import compare_scores
+
     def arm(*f1: float) -> dict:
         return {"model": f"model at {sum(f1) / len(f1):.2f}", "f1": list(f1), "seeds": len(f1)}
+
+    def compare(question: str, first: dict, second: dict) -> str:
+        return demo_compare(question, first, second, compare_scores(first["f1"], second["f1"]))
 
     # (0.71, 0.69) vs (0.655, 0.665): +0.04, se = √(2e-4/2 + 5e-5/2) = 0.01118, ν = 1.47, half-width 0.069: the
     # interval holds 0; three seeds each (0.70, 0.71, 0.69) vs (0.66, 0.665, 0.655): se = 0.00645, ν = 2.9,
@@ -133,10 +139,13 @@ def test_the_report_puts_every_arm_and_the_exports_in_one_table_and_says_what_is
     assert rows["student-onnx-int8"]["speedup"] == 5.0 and rows["fine-tuned"]["degenerate"] == "O"
     assert report["demo_minutes"] == round((120 + 6 * 60) / 60, 1)
     text = render_report(report)
-    assert "95% CI +0.070 to +0.130, Welch's t-test, p = 0.005): a finding" in \
+    # the three differences are one family (Holm): p 0.005 × 3 = 0.015 stays a finding; seeds for 80% power at 0.05/3
+    assert "95% CI +0.070 to +0.130, Welch's t-test, p = 0.005, Holm p = 0.015 (family of 3)): a finding" in \
         text.split("What the teacher adds")[1].splitlines()[0], "+0.10 F1 with sd 0.007 (2 seeds each) is a finding"
-    assert "inconclusive — would need about 83 seeds per arm" in \
+    assert "inconclusive — would need about 224 seeds per arm" in \
         text.split("The teacher's outputs alone")[1].splitlines()[0], "+0.02 with sd 0.09 and 0.007 is not"
+    assert "+0.080 F1 (95% CI" in text.split("What the budget's labels add")[1].splitlines()[0]
+    assert "never saw added nothing measurable in Study 4" in text
     assert "**(one class: O)**" in text and "within 1 point" in text and "-0.0010 F1 (int8" in text
     ending = render_report(report, tmp_path / "demo").rstrip()
     assert ending.endswith(f"biodistil predict {tmp_path / 'demo' / 'student-onnx'} YOUR_DOCUMENTS --out "

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from biodistil.tasks.significance import compare_scores, seeds_needed
+from biodistil.tasks.significance import compare_scores, holm, seeds_needed
 
 
 def test_welch_interval_and_p_value_by_hand():
@@ -27,8 +27,10 @@ def test_welch_degrees_of_freedom_for_unequal_spreads_by_hand():
     assert dof == pytest.approx(1.0118, abs=1e-4)
     assert not result.finding and result.low < 0 < result.high
     assert result.high - result.difference == pytest.approx(12.4 * math.sqrt(0.00425), rel=0.03)  # t_{0.975,1.01}
-    # seeds: t_{0.975, 2n−2}·√(0.0085/n) < 0.02 first holds at n = 83 (t ≈ 1.975, √(0.0085/83) = 0.010120)
-    assert result.seeds_needed == 83 and "would need about 83 seeds per arm" in result.describe()
+    # seeds for 80% power at α = 0.05: the noncentral t with 2n − 2 dof and noncentrality 0.02/√(0.0085/n) puts 80%
+    # beyond ±t_{0.975, 2n−2} first at n = 168 (a simulation of 20,000 studies: 0.799 at 167 and 168 both — the
+    # boundary lies between; the noncentral t decides it)
+    assert result.seeds_needed == 168 and "would need about 168 seeds per arm" in result.describe()
 
 
 def test_paired_test_by_hand():
@@ -46,9 +48,25 @@ def test_one_seed_or_no_spread_is_never_a_finding():
     flat = compare_scores([0.7, 0.7], [0.6, 0.6])
     assert not flat.finding and "no seed spread" in flat.describe()
     assert seeds_needed(0.0, 0.01, paired=False) is None
-    # paired, variance of the differences 0.0004: n = 6 gives t_{0.975,5}·√(0.0004/6) = 2.571·0.008165 = 0.0210 (not
-    # below 0.02), n = 7 gives t_{0.975,6}·√(0.0004/7) = 2.447·0.007559 = 0.0185
-    assert seeds_needed(0.02, 0.0004, paired=True) == 7
+    # paired, effect 0.02 at a per-seed sd of 0.02 (d = 1): the one-sample t-test at α = 0.05 has 74% power at n = 9
+    # and 80.3% at n = 10 (Cohen's tables: n = 10 for d = 1; a simulation of 20,000 studies: 0.743 and 0.803)
+    assert seeds_needed(0.02, 0.0004, paired=True) == 10
+    assert seeds_needed(0.02, 0.0004, paired=True, alpha=0.01) > 10, "a stricter level needs more seeds"
+
+
+def test_holm_adjusts_a_tables_p_values_step_down_by_hand():
+    """p = (0.01, 0.04, 0.03) → sorted 0.01·3 = 0.03, 0.03·2 = 0.06, max(0.06, 0.04·1) = 0.06: adjusted (0.03, 0.06,
+    0.06); untested comparisons keep no p and do not count in the family."""
+    from dataclasses import replace
+
+    base = compare_scores([0.74, 0.75], [0.64, 0.65])
+    family = [replace(base, p_value=p) for p in (0.01, 0.04, 0.03)] + [compare_scores([0.9], [0.1])]
+    adjusted = holm(family)
+    assert [c.p_holm for c in adjusted[:3]] == pytest.approx([0.03, 0.06, 0.06], abs=1e-12)
+    assert [c.family for c in adjusted] == [3, 3, 3, 1] and adjusted[3].p_holm is None
+    assert [c.finding for c in adjusted] == [True, False, False, False]
+    assert "Holm p = 0.06 (family of 3)" in adjusted[1].describe()
+    assert adjusted[1].seeds_needed is not None and adjusted[0].seeds_needed is None
 
 
 def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():
@@ -64,6 +82,7 @@ def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():
     summary = {"rows": [row("finetune", [0.64, 0.65]), row("kd", [0.74, 0.75]), row("kd-general", [0.73, 0.60])],
                "seeds": [1, 2], "teachers": {}, "machine": {}}
     text = render_study(summary, Path("study"))
-    assert ("| gad | kd − finetune | +0.1000 auroc (95% CI +0.0696 to +0.1304, Welch's t-test, p = 0.005): a finding |"
-            in text)
-    assert "| gad | kd-general − finetune | +0.0200 auroc (95% CI" in text and "83 seeds per arm" in text
+    assert "| gad | kd − finetune | +0.1000 auroc (95% CI +0.0696 to +0.1304, Welch's t-test, p = 0.005, Holm" in text
+    # one family of two: kd's p 0.005 → 0.0099 (still a finding), kd-general's 0.81 stays 0.81; seeds at α/2
+    assert "p = 0.005, Holm p = 0.0099 (family of 2)): a finding |" in text
+    assert "| gad | kd-general − finetune | +0.0200 auroc (95% CI" in text and "204 seeds per arm" in text

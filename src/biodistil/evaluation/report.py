@@ -23,7 +23,7 @@ from biodistil.evaluation.aggregate import (
 from biodistil.evaluation.plots import make_figures
 from biodistil.evaluation.recipe import FAMILIES, FAMILY_TITLES
 from biodistil.io import atomic_write_text
-from biodistil.tasks.significance import compare_scores
+from biodistil.tasks.significance import Comparison, compare_scores, holm
 
 Block = tuple[str, Any]  # ("h1" | "h2" | "p" | "ul" | "table" | "img", content)
 
@@ -66,24 +66,27 @@ def scores_table(data: ReportData, statistic: str = "mean") -> list[list[str]]:
 
 
 def differences_table(data: ReportData) -> list[list[str]]:
-    """Rows: model, then per task its difference from the reference and the verdict, on the seeds both ran."""
+    """Rows: model, then per task its difference from the reference and the verdict, on the seeds both ran; the
+    table's comparisons are one family (Holm)."""
     reference = next(m for m in data.models if m.label == data.reference)
+    others = [model for model in data.models if model is not reference]
+    tested = {(model.label, task): result for model in others for task in data.tasks
+              if (result := _against(model, reference, task)) is not None}
+    tested = dict(zip(tested, holm(list(tested.values())), strict=True))
     rows = [["model", *data.tasks]]
-    for model in data.models:
-        if model is reference:
-            continue
-        cells = [model.label]
-        for task in data.tasks:
-            mine, theirs = (model.tasks.get(task) or {}).get("seeds", {}), (reference.tasks.get(task) or {}).get(
-                "seeds", {})
-            shared = [seed for seed in mine if seed in theirs and None not in (mine[seed], theirs[seed])]
-            if not shared:
-                cells.append("–")
-                continue
-            result = compare_scores([100 * mine[s] for s in shared], [100 * theirs[s] for s in shared], paired=True)
-            cells.append(result.describe(digits=1))
-        rows.append(cells)
+    for model in others:
+        rows.append([model.label, *(tested[model.label, task].describe(digits=1) if (model.label, task) in tested
+                                    else "–" for task in data.tasks)])
     return rows
+
+
+def _against(model: Any, reference: Any, task: str) -> Comparison | None:
+    """`model` − `reference` on `task` over the seeds both ran (paired: same seeds, same data order), or None."""
+    mine, theirs = (model.tasks.get(task) or {}).get("seeds", {}), (reference.tasks.get(task) or {}).get("seeds", {})
+    shared = [seed for seed in mine if seed in theirs and None not in (mine[seed], theirs[seed])]
+    if not shared:
+        return None
+    return compare_scores([100 * mine[s] for s in shared], [100 * theirs[s] for s in shared], paired=True)
 
 
 def _degenerate_mark(model: Any, tasks: Any, *others: Any) -> str:

@@ -32,7 +32,7 @@ from biodistil.paths import recorded
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.tasks.significance import compare_scores
+from biodistil.tasks.significance import compare_scores, holm
 from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.pool import run_in_workers, side_by_side_plan
@@ -357,17 +357,19 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
 
 def _differences(rows: list[dict[str, Any]]) -> list[str]:
     """Each arm against the task's first arm: the difference of the means and its verdict (Welch's t-test on the
-    per-seed scores, `tasks.significance`: the arms share seeds, not their training data)."""
+    per-seed scores, `tasks.significance`: the arms share seeds, not their training data); a task's comparisons are
+    one family (Holm)."""
     lines = []
     for task in dict.fromkeys(row["task"] for row in rows):
         first, *others = [row for row in rows if row["task"] == task]
-        for row in others:
-            result = compare_scores(row["scores"], first["scores"]).describe(" " + row["metric"], digits=4)
-            lines.append(f"| {task} | {row['arm']} − {first['arm']} | {result} |")
+        results = holm([compare_scores(row["scores"], first["scores"]) for row in others])
+        for row, result in zip(others, results, strict=True):
+            lines.append(f"| {task} | {row['arm']} − {first['arm']} | "
+                         f"{result.describe(' ' + row['metric'], digits=4)} |")
     if not lines:
         return []
-    return ["", "Differences (a finding only when the 95% confidence interval of a t-test on the per-seed scores "
-            "excludes 0):", "", "| task | arms | difference |", "|---|---|---|", *lines]
+    return ["", "Differences (a finding only when a t-test on the per-seed scores says so after Holm's adjustment "
+            "within the task):", "", "| task | arms | difference |", "|---|---|---|", *lines]
 
 
 def _one_class_note(row: dict[str, Any]) -> str:

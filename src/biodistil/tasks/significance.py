@@ -8,6 +8,11 @@ the difference (`compare_scores`). A difference is a *finding* only when that in
   ν = se⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1)).
 - Interval: d̄ ± t_{0.975, ν}·se; p = 2·(1 − F_t(|d̄|/se; ν)).
 - One seed on either side, or no spread at all (every seed equal): no test; inconclusive.
+- Several comparisons in one table are one family (`holm`): Holm's step-down adjustment, p_(i) ordered ascending
+  among the m tested, p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); a finding only when p̃ < 0.05. The interval
+  printed stays the comparison's own 95% interval.
+- Seeds needed (an inconclusive comparison): the smallest n per arm at which the two-sided t-test at the family's
+  worst level, α/m, has 80% power against the observed difference at the observed spread (noncentral t).
 """
 
 import math
@@ -18,6 +23,8 @@ from dataclasses import dataclass, replace
 from scipy import stats
 
 LEVEL = 0.95
+ALPHA = 1 - LEVEL
+POWER = 0.8
 MAX_SEEDS = 1000
 
 
@@ -30,12 +37,20 @@ class Comparison:
     low: float | None = None  # the 95% confidence interval of the difference
     high: float | None = None
     p_value: float | None = None
-    seeds_needed: int | None = None  # inconclusive: seeds per arm at the observed spread (None: not estimable)
+    seeds_needed: int | None = None  # inconclusive: seeds per arm for 80% power (None: not estimable)
     why_no_test: str = ""
+    p_holm: float | None = None  # Holm-adjusted within its family (`holm`); None: a comparison on its own
+    family: int = 1  # how many tested comparisons share the family
+    variance: float = 0.0  # of one seed's difference (paired) or the sum of the arms' variances: for seeds_needed
+    paired: bool = False
+
+    @property
+    def adjusted_p(self) -> float | None:
+        return self.p_holm if self.p_holm is not None else self.p_value
 
     @property
     def finding(self) -> bool:
-        return self.low is not None and (self.low > 0 or self.high < 0)
+        return self.adjusted_p is not None and self.adjusted_p < ALPHA
 
     @property
     def verdict(self) -> str:
@@ -47,6 +62,8 @@ class Comparison:
         if self.low is None:
             return f"{value} ({self.why_no_test}): inconclusive"
         interval = f"95% CI {self.low:+.{digits}f} to {self.high:+.{digits}f}, {self.test}, p = {self.p_value:.2g}"
+        if self.p_holm is not None and self.family > 1:
+            interval += f", Holm p = {self.p_holm:.2g} (family of {self.family})"
         if self.finding:
             return f"{value} ({interval}): a finding"
         needed = f"would need about {self.seeds_needed} seeds per arm" if self.seeds_needed else \
@@ -76,8 +93,28 @@ def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool
         return Comparison(difference, "", why_no_test=f"no seed spread: {spread}")
     half = float(stats.t.ppf((1 + LEVEL) / 2, dof)) * se
     p_value = float(2 * stats.t.sf(abs(difference) / se, dof))
-    result = Comparison(difference, test, difference - half, difference + half, p_value)
-    return result if result.finding else replace(result, seeds_needed=seeds_needed(difference, variance, paired))
+    result = Comparison(difference, test, difference - half, difference + half, p_value, variance=variance,
+                        paired=paired)
+    return _with_seeds_needed(result)
+
+
+def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """The comparisons of one table as a family: each tested one with its Holm-adjusted p (`p_holm`, see the module
+    docstring) and the family's size; the untested ones as they are. Order kept."""
+    tested = sorted((i for i, c in enumerate(comparisons) if c.p_value is not None),
+                    key=lambda i: comparisons[i].p_value)
+    adjusted, running = list(comparisons), 0.0
+    for rank, index in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * comparisons[index].p_value))
+        adjusted[index] = _with_seeds_needed(replace(comparisons[index], p_holm=running, family=len(tested)))
+    return adjusted
+
+
+def _with_seeds_needed(result: Comparison) -> Comparison:
+    if result.finding:
+        return replace(result, seeds_needed=None)
+    return replace(result, seeds_needed=seeds_needed(result.difference, result.variance, result.paired,
+                                                     ALPHA / result.family))
 
 
 def _welch_dof(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
@@ -86,14 +123,17 @@ def _welch_dof(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
     return (sum(parts) ** 2) / denominator if denominator > 0 else float(n_a + n_b - 2)
 
 
-def seeds_needed(difference: float, variance: float, paired: bool) -> int | None:
-    """The smallest n (seeds per arm) for which t_{0.975, dof}·√(variance/n) < |difference|: with `paired`, the
-    variance of the per-seed differences and dof = n − 1; else the sum of the arms' variances and dof = 2n − 2 (two
-    arms of n seeds). None when the difference is 0 or more than MAX_SEEDS would be needed."""
-    if difference == 0:
+def seeds_needed(difference: float, variance: float, paired: bool, alpha: float = ALPHA) -> int | None:
+    """The smallest n (seeds per arm) at which the two-sided t-test at level `alpha` has `POWER` against `difference`
+    at `variance` (noncentral t, noncentrality |difference|/√(variance/n)): with `paired`, the variance of the
+    per-seed differences and dof = n − 1; else the sum of the arms' variances and dof = 2n − 2 (two arms of n seeds).
+    None when the difference is 0 or more than MAX_SEEDS would be needed."""
+    if difference == 0 or variance <= 0:
         return None
     for n in range(2, MAX_SEEDS + 1):
         dof = n - 1.0 if paired else 2.0 * n - 2.0
-        if stats.t.ppf((1 + LEVEL) / 2, dof) * math.sqrt(variance / n) < abs(difference):
+        critical = stats.t.ppf(1 - alpha / 2, dof)
+        shift = abs(difference) / math.sqrt(variance / n)
+        if stats.nct.sf(critical, dof, shift) + stats.nct.cdf(-critical, dof, shift) >= POWER:
             return n
     return None
