@@ -9,10 +9,11 @@ of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.j
 `users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml;
 `seeds-scale.json` the `pipeline.json` of recipes/studies/seeds-scale.yaml;
 `demo.json` the `report.json` of `biodistil demo --out DIR --record docs/results/demo.json` (docs/demo.md).
-A difference between two arms is a finding only when the 95% confidence interval of a t-test on the per-seed scores
-excludes 0 (biodistil's one verdict rule, `biodistil.tasks.significance`: paired where the arms share seeds and data
-order — the fine-tuning cells of one evaluation —, else Welch's); otherwise it is inconclusive, with about the seeds
-per arm the observed spread would need.
+A difference between two arms is a finding only when a t-test on the per-seed scores says so after Holm's adjustment
+within its table (biodistil's one verdict rule, `biodistil.tasks.significance`: paired where the arms share seeds and
+data order — the fine-tuning cells of one evaluation —, else Welch's; each table's comparisons are one family);
+otherwise it is inconclusive, with about the seeds per arm that would give the test 80% power at the observed
+difference and spread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))  # run from a checkout: its own biodistil
-from biodistil.tasks.significance import compare_scores  # noqa: E402
+from biodistil.tasks.significance import Comparison, compare_scores, holm  # noqa: E402
 
 TASK_TITLES = {"ncbi_disease": "NCBI-disease", "bc5cdr_disease": "BC5CDR-disease", "gad": "GAD", "hoc": "HoC",
                "chemprot": "ChemProt", "bioasq": "BioASQ"}
@@ -48,17 +49,21 @@ def gap_cell(gaps: list[float | None]) -> str:
     return pm(statistics.fmean(gaps), statistics.stdev(gaps) if len(gaps) > 1 else None, 100, 0) + "%"
 
 
-def compare(first: list[float], second: list[float], scale: float = 1.0, digits: int = 3,
-            paired: bool = False) -> tuple[float, str]:
-    """(mean(first) − mean(second), its verdict: "finding, 95% CI …" or "inconclusive, …"), figures × `scale`."""
-    result = compare_scores(first, second, paired)
+def family(pairs: list[tuple[list[float], list[float]]], paired: bool = False) -> list[Comparison]:
+    """One table's comparisons (mean(first) − mean(second) each) as one family: Holm-adjusted."""
+    return holm([compare_scores(first, second, paired) for first, second in pairs])
+
+
+def verdict(result: Comparison, scale: float = 1.0, digits: int = 3) -> str:
+    """"finding, 95% CI …, Holm p …" or "inconclusive, …; ~N seeds", figures × `scale`."""
     if result.low is None:
-        return result.difference, f"inconclusive: {result.why_no_test}"
+        return f"inconclusive: {result.why_no_test}"
     interval = f"95% CI {scale * result.low:+.{digits}f} to {scale * result.high:+.{digits}f}"
+    p_values = f"p {result.p_value:.2g}" + (f", Holm p {result.p_holm:.2g}" if result.family > 1 else "")
     if result.finding:
-        return result.difference, f"finding, {interval}"
+        return f"finding, {interval}, {p_values}"
     seeds = f"; ~{result.seeds_needed} seeds" if result.seeds_needed else ""
-    return result.difference, f"inconclusive, {interval}{seeds}"
+    return f"inconclusive, {interval}, {p_values}{seeds}"
 
 
 def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
@@ -131,10 +136,10 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
               "| comparison | difference | verdict |", "|---|---|---|"]
     per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
                         for s in summary[label][tasks[0]]["seeds"]] for label in summary}
-    for first, second in comparisons:
-        if first in per_seed and second in per_seed:
-            gain, verdict = compare(per_seed[first], per_seed[second], 100, 1, paired=True)
-            lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
+    present = [(first, second) for first, second in comparisons if first in per_seed and second in per_seed]
+    results = family([(per_seed[first], per_seed[second]) for first, second in present], paired=True)
+    for (first, second), result in zip(present, results, strict=True):
+        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
     return "\n".join(lines)
 
 
@@ -168,6 +173,10 @@ def _distillation(stage: dict[str, Any] | None) -> str:
 # ------------------------------------------------------------------------------------------ study 2
 
 
+TRANSFER_PAIRS = (("kd-gad", "kd-general"), ("kd-general", "kd-random-general"), ("kd-chemprot", "kd-general"),
+                  ("kd-chemprot", "finetune-chemprot"), ("kd-gad", "finetune-gad"))
+
+
 def transfer_tables(summary: dict[str, Any]) -> str:
     rows = summary["rows"]
     task = rows[0]["task"]
@@ -184,12 +193,9 @@ def transfer_tables(summary: dict[str, Any]) -> str:
                      f"{'' if f1 is None else f'{100 * f1:.1f}'} | {len(row['degenerate_seeds'])} of {len(group)} |")
     lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
-    for first, second in [("kd-gad", "kd-general"), ("kd-general", "kd-random-general"),
-                          ("kd-chemprot", "kd-general"), ("kd-chemprot", "finetune-chemprot"),
-                          ("kd-gad", "finetune-gad")]:
-        if first in scores and second in scores:
-            gain, verdict = compare(scores[first], scores[second])
-            lines.append(f"| {first} − {second} | {gain:+.3f} | {verdict} |")
+    present = [(first, second) for first, second in TRANSFER_PAIRS if first in scores and second in scores]
+    for (first, second), result in zip(present, family([(scores[a], scores[b]) for a, b in present]), strict=True):
+        lines.append(f"| {first} − {second} | {result.difference:+.3f} | {verdict(result)} |")
     return "\n".join(lines)
 
 
@@ -218,13 +224,13 @@ def meta_tables(summary: dict[str, Any]) -> str:
         for t in tasks for arm in arms), "",
         "| comparison (the paper's order) | " + " | ".join(TASK_TITLES.get(t, t) for t in tasks) + " |",
         "|---" * (len(tasks) + 1) + "|"]
-    for first, second in ORDER:
-        if first in arms and second in arms:
-            cells = []
-            for task in tasks:
-                gain, verdict = compare(by[task, first]["scores"], by[task, second]["scores"], 100, 1)
-                cells.append(f"{100 * gain:+.1f} ({verdict})")
-            lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
+    present = [(first, second) for first, second in ORDER if first in arms and second in arms]
+    results = iter(family([(by[task, first]["scores"], by[task, second]["scores"])
+                           for first, second in present for task in tasks]))
+    for first, second in present:
+        cells = [f"{100 * result.difference:+.1f} ({verdict(result, 100, 1)})" for result in
+                 (next(results) for _ in tasks)]
+        lines.append(f"| {first} − {second} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, *_auroc_table(summary, tasks, arms), "", _wall_time(summary)])
 
 
@@ -241,11 +247,10 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
         for arm in arms:
             lines.append(auroc_row(arm, [r for r in runs if r["task"] == task and r["arm"] == arm]))
         lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
-        for first, second in ORDER:
-            if first in arms and second in arms:
-                gain, verdict = compare(*[[r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == a]
-                                          for a in (first, second)])
-                lines.append(f"| {first} − {second} | {gain:+.3f} ({verdict}) |")
+        present = [(first, second) for first, second in ORDER if first in arms and second in arms]
+        auroc = {arm: [r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == arm] for arm in arms}
+        for (first, second), result in zip(present, family([(auroc[a], auroc[b]) for a, b in present]), strict=True):
+            lines.append(f"| {first} − {second} | {result.difference:+.3f} ({verdict(result)}) |")
     return lines
 
 
@@ -257,9 +262,13 @@ PAPER_GAP = {"kd-general": 0.484, "kd-random": 0.232}  # the transfer-data paper
 
 def users_setting_tables(summary: dict[str, Any]) -> str:
     """Per task: every arm's F1 (P/R), and each arm against the budget-only student: the difference with its
-    verdict and the gap closed (S − S_budget)/(T − S_budget) with the difference's interval on the same scale
-    (T and the budget's mean taken as fixed)."""
+    verdict (every task's comparisons one family) and the gap closed (S − S_budget)/(T − S_budget) with the
+    difference's interval on the same scale (T and the budget's mean taken as fixed)."""
     lines: list[str] = []
+    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    others = [row for row in summary["rows"] if row["arm"] != "budget"]
+    judged = dict(zip([(row["task"], row["arm"]) for row in others],
+                      family([(row["scores"], budgets[row["task"]]["scores"]) for row in others]), strict=True))
     for task in dict.fromkeys(row["task"] for row in summary["rows"]):
         rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
         budget, teacher = rows["budget"], summary["teachers"][task]["test"]
@@ -275,14 +284,13 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
             precision, recall = (statistics.fmean(t[key] for t in group) for key in ("precision", "recall"))
             cells = ["", "", ""]
             if arm != "budget":
-                result = compare_scores(row["scores"], budget["scores"])
-                _, verdict = compare(row["scores"], budget["scores"], 100, 1)
+                result = judged[task, arm]
                 closed = f"{100 * result.difference / gap:.0f}%"
                 if result.low is not None:
                     closed += f" ({100 * result.low / gap:.0f}% to {100 * result.high / gap:.0f}%)"
                 if arm in PAPER_GAP:
                     closed += f"; paper {100 * PAPER_GAP[arm]:.1f}%"
-                cells = [f"{100 * result.difference:+.1f}", verdict, closed]
+                cells = [f"{100 * result.difference:+.1f}", verdict(result, 100, 1), closed]
             flag = " (degenerate)" if row["degenerate_seeds"] else ""
             lines.append(f"| {arm} | {pm(row['mean'], row['sd'])}{flag} | {100 * precision:.1f} | {100 * recall:.1f} | "
                          f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | " + " | ".join(cells) + " |")
@@ -324,9 +332,10 @@ def multi_teacher_tables(summary: dict[str, Any]) -> str:
             best = max(single, key=lambda arm: rows[arm]["mean"])
             lines += ["", f"| two teachers − the better single teacher ({best}) | difference | verdict |",
                       "|---|---|---|"]
-            for arm in (arm for arm in rows if arm not in single):
-                gain, verdict = compare(rows[arm]["scores"], rows[best]["scores"], 100, 1)
-                lines.append(f"| {arm} | {100 * gain:+.1f} | {verdict} |")
+            pairs = [arm for arm in rows if arm not in single]
+            results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs])
+            for arm, result in zip(pairs, results, strict=True):
+                lines.append(f"| {arm} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
         lines.append("")
     return "\n".join([*lines, _wall_time(summary)])
 
@@ -361,10 +370,10 @@ def seeds_scale_tables(record: dict[str, Any]) -> str:
                      f"{100 * precision:.1f} | {100 * recall:.1f} | "
                      f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | {_share(row['mean'], teacher['f1'])} |")
     lines += ["", "| comparison | difference (F1) | verdict |", "|---|---|---|"]
-    for first, second in SEEDS_SCALE_PAIRS:
-        if first in rows and second in rows:
-            gain, verdict = compare(rows[first]["scores"], rows[second]["scores"], 100, 1)
-            lines.append(f"| {first} − {second} | {100 * gain:+.1f} | {verdict} |")
+    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
+    results = family([(rows[first]["scores"], rows[second]["scores"]) for first, second in present])
+    for (first, second), result in zip(present, results, strict=True):
+        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
     lines += ["", f"Task-agnostic stage (`distilled`): {_distillation(stages.get('distilled'))}.", ""]
     if deploy:
         lines += [_deploy_table(deploy), ""]
