@@ -29,7 +29,7 @@ def portable(settings: object) -> object:
     return model_name_of(settings) if isinstance(settings, str) else settings
 
 
-@pytest.mark.parametrize("name", [*sorted(STUDY_RECIPES), "demo"])
+@pytest.mark.parametrize("name", [*sorted(STUDY_RECIPES), "demo", "precision"])
 def test_the_results_page_shows_the_tables_of_the_committed_record(name):
     tables = results_tables()
     assert (DOCS / "results" / f"{name}.json").is_file(), f"docs/results/{name}.json is missing"

@@ -419,6 +419,39 @@ def _deploy_table(deploy: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ bf16
+
+
+def precision_tables(record: dict[str, Any]) -> str:
+    """bf16 autocast against float32, each check paired by seed (same seed, same data order): the difference with its
+    95% interval and Holm-adjusted p (the three checks one family), and the 90% interval, whose bounds are what two
+    one-sided tests at 5% rule out (an equivalence statement: no difference beyond them)."""
+    checks = record["study"]["checks"]
+    rows = [("distill: held-out MLM loss", [r["held_out_mlm"] for r in record["distill"]["runs"]["fp32"]],
+             [r["held_out_mlm"] for r in record["distill"]["runs"]["bf16"]], 1.0, 4),
+            ("fine-tune: test F1", checks["finetune"]["fp32"], checks["finetune"]["bf16"], 100.0, 2),
+            ("task KD: test F1", checks["kd"]["fp32"], checks["kd"]["bf16"], 100.0, 2)]
+    results = family([(bf16, fp32) for _, fp32, bf16, _, _ in rows], paired=True)
+    lines = ["| check | float32, per seed | bf16 autocast, per seed | bf16 − float32 (paired) | verdict | "
+             "ruled out at 5% (90% interval) |", "|---|---|---|---:|---|---|"]
+    for (name, fp32, bf16, scale, digits), result in zip(rows, results, strict=True):
+        low, high = _interval([b - f for b, f in zip(bf16, fp32, strict=True)], 0.90)
+        bound = scale * max(abs(low), abs(high))
+        seeds = [", ".join(f"{scale * v:.{digits}f}" for v in values) for values in (fp32, bf16)]
+        lines.append(f"| {name} | {seeds[0]} | {seeds[1]} | {scale * result.difference:+.{digits}f} | "
+                     f"{verdict(result, scale, digits)} | a difference beyond ±{bound:.{digits}f} "
+                     f"({scale * low:+.{digits}f} to {scale * high:+.{digits}f}) |")
+    return "\n".join(lines)
+
+
+def _interval(values: list[float], level: float) -> tuple[float, float]:
+    """The t-interval of the mean of `values` at `level`."""
+    from scipy import stats
+
+    half = stats.t.ppf((1 + level) / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return statistics.fmean(values) - half, statistics.fmean(values) + half
+
+
 def demo_tables(report: dict[str, Any]) -> str:
     """The demo's table and what it shows, as its report renders them (`biodistil.demo.results_block`)."""
     from biodistil.demo import results_block
@@ -428,7 +461,8 @@ def demo_tables(report: dict[str, Any]) -> str:
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
-           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "demo": demo_tables}
+           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
+           "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 
 
