@@ -54,6 +54,16 @@ def test_one_seed_or_no_spread_is_never_a_finding():
     assert seeds_needed(0.02, 0.0004, paired=True, alpha=0.01) > 10, "a stricter level needs more seeds"
 
 
+def test_a_comparison_looked_at_twice_is_tested_at_half_the_level_by_hand():
+    """Bonferroni over the looks: the Welch example above at looks = 2 has p 2 × 0.00496 and the 97.5% interval:
+    t_{0.9875, 2} = 0.975/√(2·0.9875·0.0125) = 6.205 (ν = 2: t = (2q − 1)/√(2q(1 − q))), half-width × 0.0070711."""
+    once, twice = compare_scores([0.74, 0.75], [0.64, 0.65]), compare_scores([0.74, 0.75], [0.64, 0.65], looks=2)
+    assert twice.p_value == pytest.approx(2 * once.p_value, rel=1e-9)
+    assert twice.high - twice.difference == pytest.approx(6.205 * 0.0070711, abs=1e-3)
+    assert "97.5% CI +0.056 to +0.144, Welch's t-test, 2 looks (Bonferroni)" in twice.describe()
+    assert compare_scores([0.74, 0.75], [0.64, 0.65], looks=400).p_value == 1.0, "p is at most 1 (400 × 0.005)"
+
+
 def test_holm_adjusts_a_tables_p_values_step_down_by_hand():
     """p = (0.01, 0.04, 0.03) → sorted 0.01·3 = 0.03, 0.03·2 = 0.06, max(0.06, 0.04·1) = 0.06: adjusted (0.03, 0.06,
     0.06); untested comparisons keep no p and do not count in the family."""

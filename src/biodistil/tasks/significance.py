@@ -8,6 +8,10 @@ the difference (`compare_scores`). A difference is a *finding* only when that in
   ν = se⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1)).
 - Interval: d̄ ± t_{0.975, ν}·se; p = 2·(1 − F_t(|d̄|/se; ν)).
 - One seed on either side, or no spread at all (every seed equal): no test; inconclusive.
+- Looking, then adding: a comparison whose arms were extended (more seeds) or re-scheduled after k − 1 earlier looks
+  at their scores (`looks` = k) is tested at α/k, Bonferroni over the looks: its p is k·p (at most 1) and its interval
+  the 1 − α/k interval, so a procedure that may stop at any of its k looks still calls a finding at most α of the time
+  under no effect.
 - Several comparisons in one table are one family (`holm`): Holm's step-down adjustment, p_(i) ordered ascending
   among the m tested, p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); a finding only when p̃ < 0.05. The interval
   printed stays the comparison's own 95% interval.
@@ -41,6 +45,7 @@ class Comparison:
     why_no_test: str = ""
     p_holm: float | None = None  # Holm-adjusted within its family (`holm`); None: a comparison on its own
     family: int = 1  # how many tested comparisons share the family
+    looks: int = 1  # the scores were looked at this many times before they were final (`compare_scores`)
     variance: float = 0.0  # of one seed's difference (paired) or the sum of the arms' variances: for seeds_needed
     paired: bool = False
 
@@ -61,7 +66,8 @@ class Comparison:
         value = f"{self.difference:+.{digits}f}{unit}"
         if self.low is None:
             return f"{value} ({self.why_no_test}): inconclusive"
-        interval = f"95% CI {self.low:+.{digits}f} to {self.high:+.{digits}f}, {self.test}, p = {self.p_value:.2g}"
+        level = f"{100 * (1 - ALPHA / self.looks):g}%"
+        interval = f"{level} CI {self.low:+.{digits}f} to {self.high:+.{digits}f}, {self.test}, p = {self.p_value:.2g}"
         if self.p_holm is not None and self.family > 1:
             interval += f", Holm p = {self.p_holm:.2g} (family of {self.family})"
         if self.finding:
@@ -71,9 +77,11 @@ class Comparison:
         return f"{value} ({interval}): inconclusive — {needed}"
 
 
-def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool = False) -> Comparison:
+def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool = False, looks: int = 1
+                   ) -> Comparison:
     """The verdict on mean(first) − mean(second) from per-seed scores (`paired`: seed i of both arms shares its seed
-    and data order; then both need the same number of seeds)."""
+    and data order; then both need the same number of seeds; `looks`: how many times the arms' scores were looked at
+    before this result was final, counting this one)."""
     first, second = [float(x) for x in first], [float(x) for x in second]
     difference = statistics.fmean(first) - statistics.fmean(second)
     if min(len(first), len(second)) < 2:
@@ -91,10 +99,11 @@ def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool
     if se == 0:
         spread = "the per-seed differences do not vary" if paired else "every seed scored the same"
         return Comparison(difference, "", why_no_test=f"no seed spread: {spread}")
-    half = float(stats.t.ppf((1 + LEVEL) / 2, dof)) * se
-    p_value = float(2 * stats.t.sf(abs(difference) / se, dof))
+    half = float(stats.t.ppf(1 - ALPHA / (2 * looks), dof)) * se
+    p_value = min(1.0, looks * float(2 * stats.t.sf(abs(difference) / se, dof)))
+    test += f", {looks} looks (Bonferroni)" if looks > 1 else ""
     result = Comparison(difference, test, difference - half, difference + half, p_value, variance=variance,
-                        paired=paired)
+                        paired=paired, looks=looks)
     return _with_seeds_needed(result)
 
 
@@ -114,7 +123,7 @@ def _with_seeds_needed(result: Comparison) -> Comparison:
     if result.finding:
         return replace(result, seeds_needed=None)
     return replace(result, seeds_needed=seeds_needed(result.difference, result.variance, result.paired,
-                                                     ALPHA / result.family))
+                                                     ALPHA / (result.family * result.looks)))
 
 
 def _welch_dof(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
