@@ -61,7 +61,9 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch, assign
-from biodistil.training.run import make_folder, run_stage
+from biodistil.training.run import finished, make_folder, run_stage
+
+CELL_RECORD = "metrics.json"  # a cell's record, written last: the marker `finished` reads
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -213,19 +215,22 @@ def cell_settings(cell: Cell, recipe: EvaluateRecipe) -> dict[str, Any]:
 
 def _finished(cell: Cell, out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     """The record of a finished cell (None if unfinished); an error if it was run with other settings."""
-    path = cell.folder(out) / "metrics.json"
-    record = read_record(path)
-    if not isinstance(record, dict):
-        return None
+    record = finished(cell.folder(out), CELL_RECORD)
+    if record is not None:
+        _same_settings(record, cell, out, settings)
+    return record
+
+
+def _same_settings(record: dict[str, Any], cell: Cell, out: Path, settings: dict[str, Any]) -> None:
+    """Refuse a finished cell that was run with other settings, naming them."""
     old = record.get("settings", {})
     if old != settings:
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         raise BiodistilError(
-            f"{path}: this finished cell was run with other settings ({', '.join(changed)}: "
+            f"{cell.folder(out) / CELL_RECORD}: this finished cell was run with other settings ({', '.join(changed)}: "
             f"{[old.get(k) for k in changed]} then, {[settings.get(k) for k in changed]} now). "
             "Use another output folder, or delete the cell to run it again."
         )
-    return record
 
 
 def _parameters(model: Any) -> dict[str, int]:
@@ -267,7 +272,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
                   "tokens_per_second": round(outcome.train.tokens_per_second, 1)},
         "settings": settings, "wall_seconds": round(time.perf_counter() - started, 1),
     }
-    atomic_write_json(folder / "metrics.json", record)
+    atomic_write_json(folder / CELL_RECORD, record)
     return record
 
 
@@ -464,7 +469,7 @@ def _counter(position: int, total: int, launch: Launch) -> str:
 def _write_results(recipe: EvaluateRecipe, models: Sequence[tuple[str, str]], tasks: Sequence[PlannedTask],
                    skipped: list[dict[str, str]], cells: Sequence[Cell], out: Path) -> None:
     """results.json from every finished cell in plan order (whichever process ran it); complete when all are."""
-    found = [read_record(cell.folder(out) / "metrics.json") for cell in cells]
+    found = [finished(cell.folder(out), CELL_RECORD) for cell in cells]
     records = [record for record in found if isinstance(record, dict)]
     results = build_results(recipe, models, tasks, skipped, records, complete=len(records) == len(cells))
     atomic_write_json(out / RESULTS_FILE, results)
@@ -485,8 +490,8 @@ def _run_cell_stage(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str)
             say(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
                 f"{record['unpredicted_words']} (see the report's Long inputs)")
 
-    finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
-    if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):
+    if not run_stage(cell.folder(out), fine_tune, resumable=False, marker=CELL_RECORD,
+                     check=lambda record: _same_settings(record, cell, out, settings)):
         say(f"{counter} {cell.describe()}: finished before, skipped")
 
 
