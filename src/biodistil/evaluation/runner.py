@@ -45,13 +45,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from biodistil.config import dump_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.finetune.init_model import init_model_path
-from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_record
+from biodistil.io import atomic_write_json, atomic_write_text, read_record
 from biodistil.models.loading import check_model
 from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
@@ -61,7 +60,7 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch, assign
-from biodistil.training.run import finished, make_folder, run_stage
+from biodistil.training.run import JobFolder, finished, run_stage
 
 CELL_RECORD = "metrics.json"  # a cell's record, written last: the marker `finished` reads
 
@@ -404,9 +403,8 @@ def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
              is_main: bool) -> tuple[list[tuple[str, str]], list[PlannedTask], list[dict[str, str]]]:
     """The models, the tasks with their data and the skipped ones; the main process also takes the folder (lock,
     no cells of another run unless resuming), writes the init_models and config.yaml and prints the notes."""
+    job = JobFolder(out, recipe, is_main, what="evaluation folder")
     if is_main:
-        make_folder(out, "run.output_dir")
-        lock_folder(out, "evaluation folder")
         _check_output(out, resume)
     if recipe.data.root is not None:
         resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
@@ -417,7 +415,7 @@ def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
     if not tasks:
         raise BiodistilError("No task of the recipe has its data; see the notes above (pass --data DIR)")
     if is_main:
-        dump_recipe(recipe, out / "config.yaml")
+        job.record()
     return models, tasks, skipped
 
 

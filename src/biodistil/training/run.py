@@ -43,15 +43,20 @@ class JobFolder:
     (created and locked, so a second process writing here is refused, naming this one), its recipe (`config.yaml`)
     and provenance recorded (`record`), and finished by `finish`, which writes `summary.json` last."""
 
-    def __init__(self, path: str | Path, recipe: Section, is_main: bool = True, setting: str = "run.output_dir"):
+    def __init__(self, path: str | Path, recipe: Section | None, is_main: bool = True,
+                 setting: str = "run.output_dir", what: str = "run folder"):
+        """`setting`: what names the folder (in the message when it cannot be written); `what`: the folder's kind
+        (in the message that refuses a second writer); `recipe` None: a job of command-line options alone."""
         self.path = Path(path)
         self.recipe = recipe
         if is_main:
             make_folder(self.path, setting)
-            lock_folder(self.path)
+            lock_folder(self.path, what)
 
     def record(self) -> None:
         """Write the job's recipe (`config.yaml`) and provenance (`provenance.json`)."""
+        if self.recipe is None:
+            return
         dump_recipe(self.recipe, self.path / "config.yaml")
         atomic_write_json(self.path / "provenance.json", provenance(self.recipe))
 
