@@ -96,3 +96,24 @@ def test_a_pipeline_killed_between_a_stages_model_and_its_summary_continues_the_
     assert finished(stage) is not None and finished(stage)["result"]["steps"] == 2
     main(["pipeline", "pipe.yaml"])
     assert "stage 'teacher' already exported" in capsys.readouterr().out, "a finished stage is skipped"
+
+
+def test_a_quick_demo_stage_with_its_model_but_no_summary_runs_again(tmp_path, corpus_file):
+    """The quick demo reads "finished" as the pipeline does: a stage killed after its model, before its summary, runs
+    again; a finished one is reused."""
+    from biodistil.demo_quick import QUICK, _stage, _teacher_recipe
+
+    folder = tmp_path / "teacher"
+    calls = []
+
+    def killed_before_the_summary(recipe: PretrainRecipe, resume: bool) -> None:
+        calls.append(resume)
+        (folder / "model").mkdir(parents=True, exist_ok=True)
+        (folder / "model" / "config.json").write_text("{}")
+        if len(calls) == 2:
+            (folder / "summary.json").write_text('{"result": {"steps": 12}}')
+
+    raw = _teacher_recipe(QUICK, corpus_file, tmp_path)
+    for _ in range(3):
+        assert _stage(folder, PretrainRecipe, killed_before_the_summary, raw) == folder / "model"
+    assert calls == [False, False], "run, run again (no summary), then reused (finished)"
