@@ -105,7 +105,8 @@ class RunFolder(JobFolder):
 
     Resuming refuses a recipe that differs from the run's `config.yaml`, listing the differences, except for
     the bookkeeping settings of `SAFE_TO_CHANGE_ON_RESUME`. `stages=True` marks a multi-stage job (a study):
-    its stages keep their own checkpoints, so an unfinished job is always continued, never emptied.
+    its stages keep their own checkpoints, so an unfinished job that began a stage is always continued, never
+    emptied; one refused before its first stage (a setting its first run cannot use) starts again.
     """
 
     def __init__(self, path: str | Path, recipe: Section, resume: bool = False, is_main: bool = True,
