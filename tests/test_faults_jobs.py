@@ -12,6 +12,8 @@ from kd_fixtures import write_pair_task
 
 from biodistil.cli.main import main
 
+pytestmark = pytest.mark.slow  # whole commands: their checks are of files and messages
+
 STUDY = """
 run: {output_dir: runs/study}
 seeds: [1]

@@ -12,6 +12,8 @@ from biodistil.cli.main import main
 from biodistil.errors import BiodistilError
 from biodistil.tasks.registry import get_task
 
+pytestmark = pytest.mark.slow  # whole commands: their checks are of files and messages
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, teacher_dir):

@@ -73,6 +73,7 @@ def write_pipeline(folder: Path, teacher_dir: Path, corpus_file: Path) -> None:
                                                           "settings": stage}]}))
 
 
+@pytest.mark.slow
 def test_a_pipeline_killed_between_a_stages_model_and_its_summary_continues_the_stage_rather_than_skipping_it(
         tmp_path, teacher_dir, corpus_file, monkeypatch, capsys):
     from biodistil.cli.main import main
