@@ -55,6 +55,7 @@ def test_study_resume_runs_again_a_finished_arm_whose_metrics_are_lost_or_damage
     out = capsys.readouterr().out
     said = "missing; the finished run runs again" if damage == "missing" else "damaged record"
     assert f"{ARM / 'metrics.json'}" in out and said in out
+    assert out.count(f"{ARM / 'metrics.json'}:") == 1, "said once"
     assert json.loads((project / ARM / "metrics.json").read_text())["test"], "the arm ran again"
     rows = json.loads((project / "runs" / "study" / "summary.json").read_text())["rows"]
     assert [row["arm"] for row in rows] == ["finetuned"]

@@ -108,7 +108,7 @@ class StudyRun:
         return f"{self.task} · {self.arm} · seed {self.seed}"
 
     def run(self) -> None:
-        _stage(self.command, self.raw, self.folder)
+        _stage(self.command, self.raw, self.folder, quiet=True)  # a damaged record was named when it was counted
 
 
 def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
@@ -265,15 +265,15 @@ def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[st
     return deep_merge(deep_merge(base, overrides), fixed)
 
 
-def _stage(command: str, raw: dict[str, Any], folder: Path) -> None:
+def _stage(command: str, raw: dict[str, Any], folder: Path, quiet: bool = False) -> None:
     """One run of the study (it writes metrics.json): skipped when finished, resumed when an interrupted kd run has
-    a checkpoint (finetune runs start again)."""
+    a checkpoint (finetune runs start again); `quiet`: without naming a damaged or missing record again."""
     recipe_cls, runner = (KDRecipe, run_kd) if command == "kd" else (FinetuneRecipe, run_finetune)
 
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
 
-    run_stage(folder, run, resumable=command == "kd", needs=RECORDS)
+    run_stage(folder, run, resumable=command == "kd", needs=RECORDS, quiet=quiet)
 
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:

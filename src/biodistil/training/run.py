@@ -225,18 +225,20 @@ def open_run(recipe: Section, resume: bool, models: Sequence[tuple[str, str, boo
     return RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process), accelerator  # type: ignore
 
 
-def finished(path: Path, marker: str = SUMMARY, needs: Sequence[str] = ()) -> dict | None:
+def finished(path: Path, marker: str = SUMMARY, needs: Sequence[str] = (), quiet: bool = False) -> dict | None:
     """The record that marks the job in `path` finished, or None when it is unfinished: every reader of "finished"
     (run folders, pipeline and demo stages, study arms, evaluation cells) asks here. The marker (`summary.json`,
     written last by `JobFolder.finish`; an evaluation cell's `metrics.json`) must be there, readable and not marked
     unfinished (a run stopped early with --stop-after); each of `needs` (records written before the marker that the
-    caller reads) must be there and readable too. A damaged or missing record is named: its job runs again."""
-    record = read_record(Path(path) / marker, note="the run counts as unfinished and runs again")
+    caller reads) must be there and readable too. A damaged or missing record is named (unless `quiet`: it was named
+    when the caller counted what would run): its job runs again."""
+    record = read_record(Path(path) / marker, note=None if quiet else "the run counts as unfinished and runs again")
     if not isinstance(record, dict) or record.get("finished", True) is False:
         return None
     for name in needs:
-        if not isinstance(read_record(Path(path) / name, note="the finished run runs again to write it"), dict):
-            if not (Path(path) / name).is_file():
+        if not isinstance(read_record(Path(path) / name, note=None if quiet else "the finished run runs again to "
+                                      "write it"), dict):
+            if not quiet and not (Path(path) / name).is_file():
                 print(f"{Path(path) / name}: missing; the finished run runs again to write it", flush=True)
             return None
     return record
@@ -339,12 +341,13 @@ def _check_same_recipe(saved: Path, recipe: Section) -> None:
 
 
 def run_stage(folder: Path, run: Callable[[bool], object], resumable: bool = True, marker: str = SUMMARY,
-              needs: Sequence[str] = (), check: Callable[[dict], object] | None = None) -> bool:
+              needs: Sequence[str] = (), check: Callable[[dict], object] | None = None, quiet: bool = False) -> bool:
     """Run one stage of a multi-stage job in `folder`: skip it when `finished(folder, marker, needs)` (after
     `check(record)`, which may refuse a finished stage run with other settings); resume it (`run(True)`) when it was
     interrupted after a checkpoint and `resumable`; otherwise start it (`run(False)`) in an emptied folder. Returns
-    whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch."""
-    record = finished(folder, marker, needs)
+    whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch. `quiet`: see
+    `finished`."""
+    record = finished(folder, marker, needs, quiet)
     if record is not None:
         if check is not None:
             check(record)
