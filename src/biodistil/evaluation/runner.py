@@ -488,8 +488,8 @@ def _run_cell_stage(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str)
             say(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
                 f"{record['unpredicted_words']} (see the report's Long inputs)")
 
-    if not run_stage(cell.folder(out), fine_tune, resumable=False, marker=CELL_RECORD,
-                     check=lambda record: _same_settings(record, cell, out, settings)):
+    if not run_stage(cell.folder(out), fine_tune, resumable=False, marker=CELL_RECORD,  # a damaged record: named
+                     check=lambda record: _same_settings(record, cell, out, settings), quiet=True):  # by _share_cells
         say(f"{counter} {cell.describe()}: finished before, skipped")
 
 
