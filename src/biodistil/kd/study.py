@@ -60,8 +60,9 @@ def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Litera
     pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if finished(run.folder, needs=RECORDS) is None])
     side_by_side = _run_all([runs[pending[position]] for position in launch.share([1.0] * len(pending))],
                             processes if launch.count == 1 else 1, root)
-    if not pending and (root / "summary.json").is_file():  # nothing ran now: the summary stays as it was
-        side_by_side = read_json(root / "summary.json").get("side_by_side")
+    before = finished(root, quiet=True)
+    if not pending and before is not None:  # nothing ran now: the summary stays as it was
+        side_by_side = before.get("side_by_side")
     launch.wait()
     if not launch.is_main:
         return root / "report.md"
