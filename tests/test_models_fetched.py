@@ -124,3 +124,32 @@ def test_a_fetched_model_is_a_name_wherever_a_model_is_accepted(tmp_path, monkey
 
     assert type(load_encoder("tiny")).__name__ == "BertModel"
     assert ModelConfig(name_or_path="tiny").name_or_path == str(tmp_path / "cache" / "models" / "tiny")
+
+
+def test_models_fetch_repairs_a_damaged_fetched_model_and_list_does_not_call_it_fetched(fake, tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Issue 54 case 4: the weights of a fetched model damaged in the cache."""
+    _, download, _ = fake
+    monkeypatch.setattr(embedded.fetch_model, "__defaults__", (download, print))  # `models fetch` without the index
+    assert main(["models", "fetch", "fake"]) == 0
+    weights = tmp_path / "cache" / "models" / "fake" / "model.safetensors"
+    weights.write_bytes(WEIGHTS[:1000])  # a disk that filled, a copy cut short
+    capsys.readouterr()
+    assert main(["models", "list"]) == 0
+    listed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fake "))
+    assert "damaged" in listed and "biodistil models fetch fake" in listed and "fetched into" not in listed
+    with pytest.raises(BiodistilError, match=r"fetch it again with: biodistil models fetch fake") as refused:
+        resolve_model_name("fake")
+    assert "pip install" not in str(refused.value), "the advice is for a fetched model, not a packaged one"
+    assert main(["models", "fetch", "fake"]) == 0
+    assert "is damaged or incomplete" in capsys.readouterr().out and weights.read_bytes() == WEIGHTS, "repaired"
+    assert resolve_model_name("fake") == str(weights.parent)
+
+
+def test_an_empty_local_folder_named_like_a_model_is_named_with_a_hint(fake, tmp_path, monkeypatch):
+    """Issue 54 case 7: an empty folder `fake` in the working folder hides the fetched model of that name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fake").mkdir()
+    with pytest.raises(BiodistilError, match=r"not a model folder \(no config.json\), and it hides the named model "
+                                             r"fake.*Rename or remove the folder"):
+        resolve_model_name("fake")

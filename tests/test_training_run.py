@@ -16,15 +16,26 @@ def checkpointed(folder):
 
 
 def test_a_finished_stage_is_skipped(tmp_path):
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage" / "summary.json").write_text('{"finished": true}')
     calls = []
-    assert not run_stage(tmp_path / "stage", lambda: True, calls.append)
+    assert not run_stage(tmp_path / "stage", calls.append)
     assert calls == []
+
+
+def test_a_stage_with_its_model_but_no_summary_is_continued_not_skipped(tmp_path):
+    folder = checkpointed(tmp_path / "stage")
+    (folder / "model").mkdir()
+    (folder / "model" / "config.json").write_text("{}")  # killed after saving the model, before its summary
+    calls = []
+    assert run_stage(folder, calls.append)
+    assert calls == [True]
 
 
 def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path):
     folder = checkpointed(tmp_path / "stage")
     calls = []
-    assert run_stage(folder, lambda: False, calls.append)
+    assert run_stage(folder, calls.append)
     assert calls == [True] and (folder / "stray.txt").is_file(), "resumed in place"
 
 
@@ -33,14 +44,14 @@ def test_a_stage_without_checkpoint_restarts_in_an_empty_folder(tmp_path):
     folder.mkdir()
     (folder / "stray.txt").write_text("left over")
     calls = []
-    run_stage(folder, lambda: False, lambda resume: calls.append((resume, folder.exists())))
+    run_stage(folder, lambda resume: calls.append((resume, folder.exists())))
     assert calls == [(False, False)]
 
 
 def test_a_stage_that_cannot_resume_restarts_even_after_a_checkpoint(tmp_path):
     folder = checkpointed(tmp_path / "stage")
     calls = []
-    run_stage(folder, lambda: False, lambda resume: calls.append((resume, folder.exists())), resumable=False)
+    run_stage(folder, lambda resume: calls.append((resume, folder.exists())), resumable=False)
     assert calls == [(False, False)]
 
 
@@ -105,5 +116,6 @@ def test_a_study_folder_is_continued_not_emptied(tmp_path):
     recipe = Recipe(run=RunConfig(output_dir=str(tmp_path / "study")))
     RunFolder(recipe.run.output_dir, recipe, stages=True)
     (tmp_path / "study" / "task" / "arm").mkdir(parents=True)
+    (tmp_path / "study" / "task" / "arm" / "config.yaml").write_text("run: {}\n")  # a stage that began
     again = RunFolder(recipe.run.output_dir, recipe, stages=True)
     assert again.resume and (tmp_path / "study" / "task" / "arm").is_dir()

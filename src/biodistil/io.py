@@ -196,17 +196,18 @@ def read_json(path: Path, what: str = "JSON file", advice: str = "") -> Any:
             from None
 
 
-def read_record(path: Path, note: str = "its stage runs again") -> Any | None:
+def read_record(path: Path, note: str | None = "its stage runs again") -> Any | None:
     """A run's own record (a finished cell's or arm's metrics.json, a summary), or None when it is missing or damaged
-    (a disk that filled, a copy cut short): a damaged record says so (`note`: what follows) and counts as missing, so
-    whatever reads it rebuilds it or treats its run as unfinished."""
+    (a disk that filled, a copy cut short): a damaged record says so (`note`: what follows; None: silently) and counts
+    as missing, so whatever reads it rebuilds it or treats its run as unfinished."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        print(f"{path}: damaged record ({type(err).__name__}); {note}", flush=True)
+        if note is not None:
+            print(f"{path}: damaged record ({type(err).__name__}); {note}", flush=True)
         return None
 
 

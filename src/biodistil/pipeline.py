@@ -6,7 +6,7 @@ inline `settings`, and dotted overrides. `${name}` in an override or a settings 
 variable (`vars`) or, for a stage name, that stage's exported model folder. `shared` is a partial recipe merged into
 every pretrain and distill stage whose command has that section (e.g. `shared.train.max_steps=10` shortens them
 all). Stage k writes <output_dir>/<name> and runs as every stage of a multi-stage job does
-(`biodistil.training.run.run_stage`): a stage whose model is already exported is skipped and an interrupted one
+(`biodistil.training.run.run_stage`): a finished stage (its summary.json, written last) is skipped, an interrupted one
 continues from its checkpoint, so a re-run continues where the last one stopped (with or without --resume). An
 `evaluate` stage (usually the last: fine-tune the models the earlier stages made on tasks × seeds) keeps its
 finished cells and runs the others; so does a `study` stage (`biodistil study`: a teacher, finetune and kd arms over
@@ -116,7 +116,7 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
             run(True)
         else:
             output = stage_dir / "model"
-            if not run_stage(stage_dir, (output / "config.json").is_file, run):
+            if not run_stage(stage_dir, run):
                 print(f"pipeline: stage '{stage.name}' already exported {output}; skipping")
         values[stage.name] = str(output)
     atomic_write_json(root / "pipeline.json", pipeline_record(recipe, root))

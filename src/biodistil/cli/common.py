@@ -38,6 +38,24 @@ def run_recipe(recipe_cls: type, runner: Callable[..., object], args: argparse.N
     return runner(recipe, resume=args.resume, stop_after=args.stop_after)
 
 
+def positive_int(value: str) -> int:
+    """A whole number of 1 or more (--batch-size, --max-length, --threads)."""
+    if value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {value!r}")
+
+
+def probability(value: str) -> float:
+    """A number from 0 to 1 (--threshold, --int8-fallback)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if 0 <= number <= 1:
+        return number
+    raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {value!r}")
+
+
 def processes_value(value: str) -> int | str:
     """`--processes N|auto` (study, evaluate): a whole number of worker processes, or auto."""
     if value == "auto" or (value.isdigit() and int(value) >= 1):

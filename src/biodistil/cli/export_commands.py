@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from biodistil.cli.common import positive_int, probability
 from biodistil.data.formats import READERS
 
 
@@ -27,12 +28,34 @@ def _predict(args: argparse.Namespace) -> object:
 
     from biodistil.export.predict import Predictor, read_documents, write_predictions
 
+    refuse_output_among_inputs(args.out, args.inputs)  # before anything is read: the output would replace an input
     predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length,
                           args.device, args.int8_fallback)
     documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files,
                                task_format=args.format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
     return None
+
+
+def refuse_output_among_inputs(out: str, inputs: list[str]) -> None:
+    """Refuse `--out` when it is one of the inputs, or a .txt file inside an input folder (it would replace a
+    document, or be read as one on the next run)."""
+    from biodistil.errors import BiodistilError
+
+    if out == "-":
+        return
+    target = Path(out).resolve()
+    for given in inputs:
+        source = Path(given)
+        if given == "-" or not source.exists():
+            continue
+        if source.is_dir() and target.suffix == ".txt" and source.resolve() in target.parents:
+            raise BiodistilError(f"--out {out} is inside the input folder {given}, among its .txt documents: it "
+                                 "would add to or replace them; write the predictions elsewhere (e.g. --out "
+                                 "predictions.jsonl)")
+        if source.is_file() and (target == source.resolve() or (target.exists() and target.samefile(source))):
+            raise BiodistilError(f"--out {out} is the input {given}: the predictions would replace it; choose another "
+                                 "output file (e.g. --out predictions.jsonl)")
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
@@ -59,16 +82,17 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--whole-files", action="store_true", help="one document per text file, not per line")
     parser.add_argument("--format", choices=sorted(READERS), help="the inputs are task files of this format (their "
                         "sentences; pre-tokenised ones keep their words; labels unused)")
-    parser.add_argument("--batch-size", type=int, default=64, help="windows per batch (64, as evaluation scores), "
-                        "grouped by length")
-    parser.add_argument("--threshold", type=float, default=0.5, help="multi-label: a label's probability to keep it")
-    parser.add_argument("--max-length", type=int, help="sub-words per window (default: the length the model's run "
-                        "was fine-tuned with, from its run folder; else the model's limit, at most 512)")
-    parser.add_argument("--threads", type=int, help="CPU threads for ONNX Runtime (default: torch's)")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="windows per batch (64, as evaluation "
+                        "scores), grouped by length")
+    parser.add_argument("--threshold", type=probability, default=0.5,
+                        help="multi-label: a label's probability to keep it")
+    parser.add_argument("--max-length", type=positive_int, help="sub-words per window (default: the length the "
+                        "model's run was fine-tuned with, from its run folder; else the model's limit, at most 512)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads for ONNX Runtime (default: torch's)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where a PyTorch model runs: auto (default) = a CUDA GPU when one is visible; ONNX graphs "
                         "run on the CPU (ONNX Runtime's CPU provider)")
-    parser.add_argument("--int8-fallback", type=float, metavar="MARGIN", help="with an int8 graph: predict again "
+    parser.add_argument("--int8-fallback", type=probability, metavar="MARGIN", help="with an int8 graph: predict again "
                         "with the export's fp32 graph every window whose int8 prediction is unsure — a word's two most "
                         "probable tags (a classifier's two classes) closer than MARGIN in probability, e.g. 0.1 "
                         "(docs/deployment.md: how much agreement it buys and what it costs)")

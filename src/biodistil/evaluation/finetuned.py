@@ -18,12 +18,13 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
-from biodistil.io import atomic_write_json, atomic_write_text, lock_folder
+from biodistil.io import atomic_write_json, atomic_write_text
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import Scored
 from biodistil.tasks.splits import read_split
+from biodistil.training.run import JobFolder
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
                 bench: BenchConfig | None = None, timed: Callable[[Deployed], bool] | None = None) -> Path:
     """Score every deployed variant of `specs` on the plan's split; write the run folder and its report. With
     `bench`, time them side by side too (those `timed` accepts, when given)."""
-    lock_folder(out, "evaluation folder")
+    JobFolder(out, None, setting="--out", what="evaluation folder")
     if (out / "config.yaml").is_file():
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)

@@ -45,13 +45,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from biodistil.config import dump_recipe
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.finetune.init_model import init_model_path
-from biodistil.io import atomic_write_json, atomic_write_text, lock_folder, read_record
+from biodistil.io import atomic_write_json, atomic_write_text, read_record
 from biodistil.models.loading import check_model
 from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
@@ -61,7 +60,9 @@ from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.splits import read_split
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch, assign
-from biodistil.training.run import make_folder, run_stage
+from biodistil.training.run import JobFolder, finished, run_stage
+
+CELL_RECORD = "metrics.json"  # a cell's record, written last: the marker `finished` reads
 
 # Train settings that do not change a cell's result (left out of the resume check).
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -213,19 +214,22 @@ def cell_settings(cell: Cell, recipe: EvaluateRecipe) -> dict[str, Any]:
 
 def _finished(cell: Cell, out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     """The record of a finished cell (None if unfinished); an error if it was run with other settings."""
-    path = cell.folder(out) / "metrics.json"
-    record = read_record(path)
-    if not isinstance(record, dict):
-        return None
+    record = finished(cell.folder(out), CELL_RECORD)
+    if record is not None:
+        _same_settings(record, cell, out, settings)
+    return record
+
+
+def _same_settings(record: dict[str, Any], cell: Cell, out: Path, settings: dict[str, Any]) -> None:
+    """Refuse a finished cell that was run with other settings, naming them."""
     old = record.get("settings", {})
     if old != settings:
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         raise BiodistilError(
-            f"{path}: this finished cell was run with other settings ({', '.join(changed)}: "
+            f"{cell.folder(out) / CELL_RECORD}: this finished cell was run with other settings ({', '.join(changed)}: "
             f"{[old.get(k) for k in changed]} then, {[settings.get(k) for k in changed]} now). "
             "Use another output folder, or delete the cell to run it again."
         )
-    return record
 
 
 def _parameters(model: Any) -> dict[str, int]:
@@ -267,7 +271,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
                   "tokens_per_second": round(outcome.train.tokens_per_second, 1)},
         "settings": settings, "wall_seconds": round(time.perf_counter() - started, 1),
     }
-    atomic_write_json(folder / "metrics.json", record)
+    atomic_write_json(folder / CELL_RECORD, record)
     return record
 
 
@@ -399,9 +403,8 @@ def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
              is_main: bool) -> tuple[list[tuple[str, str]], list[PlannedTask], list[dict[str, str]]]:
     """The models, the tasks with their data and the skipped ones; the main process also takes the folder (lock,
     no cells of another run unless resuming), writes the init_models and config.yaml and prints the notes."""
+    job = JobFolder(out, recipe, is_main, what="evaluation folder")
     if is_main:
-        make_folder(out, "run.output_dir")
-        lock_folder(out, "evaluation folder")
         _check_output(out, resume)
     if recipe.data.root is not None:
         resolve_data_root(recipe.data.root)  # a wrong --data is an error, not a reason to skip every task
@@ -412,7 +415,7 @@ def _prepare(recipe: EvaluateRecipe, out: Path, resume: bool,
     if not tasks:
         raise BiodistilError("No task of the recipe has its data; see the notes above (pass --data DIR)")
     if is_main:
-        dump_recipe(recipe, out / "config.yaml")
+        job.record()
     return models, tasks, skipped
 
 
@@ -464,7 +467,7 @@ def _counter(position: int, total: int, launch: Launch) -> str:
 def _write_results(recipe: EvaluateRecipe, models: Sequence[tuple[str, str]], tasks: Sequence[PlannedTask],
                    skipped: list[dict[str, str]], cells: Sequence[Cell], out: Path) -> None:
     """results.json from every finished cell in plan order (whichever process ran it); complete when all are."""
-    found = [read_record(cell.folder(out) / "metrics.json") for cell in cells]
+    found = [finished(cell.folder(out), CELL_RECORD) for cell in cells]
     records = [record for record in found if isinstance(record, dict)]
     results = build_results(recipe, models, tasks, skipped, records, complete=len(records) == len(cells))
     atomic_write_json(out / RESULTS_FILE, results)
@@ -485,8 +488,8 @@ def _run_cell_stage(cell: Cell, out: Path, recipe: EvaluateRecipe, counter: str)
             say(f"{counter} {cell.describe()}: long examples cut {cut}, test words without prediction "
                 f"{record['unpredicted_words']} (see the report's Long inputs)")
 
-    finished = lambda: _finished(cell, out, settings) is not None  # noqa: E731
-    if not run_stage(cell.folder(out), finished, fine_tune, resumable=False):
+    if not run_stage(cell.folder(out), fine_tune, resumable=False, marker=CELL_RECORD,  # a damaged record: named
+                     check=lambda record: _same_settings(record, cell, out, settings), quiet=True):  # by _share_cells
         say(f"{counter} {cell.describe()}: finished before, skipped")
 
 

@@ -75,6 +75,11 @@ def _variants(label: str, path: Path) -> list[Deployed]:
         files = read_description(path)["files"]
         return [Deployed(label if variant == "fp32" else f"{label}-{variant}", path / name, "onnxruntime", variant)
                 for variant, name in files.items()]
+    graphs = sorted(p.name for p in path.glob("*.onnx")) if path.is_dir() else []
+    if graphs:
+        raise BiodistilError(f"{path} holds ONNX graphs ({', '.join(graphs)}) but no export.json, which `biodistil "
+                             "export` writes with them: an incomplete or damaged export folder. Export the model "
+                             f"again (biodistil export MODEL --out {path}), or give one of its .onnx files")
     if path.is_dir() and not (path / "config.json").is_file():
         raise BiodistilError(f"{path} is neither a model folder (config.json) nor an ONNX export (export.json)")
     return [Deployed(label, path, "pytorch", "fp32")]  # a model folder, or a Hub id (which bench can load)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
@@ -127,6 +128,10 @@ def load_model_folder(path: str | Path) -> LoadedModel:
     try:
         with _quiet_loading():
             model = factory.from_pretrained(str(folder))  # transformers' default: SDPA where the family has it
+    except SafetensorError as err:
+        files = ", ".join(str(path) for path in sorted(folder.glob("*.safetensors"))) or str(folder)
+        raise BiodistilError(f"{files}: the weights file is corrupt or truncated ({str(err).splitlines()[0]}); export "
+                             "or download the model again") from None
     except (OSError, ValueError) as err:
         raise BiodistilError(f"Could not load {head} model from {folder}: {str(err).splitlines()[0]}") from None
     return LoadedModel(model.eval(), load_tokenizer(str(folder)), head, folder)

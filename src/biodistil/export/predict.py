@@ -98,6 +98,9 @@ class Predictor:
         without native bf16 (`training.machine.cpu_bf16_fast`) only emulates, more slowly than float32: said on
         stderr. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under this are predicted
         again by the export's fp32 graph."""
+        if batch_size < 1 or (max_length is not None and max_length < 1):
+            raise BiodistilError(f"batch_size {batch_size}, max_length {max_length}: expected whole numbers of 1 or "
+                                 "more (max_length None: the model's own)")
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads, device)
         self.autocast = torch.bfloat16 if self.variant.precision == "bf16" else None
@@ -233,8 +236,11 @@ def entity_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
 def _document(default_id: str, value: str | tuple[str, str] | Document) -> Document:
     if isinstance(value, Document):
         return value
-    if isinstance(value, tuple):
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(text, str) for text in value):
         return Document(default_id, value[0], value[1])
+    if not isinstance(value, str):
+        raise TypeError(f"input {default_id}: expected a text (str), a pair of texts (str, str) or a Document, got "
+                        f"{type(value).__name__} {value!r:.60}")
     return Document(default_id, value)
 
 

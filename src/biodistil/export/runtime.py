@@ -112,7 +112,12 @@ class OnnxModel:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.threads = threads
         self.max_attention_mb = max_attention_mb
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # ONNX Runtime raises its own classes (InvalidProtobuf, Fail, ...), all Exceptions
+            raise BiodistilError(f"{self.path}: ONNX Runtime cannot load this graph ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200]}); it is cut short or damaged: export the model "
+                                 "again (biodistil export MODEL --out FOLDER)") from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.device = torch.device("cpu")
 

@@ -37,7 +37,9 @@ from biodistil.teachers.task_cache import teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch
-from biodistil.training.run import RunFolder, finished_run, run_stage
+from biodistil.training.run import SUMMARY, RunFolder, finished, run_stage
+
+RECORDS = ("metrics.json",)  # what the summary reads of each run: a run without it (lost, damaged) runs again
 
 
 def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Literal["auto"] = 1) -> Path:
@@ -55,11 +57,12 @@ def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Litera
         _teacher(recipe, recipe.tasks[position], root)
     launch.wait()
     runs = _study_runs(recipe, root)
-    pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if not finished_run(run.folder)])
+    pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if finished(run.folder, needs=RECORDS) is None])
     side_by_side = _run_all([runs[pending[position]] for position in launch.share([1.0] * len(pending))],
                             processes if launch.count == 1 else 1, root)
-    if not pending and (root / "summary.json").is_file():  # nothing ran now: the summary stays as it was
-        side_by_side = read_json(root / "summary.json").get("side_by_side")
+    before = finished(root, quiet=True)
+    if not pending and before is not None:  # nothing ran now: the summary stays as it was
+        side_by_side = before.get("side_by_side")
     launch.wait()
     if not launch.is_main:
         return root / "report.md"
@@ -106,7 +109,7 @@ class StudyRun:
         return f"{self.task} · {self.arm} · seed {self.seed}"
 
     def run(self) -> None:
-        _stage(self.command, self.raw, self.folder)
+        _stage(self.command, self.raw, self.folder, quiet=True)  # a damaged record was named when it was counted
 
 
 def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
@@ -180,9 +183,9 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
                "side_by_side": side_by_side}
-    atomic_write_json(root / "summary.json", jsonable(summary))
-    atomic_write_text(root / "report.md", render_study(summary, root))
     plot_study(summary["rows"], root / "scores.png")
+    atomic_write_text(root / "report.md", render_study(summary, root))
+    atomic_write_json(root / SUMMARY, jsonable(summary))  # last: the study's "finished" marker
     return root / "report.md"
 
 
@@ -263,15 +266,15 @@ def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[st
     return deep_merge(deep_merge(base, overrides), fixed)
 
 
-def _stage(command: str, raw: dict[str, Any], folder: Path) -> None:
+def _stage(command: str, raw: dict[str, Any], folder: Path, quiet: bool = False) -> None:
     """One run of the study (it writes metrics.json): skipped when finished, resumed when an interrupted kd run has
-    a checkpoint (finetune runs start again)."""
+    a checkpoint (finetune runs start again); `quiet`: without naming a damaged or missing record again."""
     recipe_cls, runner = (KDRecipe, run_kd) if command == "kd" else (FinetuneRecipe, run_finetune)
 
     def run(resume: bool) -> None:
         runner(validate_recipe(recipe_cls, raw, source=f"study run {folder}"), resume=resume)
 
-    run_stage(folder, lambda: finished_run(folder), run, resumable=command == "kd")
+    run_stage(folder, run, resumable=command == "kd", needs=RECORDS, quiet=quiet)
 
 
 def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, root: Path) -> dict[str, float]:

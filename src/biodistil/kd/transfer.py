@@ -23,7 +23,7 @@ import pyarrow as pa
 from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples, read_examples
 from biodistil.data.paths import resolve_data_root
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_json, read_json
+from biodistil.io import atomic_directory, read_json
 from biodistil.kd.random_text import UnigramModel, random_pairs, random_passages
 from biodistil.kd.recipe import RandomConfig, SourceConfig, TransferConfig, TransferRecipe
 from biodistil.tasks.recipe import task_spec
@@ -356,6 +356,5 @@ def run_transfer(recipe: TransferRecipe) -> Path:
             "transfer": recipe.transfer.model_dump(mode="json")}
     target = save_transfer_set(examples, run.path / "transfer_set", info)
     preview = [examples_to_dataset([e])[0] for e in examples[:5]]
-    atomic_write_json(run.path / "summary.json", {**read_json(target / "transfer.json"),
-                                                  "preview": preview})
+    run.write_summary({**read_json(target / "transfer.json"), "preview": preview})
     return target

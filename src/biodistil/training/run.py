@@ -35,80 +35,41 @@ SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save
                             "train.tensorboard", "train.eval_batches")
 
 
-class RunFolder:
-    """One run's output folder, whatever an earlier run left there:
+SUMMARY = "summary.json"  # written last by every job (`JobFolder.finish`): the one "finished" marker (`finished`)
 
-    * nothing (or no `config.yaml`): a new run;
-    * a run that stopped before its first checkpoint (a bad input, a crash, kill -9): emptied and started again,
-      by the same command or with `resume`;
-    * a run with a checkpoint: continued with `resume` (`self.resume` tells the engine), refused without it;
-    * a finished run: refused, unless `resume` (which finds nothing left to train and writes the outputs again).
 
-    Resuming refuses a recipe that differs from the run's `config.yaml`, listing the differences, except for
-    the bookkeeping settings of `SAFE_TO_CHANGE_ON_RESUME`. `stages=True` marks a multi-stage job (a study):
-    its stages keep their own checkpoints, so an unfinished job is always continued, never emptied.
-    """
+class JobFolder:
+    """One job's output folder (a training run, a study, an evaluation, a deployment): taken before anything is read
+    (created and locked, so a second process writing here is refused, naming this one), its recipe (`config.yaml`)
+    and provenance recorded (`record`), and finished by `finish`, which writes `summary.json` last."""
 
-    def __init__(self, path: str | Path, recipe: Section, resume: bool = False, is_main: bool = True,
-                 stages: bool = False):
+    def __init__(self, path: str | Path, recipe: Section | None, is_main: bool = True,
+                 setting: str = "run.output_dir", what: str = "run folder"):
+        """`setting`: what names the folder (in the message when it cannot be written); `what`: the folder's kind
+        (in the message that refuses a second writer); `recipe` None: a job of command-line options alone."""
         self.path = Path(path)
         self.recipe = recipe
-        if is_main:  # before anything is read: a second process writing here is refused, naming this one
-            make_folder(self.path, "run.output_dir")
-            lock_folder(self.path)
-        checkpoint = latest_checkpoint(self.path)
-        earlier = (self.path / "config.yaml").exists()
-        if is_main and checkpoint is not None and not earlier:
-            raise BiodistilError(
-                f"Run folder {self.path} holds checkpoints ({checkpoint.name}) but no config.yaml, the record of the "
-                "recipe they were trained with, so they can be neither continued nor trusted; move the folder away "
-                "(or choose another run.output_dir, --out) to start again")
-        finished = earlier and finished_run(self.path)
-        self.resume = bool(checkpoint is not None or stages) and earlier and (resume or (stages and not finished))
-        if earlier and is_main:
-            if finished and not resume:
-                raise BiodistilError(
-                    f"Run folder {self.path} already holds a finished run (see {self.path / 'report.md'}); choose "
-                    "another run.output_dir (--out), or remove the folder to run it again")
-            if checkpoint is not None and not resume and not stages:
-                raise BiodistilError(
-                    f"Run folder {self.path} holds a run interrupted at step {_step(checkpoint)}; continue it with "
-                    "--resume, or choose another run.output_dir (--out)")
-            if self.resume:
-                _check_same_recipe(self.path / "config.yaml", recipe)
-            else:  # stopped before its first checkpoint: nothing to keep
-                print(f"{self.path} holds a run that stopped before its first checkpoint; starting it again",
-                      file=sys.stderr)
-                clear_folder(self.path)
         if is_main:
-            dump_recipe(recipe, self.path / "config.yaml")
-            atomic_write_json(self.path / "provenance.json", provenance(recipe))
-        set_seed(recipe.run.seed)  # type: ignore[attr-defined]
+            make_folder(self.path, setting)
+            lock_folder(self.path, what)
 
-    @property
-    def model_dir(self) -> Path:
-        return self.path / "model"
+    def record(self) -> None:
+        """Write the job's recipe (`config.yaml`) and provenance (`provenance.json`)."""
+        if self.recipe is None:
+            return
+        dump_recipe(self.recipe, self.path / "config.yaml")
+        atomic_write_json(self.path / "provenance.json", provenance(self.recipe))
 
     def write_summary(self, summary: dict) -> None:
-        atomic_write_json(self.path / "summary.json", summary)
+        atomic_write_json(self.path / SUMMARY, summary)
 
-    def finish(self, summary: dict, report: "Report", metrics: dict | None = None,
-               save_model: Callable[[Path], None] | None = None) -> Path:
-        """Finish the run, always in this order, so that a kill at any point leaves a run that counts as unfinished
-        until everything is written: the model (`save_model(model_dir)`), its card (from `metrics`, else the
-        summary), `metrics.json`, `report.md`, and `summary.json` last — the only "finished" marker
-        (`finished_run`). Returns the model folder."""
-        from biodistil.training.card import write_model_card
-
-        if save_model is not None:
-            save_model(self.model_dir)
-        if (self.model_dir / "config.json").is_file():
-            write_model_card(self.path, metrics=jsonable(metrics if metrics is not None else summary))
+    def finish(self, summary: dict, report: "Report", metrics: dict | None = None) -> None:
+        """`metrics.json` (when given), `report.md`, and `summary.json` last: a kill at any point leaves a job that
+        counts as unfinished (`finished`) until everything is written."""
         if metrics is not None:
             atomic_write_json(self.path / "metrics.json", metrics)
         self.write_report(report.title, report.rows, list(report.notes), report.trained)
         self.write_summary(summary)
-        return self.model_dir
 
     def write_report(self, title: str, rows: dict[str, object], notes: list[str] = (),
                      trained: TrainResult | None = None) -> None:
@@ -132,6 +93,73 @@ class RunFolder:
             lines += ["", *notes]
         atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
 
+
+class RunFolder(JobFolder):
+    """One run's output folder, whatever an earlier run left there:
+
+    * nothing (or no `config.yaml`): a new run;
+    * a run that stopped before its first checkpoint (a bad input, a crash, kill -9): emptied and started again,
+      by the same command or with `resume`;
+    * a run with a checkpoint: continued with `resume` (`self.resume` tells the engine), refused without it;
+    * a finished run: refused, unless `resume` (which finds nothing left to train and writes the outputs again).
+
+    Resuming refuses a recipe that differs from the run's `config.yaml`, listing the differences, except for
+    the bookkeeping settings of `SAFE_TO_CHANGE_ON_RESUME`. `stages=True` marks a multi-stage job (a study):
+    its stages keep their own checkpoints, so an unfinished job that began a stage is always continued, never
+    emptied; one refused before its first stage (a setting its first run cannot use) starts again.
+    """
+
+    def __init__(self, path: str | Path, recipe: Section, resume: bool = False, is_main: bool = True,
+                 stages: bool = False):
+        super().__init__(path, recipe, is_main)
+        checkpoint = latest_checkpoint(self.path)
+        earlier = (self.path / "config.yaml").exists()
+        if is_main and checkpoint is not None and not earlier:
+            raise BiodistilError(
+                f"Run folder {self.path} holds checkpoints ({checkpoint.name}) but no config.yaml, the record of the "
+                "recipe they were trained with, so they can be neither continued nor trusted; move the folder away "
+                "(or choose another run.output_dir, --out) to start again")
+        done = earlier and finished(self.path) is not None
+        started = checkpoint is not None or (stages and _stage_started(self.path))
+        self.resume = started and earlier and (resume or (stages and not done))
+        if earlier and is_main:
+            if done and not resume:
+                raise BiodistilError(
+                    f"Run folder {self.path} already holds a finished run (see {self.path / 'report.md'}); choose "
+                    "another run.output_dir (--out), or remove the folder to run it again")
+            if checkpoint is not None and not resume and not stages:
+                raise BiodistilError(
+                    f"Run folder {self.path} holds a run interrupted at step {_step(checkpoint)}; continue it with "
+                    "--resume, or choose another run.output_dir (--out)")
+            if self.resume:
+                _check_same_recipe(self.path / "config.yaml", recipe)
+            else:  # stopped (or refused) before its first checkpoint or stage: nothing to keep
+                first = "stage" if stages else "checkpoint"
+                print(f"{self.path} holds a run that stopped before its first {first}; starting it again",
+                      file=sys.stderr)
+                clear_folder(self.path)
+        if is_main:
+            self.record()
+        set_seed(recipe.run.seed)  # type: ignore[attr-defined]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    def finish(self, summary: dict, report: "Report", metrics: dict | None = None,  # type: ignore[override]
+               save_model: Callable[[Path], None] | None = None) -> Path:
+        """Finish the run, always in this order, so that a kill at any point leaves a run that counts as unfinished
+        until everything is written: the model (`save_model(model_dir)`), its card (from `metrics`, else the
+        summary), then `JobFolder.finish`: `metrics.json`, `report.md`, and `summary.json` last — the only
+        "finished" marker (`finished`). Returns the model folder."""
+        from biodistil.training.card import write_model_card
+
+        if save_model is not None:
+            save_model(self.model_dir)
+        if (self.model_dir / "config.json").is_file():
+            write_model_card(self.path, metrics=jsonable(metrics if metrics is not None else summary))
+        super().finish(summary, report, metrics)
+        return self.model_dir
 
 def single_process(command: str) -> None:
     """Refuse at once to run `command` under several processes (accelerate launch / torchrun)."""
@@ -197,11 +225,29 @@ def open_run(recipe: Section, resume: bool, models: Sequence[tuple[str, str, boo
     return RunFolder(recipe.run.output_dir, recipe, resume, accelerator.is_main_process), accelerator  # type: ignore
 
 
-def finished_run(path: Path) -> bool:
-    """Whether the run folder holds a finished run: its `summary.json`, written last (`RunFolder.finish`), is there,
-    readable and not marked unfinished (a run stopped early with --stop-after)."""
-    summary = read_record(path / "summary.json", note="the run counts as unfinished")
-    return summary is not None and (not isinstance(summary, dict) or summary.get("finished", True) is not False)
+def finished(path: Path, marker: str = SUMMARY, needs: Sequence[str] = (), quiet: bool = False) -> dict | None:
+    """The record that marks the job in `path` finished, or None when it is unfinished: every reader of "finished"
+    (run folders, pipeline and demo stages, study arms, evaluation cells) asks here. The marker (`summary.json`,
+    written last by `JobFolder.finish`; an evaluation cell's `metrics.json`) must be there, readable and not marked
+    unfinished (a run stopped early with --stop-after); each of `needs` (records written before the marker that the
+    caller reads) must be there and readable too. A damaged or missing record is named (unless `quiet`: it was named
+    when the caller counted what would run): its job runs again."""
+    record = read_record(Path(path) / marker, note=None if quiet else "the run counts as unfinished and runs again")
+    if not isinstance(record, dict) or record.get("finished", True) is False:
+        return None
+    for name in needs:
+        if not isinstance(read_record(Path(path) / name, note=None if quiet else "the finished run runs again to "
+                                      "write it"), dict):
+            if not quiet and not (Path(path) / name).is_file():
+                print(f"{Path(path) / name}: missing; the finished run runs again to write it", flush=True)
+            return None
+    return record
+
+
+def _stage_started(path: Path) -> bool:
+    """Whether a multi-stage job (a study) began any stage: a folder below it holds a run's recorded recipe. A job
+    refused before that (a bad setting found by its first stage) keeps nothing worth continuing."""
+    return any(found.parent != path for found in path.rglob("config.yaml"))
 
 
 def _step(checkpoint: Path) -> int:
@@ -294,12 +340,17 @@ def _check_same_recipe(saved: Path, recipe: Section) -> None:
         + ", ".join(SAFE_TO_CHANGE_ON_RESUME) + " may change when a run is continued.")
 
 
-def run_stage(folder: Path, finished: Callable[[], bool], run: Callable[[bool], object],
-              resumable: bool = True) -> bool:
-    """Run one stage of a multi-stage job in `folder`: skip it when `finished()`; resume it (`run(True)`) when it
-    was interrupted after a checkpoint and `resumable`; otherwise start it (`run(False)`) in an emptied folder.
-    Returns whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch."""
-    if finished():
+def run_stage(folder: Path, run: Callable[[bool], object], resumable: bool = True, marker: str = SUMMARY,
+              needs: Sequence[str] = (), check: Callable[[dict], object] | None = None, quiet: bool = False) -> bool:
+    """Run one stage of a multi-stage job in `folder`: skip it when `finished(folder, marker, needs)` (after
+    `check(record)`, which may refuse a finished stage run with other settings); resume it (`run(True)`) when it was
+    interrupted after a checkpoint and `resumable`; otherwise start it (`run(False)`) in an emptied folder. Returns
+    whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch. `quiet`: see
+    `finished`."""
+    record = finished(folder, marker, needs, quiet)
+    if record is not None:
+        if check is not None:
+            check(record)
         return False
     resume = resumable and latest_checkpoint(folder) is not None
     if folder.exists() and not resume:
