@@ -179,14 +179,17 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
     before = first.stat().st_mtime_ns
     run_study(study(), resume=True)
     assert first.stat().st_mtime_ns == before, "a resumed study reuses finished runs"
+    assert json.loads((out / "summary.json").read_text())["looks"] == 1, "the same runs: no second look"
     assert json.loads((out / "summary.json").read_text())["side_by_side"] == summary["side_by_side"]
     if recipe.endswith("users-setting.yaml"):  # seeds added to one arm: only its new run trains
         grown = study()
         grown.arms[0].seeds = [1, 2]
         run_study(grown, resume=True)
         assert first.stat().st_mtime_ns == before
-        rows = json.loads((out / "summary.json").read_text())["rows"]
+        grown_summary = json.loads((out / "summary.json").read_text())
+        rows = grown_summary["rows"]
         assert [row["seeds"] for row in rows if row["arm"] == arms[0]] == [2] * len(expected["tasks"])
+        assert grown_summary["looks"] == 2, "seeds added after a summary was read: a second look"
         assert all(row["seeds"] == 1 for row in rows if row["arm"] != arms[0])
 
 

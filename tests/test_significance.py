@@ -79,6 +79,21 @@ def test_holm_adjusts_a_tables_p_values_step_down_by_hand():
     assert adjusted[1].seeds_needed is not None and adjusted[0].seeds_needed is None
 
 
+def test_a_study_counts_a_look_for_each_summary_it_grew_past():
+    from types import SimpleNamespace
+
+    from biodistil.kd.study import looks
+
+    run = lambda arm, seed: SimpleNamespace(task="gad", arm=arm, seed=seed)  # noqa: E731
+    recipe = SimpleNamespace(earlier_looks=0)
+    first = [run("kd", 1), run("kd", 2)]
+    summary = {"runs": [{"task": "gad", "arm": "kd", "seed": s} for s in (1, 2)], "looks": 1}
+    assert looks(recipe, first, None) == 1 and looks(recipe, first, summary) == 1, "nothing new: the same look"
+    assert looks(recipe, [*first, run("kd", 3)], summary) == 2, "a seed added after the summary was read"
+    assert looks(recipe, [*first, run("kd", 3)], {**summary, "looks": 2}) == 3
+    assert looks(SimpleNamespace(earlier_looks=1), first, None) == 2, "a schedule changed after an earlier look"
+
+
 def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():
     from pathlib import Path
 

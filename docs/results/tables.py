@@ -203,7 +203,8 @@ def transfer_tables(summary: dict[str, Any]) -> str:
     lines += ["", _wall_time(summary), "", "| comparison | AUROC difference | verdict |", "|---|---|---|"]
     scores = {row["arm"]: row["scores"] for row in rows}
     present = [(first, second) for first, second in TRANSFER_PAIRS if first in scores and second in scores]
-    for (first, second), result in zip(present, family([(scores[a], scores[b]) for a, b in present]), strict=True):
+    results = family([(scores[a], scores[b]) for a, b in present], looks=summary.get("looks", 1))
+    for (first, second), result in zip(present, results, strict=True):
         lines.append(f"| {first} − {second} | {result.difference:+.3f} | {verdict(result)} |")
     return "\n".join(lines)
 
@@ -235,7 +236,7 @@ def meta_tables(summary: dict[str, Any]) -> str:
         "|---" * (len(tasks) + 1) + "|"]
     present = [(first, second) for first, second in ORDER if first in arms and second in arms]
     results = iter(family([(by[task, first]["scores"], by[task, second]["scores"])
-                           for first, second in present for task in tasks]))
+                           for first, second in present for task in tasks], looks=summary.get("looks", 1)))
     for first, second in present:
         cells = [f"{100 * result.difference:+.1f} ({verdict(result, 100, 1)})" for result in
                  (next(results) for _ in tasks)]
@@ -258,7 +259,8 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
         lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
         present = [(first, second) for first, second in ORDER if first in arms and second in arms]
         auroc = {arm: [r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == arm] for arm in arms}
-        for (first, second), result in zip(present, family([(auroc[a], auroc[b]) for a, b in present]), strict=True):
+        results = family([(auroc[a], auroc[b]) for a, b in present], looks=summary.get("looks", 1))
+        for (first, second), result in zip(present, results, strict=True):
             lines.append(f"| {first} − {second} | {result.difference:+.3f} ({verdict(result)}) |")
     return lines
 
@@ -343,7 +345,8 @@ def multi_teacher_tables(summary: dict[str, Any]) -> str:
             lines += ["", f"| two teachers − the better single teacher ({best}) | difference | verdict |",
                       "|---|---|---|"]
             pairs = [arm for arm in rows if arm not in single]
-            results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs])
+            results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs],
+                             looks=summary.get("looks", 1))
             for arm, result in zip(pairs, results, strict=True):
                 lines.append(f"| {arm} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
         lines.append("")

@@ -319,6 +319,9 @@ class StudyRecipe(Section):
         default_factory=dict, description="recipe values shared by all finetune / kd runs"
     )
     arms: list[StudyArm] = Field(min_length=1)
+    earlier_looks: int = Field(0, ge=0, description="how many times the scores of this question were seen before "
+                               "this recipe was fixed (e.g. a schedule changed after a first run's scores): each "
+                               "comparison is then tested at α/(1 + earlier_looks + the study's own extra looks)")
 
     @model_validator(mode="before")
     @classmethod

@@ -66,7 +66,18 @@ def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Litera
     launch.wait()
     if not launch.is_main:
         return root / "report.md"
-    return _write_summary(recipe, runs, settings, root, side_by_side)
+    return _write_summary(recipe, runs, settings, root, side_by_side, looks(recipe, runs, before))
+
+
+def looks(recipe: StudyRecipe, runs: list["StudyRun"], before: dict[str, Any] | None) -> int:
+    """How many times this study's scores were looked at before they were final, this summary included: once, plus
+    the recipe's `earlier_looks`, plus one for each earlier summary of other runs (seeds added after it was read).
+    Each comparison is tested at α/looks (`tasks.significance`)."""
+    if before is None:
+        return 1 + recipe.earlier_looks
+    seen = {(run["task"], run["arm"], run["seed"]) for run in before.get("runs", [])}
+    grown = seen != {(run.task, run.arm, run.seed) for run in runs}
+    return int(before.get("looks", 1 + recipe.earlier_looks)) + grown
 
 
 def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Path) -> dict[str, Any] | None:
@@ -168,9 +179,9 @@ def _teacher_model(study_task: StudyTask, root: Path) -> str:
 
 
 def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str, Any], root: Path,
-                   side_by_side: dict[str, Any] | None = None) -> Path:
+                   side_by_side: dict[str, Any] | None = None, looked: int = 1) -> Path:
     """summary.json, report.md and scores.png from the finished runs' records (`side_by_side`: how this call ran
-    them in worker processes, if it did)."""
+    them in worker processes, if it did; `looked`: see `looks`)."""
     teachers: dict[str, dict[str, Any]] = {}
     for study_task in recipe.tasks:
         spec = get_task(study_task.name)
@@ -182,7 +193,7 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
-               "side_by_side": side_by_side}
+               "side_by_side": side_by_side, "looks": looked}
     plot_study(summary["rows"], root / "scores.png")
     atomic_write_text(root / "report.md", render_study(summary, root))
     atomic_write_json(root / SUMMARY, jsonable(summary))  # last: the study's "finished" marker
@@ -343,7 +354,7 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
             flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
-    lines += _differences(summary["rows"])
+    lines += _differences(summary["rows"], summary.get("looks", 1))
     notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
               for task, teacher in summary["teachers"].items() if teacher.get("degenerate")]
@@ -358,14 +369,14 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _differences(rows: list[dict[str, Any]]) -> list[str]:
+def _differences(rows: list[dict[str, Any]], looked: int = 1) -> list[str]:
     """Each arm against the task's first arm: the difference of the means and its verdict (Welch's t-test on the
-    per-seed scores, `tasks.significance`: the arms share seeds, not their training data); a task's comparisons are
-    one family (Holm)."""
+    per-seed scores, `tasks.significance`: the arms share seeds, not their training data), at α/looked when the
+    scores were looked at before they were final; a task's comparisons are one family (Holm)."""
     lines = []
     for task in dict.fromkeys(row["task"] for row in rows):
         first, *others = [row for row in rows if row["task"] == task]
-        results = holm([compare_scores(row["scores"], first["scores"]) for row in others])
+        results = holm([compare_scores(row["scores"], first["scores"], looks=looked) for row in others])
         for row, result in zip(others, results, strict=True):
             lines.append(f"| {task} | {row['arm']} − {first['arm']} | "
                          f"{result.describe(' ' + row['metric'], digits=4)} |")
