@@ -7,7 +7,6 @@ window of a sentence; words that no window kept (truncated away) are predicted a
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,6 @@ from transformers import PreTrainedModel
 
 from biodistil.data.alignment import word_predictions
 from biodistil.data.formats import Example, TokenExample
-from biodistil.io import atomic_write_text
 from biodistil.tasks.encoding import EncodedSplit, EncodingSpec, FeatureCollator, model_inputs
 from biodistil.tasks.registry import TaskSpec
 
@@ -166,17 +164,17 @@ def prediction_notes(task: TaskSpec, predictions: Predictions, truncated: dict[s
     return notes
 
 
-def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:
-    """Test predictions as `finetune` and `kd` write them, JSON lines: id, gold, predicted label (or tags) and
-    class scores."""
-    lines = []
+def scored_rows(examples: Sequence[Example], predictions: Predictions) -> list[dict[str, Any]]:
+    """The records of the test_predictions.jsonl that `finetune` and `kd` write, one per example: id, gold,
+    predicted label (or tags) and class scores."""
+    rows = []
     for index, example in enumerate(examples):
         gold = example.tags if isinstance(example, TokenExample) else example.label
-        record = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
+        row = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
         if predictions.scores:
-            record["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
-        lines.append(json.dumps(record, ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
+            row["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
+        rows.append(row)
+    return rows
 
 
 def prediction_rows(task: TaskSpec, examples: Sequence[Any], predictions: Any) -> list[dict[str, Any]]:
