@@ -1,4 +1,5 @@
-"""`bench/int8_fakequant.py`: the fake-quantisers against values worked out by hand, and the patching it relies on."""
+"""`bench/research/int8_fakequant.py`: the fake-quantisers against values worked out by hand, and the patching it
+relies on."""
 
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import torch
 
 @pytest.fixture
 def fakequant(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench" / "research"))
     import int8_fakequant
 
     return int8_fakequant

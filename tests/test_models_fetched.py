@@ -120,7 +120,7 @@ def test_a_fetched_model_is_a_name_wherever_a_model_is_accepted(tmp_path, monkey
     monkeypatch.setitem(embedded.FETCHED, "tiny", FetchedModel("tiny", ("tiny-part-001",), "0.0.1", "tiny",
                                                                "model.safetensors", sha, 1, "the tiny teacher"))
     from biodistil.config import ModelConfig
-    from biodistil.evaluation.bench import load_encoder
+    from biodistil.models.loading import load_encoder
 
     assert type(load_encoder("tiny")).__name__ == "BertModel"
     assert ModelConfig(name_or_path="tiny").name_or_path == str(tmp_path / "cache" / "models" / "tiny")

@@ -301,8 +301,9 @@ def test_a_task_file_is_predicted_word_for_word_as_evaluation_reads_it(ner, tmp_
 
 @pytest.fixture
 def int8_layers(monkeypatch):
-    """bench/int8_layers.py, imported; the worker's torch threads restored after it (its predictors use 1)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    """bench/research/int8_layers.py, imported; the worker's torch threads restored after it (its predictors use
+    1)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench" / "research"))
     import int8_layers
 
     threads = torch.get_num_threads()
@@ -327,8 +328,9 @@ def test_the_int8_layers_bench_finds_a_nodes_layer_by_name_or_by_its_recorded_sc
 
 
 def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, int8_layers):
-    """bench/int8_layers.py on the tiny NER model: `none` is the int8 graph, `0` keeps layer 0's matmuls in fp32,
-    `head` the classifier; keeping the embeddings, every layer and the head in fp32 reproduces PyTorch's entities."""
+    """bench/research/int8_layers.py on the tiny NER model: `none` is the int8 graph, `0` keeps layer 0's matmuls in
+    fp32, `head` the classifier; keeping the embeddings, every layer and the head in fp32 reproduces PyTorch's
+    entities."""
     model, _ = ner
     assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
     out = tmp_path / "record.json"

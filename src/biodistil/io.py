@@ -11,7 +11,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,6 +41,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_write_jsonl(path: Path, records: Iterable[Any]) -> None:
+    """One JSON value per line (non-ASCII characters kept as they are), written as `atomic_write_text` writes."""
+    atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
 
 def atomic_directory(target: Path, fill: Callable[[Path], None]) -> None:

@@ -59,34 +59,14 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 # ------------------------------------------------------------------------------------------ models
 
 
-def load_encoder(path: str) -> torch.nn.Module:
-    """The bare encoder of a model folder, named model or Hub id, in eval mode (heads are not part of the
-    benchmark)."""
-    from transformers import AutoModel
-    from transformers.utils import logging as transformers_logging
-
-    from biodistil.embedded import resolve_model_name
-
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # "MLM head weights unused" is expected
-    try:
-        return AutoModel.from_pretrained(resolve_model_name(path)).eval()
-    except OSError as err:
-        raise BiodistilError(f"bench: cannot load a model from '{path}' ({str(err).splitlines()[0]}); expected "
-                             "a Hugging Face model folder or a Hub id (offline: download it and pass the folder)"
-                             ) from None
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-
-
 def load_benched(path: str, threads: int) -> torch.nn.Module | OnnxModel:
     """The bare encoder of a model folder or Hub id, or an exported ONNX graph (a `.onnx` file of an export)."""
     if path.endswith(".onnx"):
         return OnnxModel(path, threads=threads)
-    from biodistil.models.loading import check_model
+    from biodistil.models.loading import check_model, load_encoder
 
     check_model(path, "bench")
-    return load_encoder(path)
+    return load_encoder(path).eval()  # heads are not part of the benchmark
 
 
 def disk_bytes(path: str) -> int | None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
-from biodistil.io import atomic_write_json, atomic_write_text
+from biodistil.io import atomic_write_json, atomic_write_jsonl
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
@@ -109,7 +108,7 @@ def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Seq
     scored, parameters = score_deployed(item, task, examples, threads, plan.device)
     cell = out / "cells" / item.label / task.name / "scored"
     rows = prediction_rows(task, examples, scored.predictions)
-    atomic_write_text(cell / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_jsonl(cell / "predictions.jsonl", rows)
     record = _record(item, task, plan, scored, len(examples), parameters)
     atomic_write_json(cell / "metrics.json", record)
     flag = f" (degenerate: {record['degenerate']})" if record["degenerate"] else ""

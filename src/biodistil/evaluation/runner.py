@@ -50,7 +50,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, EvaluateRecipe, TaskEntry
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.finetune.init_model import init_model_path
-from biodistil.io import atomic_write_json, atomic_write_text, read_record
+from biodistil.io import atomic_write_json, atomic_write_jsonl, read_record
 from biodistil.models.loading import check_model
 from biodistil.paths import looks_like_path
 from biodistil.tasks.encoding import fit_length_to_model
@@ -250,7 +250,7 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
                                fold=cell.fold, epochs=task.epochs, patience=task.patience,
                                max_examples=task.max_examples)
     rows = prediction_rows(task.spec, outcome.test_examples, outcome.test_predictions)
-    atomic_write_text(folder / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_jsonl(folder / "predictions.jsonl", rows)
     if recipe.save_models:
         from biodistil.models.saving import export_model
 

@@ -6,9 +6,10 @@
 
 The same code path as `evaluate --finetuned`: the task is the model's own (its head and labels), documents go through
 the task encoding (token tasks: words, windows of whole words for long documents, the label of each word's first
-sub-word) and `tasks.prediction.predict`, batched by length. Token classifiers return entities with character offsets
-into the original text (strict IOB2: an entity is a B tag and the I tags of its type that follow; its score is the
-mean of its words' tag probabilities); classifiers return the label and every class's probability (multi-label: the
+sub-word) and `tasks.prediction.predict`, batched by length; the model's head and labels say how
+(`tasks.encoding.EncodingSpec`). Token classifiers return entities with character offsets into the original text
+(seqeval's strict IOB2: an entity is a B tag and the I tags of its type that follow; its score is the mean of its
+words' tag probabilities); classifiers return the label and every class's probability (multi-label: the
 labels over the threshold).
 """
 
@@ -20,23 +21,23 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
+from seqeval.scheme import IOB2, Entities
 
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.errors import BiodistilError
 from biodistil.export.deployed import Deployed, expand_models, load_deployed
 from biodistil.models.families import position_limit
-from biodistil.tasks.encoding import collator_for, encode_split
+from biodistil.tasks.encoding import EncodingSpec, collator_for, encode_inputs
 from biodistil.tasks.prediction import Fallback, predict
-from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.registry import TaskKind
 from biodistil.training.machine import BF16_FLAGS, bf16_fast
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # a word: a run of letters/digits, or one other visible character
 RUNTIMES = ("auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8")
-METRICS = {"token_classification": "entity_f1", "sequence_classification": "accuracy_macro_f1",
-           "multilabel_classification": "hoc_example_f1"}  # a valid task needs one; predicting scores nothing
+UNTYPED = "_"  # seqeval's type of a bare B / I tag
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Predictor:
                   f"{' or '.join(BF16_FLAGS)}), so bf16 is emulated and slower than --runtime pytorch",
                   file=sys.stderr, flush=True)
         self.fallback = self._fallback(model, int8_fallback, threads) if int8_fallback is not None else None
-        if head not in METRICS:
+        if head not in get_args(TaskKind):
             raise BiodistilError(f"{model}: a {head.replace('_', ' ')} has no task head to predict with; give a model "
                                  "fine-tuned on a task (`biodistil finetune` or `kd`), or its ONNX export")
         config = self.model.config
@@ -117,7 +118,8 @@ class Predictor:
         limit = min(int(getattr(self.tokenizer, "model_max_length", 512) or 512), 512,
                     position_limit(config))
         length = min(max_length or recorded_max_length(Path(model)) or limit, limit)
-        self.task = model_task(head, labels, length)
+        self.encoding = EncodingSpec(head, tuple(labels), length,
+                                     "split" if head == "token_classification" else "truncate")
         self.batch_size, self.threshold = batch_size, threshold
 
     def _fallback(self, model: str | Path, margin: float, threads: int | None) -> Fallback:
@@ -137,7 +139,8 @@ class Predictor:
     @property
     def description(self) -> str:
         where = f" on {self.model.device.type}" if self.variant.runtime == "pytorch" else ""
-        described = f"{self.variant.path} ({self.variant.runtime} {self.variant.precision}{where}, {self.task.kind})"
+        variant = self.variant
+        described = f"{variant.path} ({variant.runtime} {variant.precision}{where}, {self.encoding.kind})"
         if self.fallback is not None:
             share = self.fallback.rerun / max(self.fallback.windows, 1)
             described += (f"; {self.fallback.rerun:,} of {self.fallback.windows:,} windows ({share:.1%}) predicted "
@@ -148,14 +151,14 @@ class Predictor:
         """One record per input: `{"id", "entities": [...]}` for a token classifier, `{"id", "label",
         "probabilities"}` for a classifier (`"labels"` for a multi-label one)."""
         documents = [_document(str(index), text) for index, text in enumerate(texts)]
-        if self.task.kind == "token_classification":
+        if self.encoding.kind == "token_classification":
             return self._entities(documents)
         return self._labels(documents)
 
     def _entities(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
         spans = [d.word_spans() for d in documents]
-        examples: list[Example] = [TokenExample(d.id, [d.text[a:b] for a, b in words], ["O"] * len(words))
-                                   for d, words in zip(documents, spans, strict=True)]
+        examples: list[Example] = [TokenExample(d.id, [d.text[a:b] for a, b in words], [])
+                                   for d, words in zip(documents, spans, strict=True)]  # no tags: unlabelled
         predictions = self._predict(examples)
         records = []
         for document, words, tags, scores in zip(documents, spans, predictions.labels, predictions.word_scores or [],
@@ -168,24 +171,22 @@ class Predictor:
         return records
 
     def _labels(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
-        unknown = [0.0] * len(self.task.labels) if self.task.kind == "multilabel_classification" else \
-            self.task.labels[0]  # the encoding wants a target; the model never sees it
-        examples: list[Example] = [TextExample(d.id, d.text, d.text_pair, unknown) for d in documents]
+        examples: list[Example] = [TextExample(d.id, d.text, d.text_pair, None) for d in documents]
         predictions = self._predict(examples)
         records = []
         for document, probabilities in zip(documents, predictions.scores, strict=True):
-            named = {label: round(p, 6) for label, p in zip(self.task.labels, probabilities, strict=True)}
-            if self.task.kind == "multilabel_classification":  # chosen on the unrounded probabilities
-                chosen: dict[str, Any] = {"labels": [label for label, p in zip(self.task.labels, probabilities,
+            named = {label: round(p, 6) for label, p in zip(self.encoding.labels, probabilities, strict=True)}
+            if self.encoding.kind == "multilabel_classification":  # chosen on the unrounded probabilities
+                chosen: dict[str, Any] = {"labels": [label for label, p in zip(self.encoding.labels, probabilities,
                                                                                strict=True) if p > self.threshold]}
             else:
-                chosen = {"label": self.task.labels[max(range(len(probabilities)), key=probabilities.__getitem__)]}
+                chosen = {"label": self.encoding.labels[max(range(len(probabilities)), key=probabilities.__getitem__)]}
             records.append({"id": document.id, **chosen, "probabilities": named})
         return records
 
     def _predict(self, examples: Sequence[Example]):
-        encoded = encode_split(self.task, examples, self.tokenizer)
-        return predict(self.model, self.task, examples, encoded, collator_for(self.task, self.tokenizer),
+        encoded = encode_inputs(self.encoding, examples, self.tokenizer)
+        return predict(self.model, self.encoding, examples, encoded, collator_for(self.encoding, self.tokenizer),
                        self.batch_size, self.fallback, self.autocast)
 
 
@@ -207,30 +208,14 @@ def recorded_max_length(model: Path) -> int | None:
         return None
 
 
-def model_task(head: str, labels: list[str], max_length: int) -> TaskSpec:
-    """The task a fine-tuned model embodies (its head and labels): what the task encoding and `predict` read. Its
-    files and metric are never used (predicting reads documents and scores nothing)."""
-    token = head == "token_classification"
-    return TaskSpec(name="predict", kind=head, format="biobert_ner_tsv" if token else "blurb_jsonl",
-                    files={"test": "documents"}, labels=labels, metric=METRICS[head], max_length=max_length,
-                    truncation="split" if token else "truncate")
-
-
 def entity_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
-    """(first word, last word, type) of each entity in strict IOB2, as seqeval's strict mode reads the tags: a B
-    starts one, the I tags of its type that follow continue it, an I with no B before it starts none. Untyped tags
-    (`B`, `I`) give the type "entity"."""
-    spans: list[tuple[int, int, str]] = []
-    current: tuple[int, str] | None = None
-    for position, tag in enumerate([*tags, "O"]):
-        prefix, _, kind = tag.partition("-")
-        kind = kind or "entity"
-        if current is not None and not (prefix == "I" and kind == current[1]):
-            spans.append((current[0], position - 1, current[1]))
-            current = None
-        if prefix == "B":
-            current = (position, kind)
-    return spans
+    """(first word, last word, type) of each entity, read by seqeval's strict IOB2 parser: a B starts one, the I tags
+    of its type that follow continue it, an I with no B before it starts none. Untyped tags (`B`, `I`) give the type
+    "entity"."""
+    if not any(tag[:1] == "B" for tag in tags):  # no entity starts: seqeval's parse (about 0.2 ms) is not needed
+        return []
+    entities = Entities([list(tags)], IOB2).entities[0]
+    return [(e.start, e.end - 1, "entity" if e.tag == UNTYPED else e.tag) for e in entities]
 
 
 def _document(default_id: str, value: str | tuple[str, str] | Document) -> Document:

@@ -22,8 +22,9 @@ from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import TrainConfig
 from biodistil.data.formats import Example
+from biodistil.io import atomic_write_jsonl
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, collator_for, encode_split
-from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, write_predictions
+from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, scored_rows
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import Scored, score
 from biodistil.training.engine import Selection
@@ -90,7 +91,7 @@ def write_test_results(run_dir: Path, task: TaskSpec, test: Sequence[Example], p
                        truncated: dict[str, int], markers_cut: dict[str, int] | None = None) -> dict[str, Any]:
     """Write `<run>/test_predictions.jsonl`, print the notes on the scores (truncation, words without prediction,
     degenerate predictions) as warnings; returns the record's `degenerate` and `notes`."""
-    write_predictions(run_dir / TEST_PREDICTIONS, test, predictions)
+    atomic_write_jsonl(run_dir / TEST_PREDICTIONS, scored_rows(test, predictions))
     words = sum(len(e.tokens) for e in test) if task.kind == "token_classification" else None
     notes = prediction_notes(task, predictions, truncated, words, markers_cut)
     for note in notes:

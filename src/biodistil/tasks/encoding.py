@@ -2,7 +2,9 @@
 
 Token classification (NER, PICO) encodes each sentence as words, labels its sub-words by the task's policy
 ("first" or "all", `biodistil.data.alignment`) and, with `truncation: split`, cuts long sentences into windows
-of whole words; sequence and multi-label tasks encode one text (or a pair) with its target. Truncation is
+of whole words; sequence and multi-label tasks encode one text (or a pair) with its target. `encode_inputs` does the
+same without targets, from an `EncodingSpec` (kind, labels, length, truncation: what a fine-tuned model's head
+and labels say) or a task: unlabelled texts to predict need no task and no invented labels. Truncation is
 counted per split (`EncodedSplit.truncated_examples`), never silent; a long relation example keeps the window
 around its entity markers (`window_around_markers`; those that cannot are counted in `markers_cut`). `origins`
 and `word_ids` keep the way back from features to examples and words (`biodistil.tasks.prediction`).
@@ -16,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -26,7 +28,7 @@ from biodistil.data.alignment import align_labels, chunk_words, tokenize_words, 
 from biodistil.data.batch import MODEL_INPUTS
 from biodistil.data.formats import Example, TextExample, TokenExample
 from biodistil.models.families import position_limit
-from biodistil.tasks.registry import TaskSpec
+from biodistil.tasks.registry import TaskKind, TaskSpec
 
 # the entity markers of relation-extraction texts: @GENE$, @DRUG$, @DISEASE$, @CHEMICAL$ (BLURB), BC6ENTC and
 # BC6ENTG (ChemProt's blinded entities; BC6OTHER marks entities the label is not about)
@@ -50,41 +52,62 @@ class EncodedSplit:
         return self.features[index]
 
 
+@dataclass(frozen=True)
+class EncodingSpec:
+    """What encoding texts and reading a model's outputs need of a task (`encode_inputs`, `tasks.prediction.predict`):
+    its kind, its labels in the model's id order, the window length and what happens beyond it. A `TaskSpec` has the
+    same fields; a fine-tuned model's head and labels make one (`export.predict.Predictor`)."""
+
+    kind: TaskKind
+    labels: tuple[str, ...]
+    max_length: int
+    truncation: Literal["truncate", "split"] = "truncate"
+
+
 def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
     """The examples of a split as model features with their targets (windows of words for token tasks)."""
+    encoded = encode_inputs(task, examples, tokenizer)
     if task.kind == "token_classification":
-        return _encode_tokens(task, examples, tokenizer)
-    return _encode_texts(task, examples, tokenizer)
+        ids, b_to_i = task.label_to_id, task.b_to_i if task.label_policy == "all" else None
+        for feature, (index, start), word_ids in zip(encoded.features, encoded.origins, encoded.word_ids, strict=True):
+            count = max((word + 1 for word in word_ids if word is not None), default=0)
+            tags = examples[index].tags[start:start + count]
+            feature["labels"] = align_labels(word_ids, [ids[tag] for tag in tags], task.label_policy, b_to_i)
+        return encoded
+    for feature, (index, _) in zip(encoded.features, encoded.origins, strict=True):
+        feature["labels"] = _target(task, examples[index])
+    return encoded
 
 
-def _encode_tokens(task: TaskSpec, examples: Sequence[TokenExample], tokenizer) -> EncodedSplit:
+def encode_inputs(spec: EncodingSpec | TaskSpec, examples: Sequence[Example],
+                  tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
+    """The examples as model inputs, without targets (their labels, if any, are not read)."""
+    if spec.kind == "token_classification":
+        return _encode_tokens(spec, examples, tokenizer)
+    return _encode_texts(spec, examples, tokenizer)
+
+
+def _encode_tokens(spec: EncodingSpec | TaskSpec, examples: Sequence[TokenExample], tokenizer) -> EncodedSplit:
     encoded = EncodedSplit([], [])
-    ids = task.label_to_id
-    b_to_i = task.b_to_i if task.label_policy == "all" else None
-    room = task.max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    room = spec.max_length - tokenizer.num_special_tokens_to_add(pair=False)
     # every sentence tokenized whole in one batched call: most fit in one window and are used as they are
     whole = tokenizer([words_for_tokenizer(tokenizer, e.tokens) for e in examples], is_split_into_words=True,
                       verbose=False) if examples else None
     for index, example in enumerate(examples):
         pieces = _counts(whole.word_ids(index), len(example.tokens))
         if example.tokens and sum(pieces) <= room:
-            word_ids = whole.word_ids(index)
-            labels = align_labels(word_ids, [ids[t] for t in example.tags], task.label_policy, b_to_i)
-            encoded.features.append({**{k: list(v[index]) for k, v in whole.items()}, "labels": labels})
+            encoded.features.append({k: list(v[index]) for k, v in whole.items()})
             encoded.origins.append((index, 0))
-            encoded.word_ids.append(word_ids)
+            encoded.word_ids.append(whole.word_ids(index))
             continue
-        windows = chunk_words(pieces, room) if task.truncation == "split" else [(0, len(example.tokens))]
-        if sum(pieces) > room and task.truncation != "split":  # split keeps every word, in windows
+        windows = chunk_words(pieces, room) if spec.truncation == "split" else [(0, len(example.tokens))]
+        if sum(pieces) > room and spec.truncation != "split":  # split keeps every word, in windows
             encoded.truncated_examples += 1
         for start, end in windows:
-            words = example.tokens[start:end]
-            enc = tokenize_words(tokenizer, words, truncation=True, max_length=task.max_length)
-            word_ids = enc.word_ids()
-            labels = align_labels(word_ids, [ids[t] for t in example.tags[start:end]], task.label_policy, b_to_i)
-            encoded.features.append({**{k: list(v) for k, v in enc.items()}, "labels": labels})
+            enc = tokenize_words(tokenizer, example.tokens[start:end], truncation=True, max_length=spec.max_length)
+            encoded.features.append({k: list(v) for k, v in enc.items()})
             encoded.origins.append((index, start))
-            encoded.word_ids.append(word_ids)
+            encoded.word_ids.append(enc.word_ids())
     return encoded
 
 
@@ -137,7 +160,7 @@ def _counts(word_ids: Sequence[int | None], words: int) -> list[int]:
     return counts
 
 
-def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) -> EncodedSplit:
+def _encode_texts(task: EncodingSpec | TaskSpec, examples: Sequence[TextExample], tokenizer) -> EncodedSplit:
     encoded = EncodedSplit([], [])
     for index, example in enumerate(examples):
         full = tokenizer(example.text, example.text_pair, truncation=False, verbose=False)  # windowed below
@@ -149,9 +172,7 @@ def _encode_texts(task: TaskSpec, examples: Sequence[TextExample], tokenizer) ->
                 encoded.markers_cut += not kept
         # longest_first cuts the longer segment (the passage of a QA pair) first, and never fails on a long question
         enc = tokenizer(text, example.text_pair, truncation="longest_first", max_length=task.max_length)
-        feature = {k: list(v) for k, v in enc.items()}
-        feature["labels"] = _target(task, example)
-        encoded.features.append(feature)
+        encoded.features.append({k: list(v) for k, v in enc.items()})
         encoded.origins.append((index, 0))
     return encoded
 
@@ -202,7 +223,7 @@ class FeatureCollator:
         return batch
 
 
-def collator_for(task: TaskSpec, tokenizer: PreTrainedTokenizerBase) -> FeatureCollator:
+def collator_for(task: TaskSpec | EncodingSpec, tokenizer: PreTrainedTokenizerBase) -> FeatureCollator:
     """The collator of a task's features for this tokenizer."""
     return FeatureCollator(tokenizer.pad_token_id, task.kind == "token_classification")
 

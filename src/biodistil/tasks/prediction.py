@@ -7,7 +7,6 @@ window of a sentence; words that no window kept (truncated away) are predicted a
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,8 +16,7 @@ from transformers import PreTrainedModel
 
 from biodistil.data.alignment import word_predictions
 from biodistil.data.formats import Example, TokenExample
-from biodistil.io import atomic_write_text
-from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, model_inputs
+from biodistil.tasks.encoding import EncodedSplit, EncodingSpec, FeatureCollator, model_inputs
 from biodistil.tasks.registry import TaskSpec
 
 
@@ -44,7 +42,7 @@ class Fallback:
 
 
 @torch.no_grad()
-def predict(model: PreTrainedModel, task: TaskSpec, examples: Sequence[Example], encoded: EncodedSplit,
+def predict(model: PreTrainedModel, task: TaskSpec | EncodingSpec, examples: Sequence[Example], encoded: EncodedSplit,
             collate: FeatureCollator, batch_size: int = 64, fallback: Fallback | None = None,
             autocast: torch.dtype | None = None) -> Predictions:
     """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
@@ -86,7 +84,8 @@ def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batc
     return outputs
 
 
-def decision_margin(task: TaskSpec, logits: np.ndarray, word_ids: Sequence[int | None] | None = None) -> float:
+def decision_margin(task: TaskSpec | EncodingSpec, logits: np.ndarray,
+                    word_ids: Sequence[int | None] | None = None) -> float:
     """How sure a window's prediction is, in probability: the smallest gap between the two most probable tags at a
     word's first sub-word (token tasks: the tags that are predicted), between the two most probable classes
     (single-label), or between a label's probability and 0.5, doubled (multi-label); 1.0 with nothing predicted."""
@@ -102,7 +101,8 @@ def decision_margin(task: TaskSpec, logits: np.ndarray, word_ids: Sequence[int |
     return float((top_two[:, 1] - top_two[:, 0]).min())
 
 
-def _word_level(task: TaskSpec, examples, encoded: EncodedSplit, outputs: list[np.ndarray]) -> Predictions:
+def _word_level(task: TaskSpec | EncodingSpec, examples, encoded: EncodedSplit,
+                outputs: list[np.ndarray]) -> Predictions:
     tags: list[list[str]] = [["O"] * len(e.tokens) for e in examples]
     word_scores: list[list[float]] = [[0.0] * len(e.tokens) for e in examples]
     seen: list[set[int]] = [set() for _ in examples]
@@ -164,17 +164,17 @@ def prediction_notes(task: TaskSpec, predictions: Predictions, truncated: dict[s
     return notes
 
 
-def write_predictions(path: Path, examples: list[Example], predictions: Predictions) -> None:
-    """Test predictions as `finetune` and `kd` write them, JSON lines: id, gold, predicted label (or tags) and
-    class scores."""
-    lines = []
+def scored_rows(examples: Sequence[Example], predictions: Predictions) -> list[dict[str, Any]]:
+    """The records of the test_predictions.jsonl that `finetune` and `kd` write, one per example: id, gold,
+    predicted label (or tags) and class scores."""
+    rows = []
     for index, example in enumerate(examples):
         gold = example.tags if isinstance(example, TokenExample) else example.label
-        record = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
+        row = {"id": example.id, "gold": gold, "predicted": predictions.labels[index]}
         if predictions.scores:
-            record["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
-        lines.append(json.dumps(record, ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
+            row["scores"] = [round(float(s), 6) for s in predictions.scores[index]]
+        rows.append(row)
+    return rows
 
 
 def prediction_rows(task: TaskSpec, examples: Sequence[Any], predictions: Any) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory, atomic_write_json, jsonable, number, read_record
 from biodistil.models.features import FeatureRequest, Features, classifier_features
 from biodistil.models.loading import load_tokenizer, model_folder
-from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_split, model_inputs
+from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_inputs, model_inputs
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
 from biodistil.teachers.loading import load_teacher_classifier
@@ -126,7 +126,7 @@ def _write_entry(folder: Path, key: str, teacher: str | Path, examples: Sequence
                  device: torch.device | str, payload: dict[str, Any]) -> None:
     model = load_teacher_classifier(teacher, request.task).to(device, dtype=request.dtype)
     tokenizer = load_tokenizer(str(teacher))
-    encoded = encode_split(request.task, with_placeholder_labels(examples, request.task), tokenizer)
+    encoded = encode_inputs(request.task, examples, tokenizer)  # the teacher reads inputs only: no labels needed
     columns = teacher_columns(model, tokenizer, request, encoded)
     fields = [pa.field("example", pa.int64()), pa.field("start", pa.int64()),
               pa.field("logits", pa.list_(pa.float32()))]

@@ -610,7 +610,7 @@ def adamw(module: nn.Module, cfg: TrainConfig, exclude: set[int] | frozenset[int
         raise BiodistilError("Nothing to train: the module has no trainable parameters")
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # one fused kernel for the whole update, on CUDA and on the CPU: PyTorch's CPU default is a loop over the tensors
-    # with a temporary per operation, 4.9-5.5x slower for the demo's 17 M student (bench/optimizer.py)
+    # with a temporary per operation, 4.9-5.5x slower for the demo's 17 M student (bench/research/optimizer.py)
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=True)
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from biodistil import __version__
 from biodistil.config import nested_section, path_kind, resolve_model_ref
 from biodistil.embedded import embedded_entry_of_folder
 from biodistil.io import file_sha256
 from biodistil.paths import absolute, task_reference
 from biodistil.training.machine import describe_machine
+from biodistil.version import __version__
 
 FULL_HASH_BYTES = 256 << 20
 LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "onnxruntime",

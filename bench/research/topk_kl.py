@@ -1,6 +1,7 @@
 """The teacher cache's KL estimators against the full KL, on a real teacher's outputs.
 
-    python bench/topk_kl.py TEACHER_DIR [--corpus ../shared/data/corpus/biomed.txt --first-line 90000 --blocks 96]
+    python bench/research/topk_kl.py TEACHER_DIR \
+        [--corpus ../shared/data/corpus/biomed.txt --first-line 90000 --blocks 96]
 
 TEACHER_DIR is a masked LM with a trained MLM head; the student is its layers 0, 2, 4. On static-masked blocks of
 the corpus (lines from --first-line on), for T = 2 and 1, k = 16, 64, 128 and m = 0 (tail as one bucket), 32, 64

@@ -1,6 +1,7 @@
 """A student distilled from the teacher cache against one distilled live: held-out MLM loss after the same steps.
 
-    python bench/cache_end_to_end.py TEACHER_DIR [--corpus ../shared/data/corpus/biomed.txt --out runs/cache-e2e]
+    python bench/research/cache_end_to_end.py TEACHER_DIR \
+        [--corpus ../shared/data/corpus/biomed.txt --out runs/cache-e2e]
 
 Runs `biodistil distill recipes/distilbiobert.yaml` (DistilBERT's triple loss, KL at the masked positions) on the
 first --lines lines of the corpus, 128-token blocks, static masks (`masking.duplication=4`), --steps steps of 16

@@ -1,6 +1,6 @@
 """What one int8 matmul costs in ONNX Runtime by how its activations are quantised, against fp32, at one thread.
 
-    python bench/int8_kernels.py --out docs/results/int8-kernels.json
+    python bench/research/int8_kernels.py --out docs/results/int8-kernels.json
 
 One `x[1, M, K] @ W[K, N]` graph per way (M = 2,560 tokens: a batch of 64 sentences of 40; the demo student's FFN
 shapes 384 → 1,536 and 1,536 → 384), timed in the same process on the same input:

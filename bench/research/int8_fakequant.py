@@ -1,6 +1,6 @@
 """Which int8 activation scheme could keep 99% of a student's entities? Simulated in PyTorch, before building a graph.
 
-    python bench/int8_fakequant.py runs/demo/study/ncbi_disease/distilled/seed-1/model --task ncbi_disease \
+    python bench/research/int8_fakequant.py runs/demo/study/ncbi_disease/distilled/seed-1/model --task ncbi_disease \
         --schemes per-tensor per-token per-token,classifier=fp32 "per-tensor,layer.0.=fp32" \
         --smooth 0.5 0.7 --out docs/results/int8-fakequant.json
 
@@ -23,7 +23,7 @@ Printed per scheme: the share of the fp32 model's test entities (or labels) the 
 predictions it adds. The simulation leaves out what the
 graph does differently (fused attention's softmax and GELU kernels, int8 embedding tables, ONNX Runtime's
 rounding); on this project's demo student it reads 96.4% for `per-tensor` where the graph itself reads 96.9%
-(`bench/int8_layers.py`), so shares within half a point of a target do not settle it.
+(`bench/research/int8_layers.py`), so shares within half a point of a target do not settle it.
 """
 
 import argparse

@@ -3,8 +3,8 @@
 its own, its peak RSS read from the kernel. A corpus index or batch plan held in Python lists grows with the corpus;
 memory-mapped blocks and a computed plan do not.
 
-    python bench/corpus_memory.py                       # biomed.txt × 1 and × 10
-    python bench/corpus_memory.py --copies 1 100        # × 100 (1.6 GB; the cache takes minutes to build)
+    python bench/research/corpus_memory.py                       # biomed.txt × 1 and × 10
+    python bench/research/corpus_memory.py --copies 1 100        # × 100 (1.6 GB; the cache takes minutes to build)
 
 Prints per corpus size the peak RSS of the distill process and of its corpus workers, and the ratio to the first.
 """

@@ -1,8 +1,8 @@
 """Corpus preparation speed: MB of text per second turned into the memory-mapped block cache, with 1 worker and with
 every core, side by side in one process (same corpus, same tokenizer, a fresh cache folder each time).
 
-    python bench/corpus_prep.py                          # ../shared/data/corpus/biomed.txt, minilm-l6's tokenizer
-    python bench/corpus_prep.py --copies 10 --workers 1 2
+    python bench/research/corpus_prep.py                 # ../shared/data/corpus/biomed.txt, minilm-l6's tokenizer
+    python bench/research/corpus_prep.py --copies 10 --workers 1 2
 
 `--copies N` builds the corpus from N copies of the file (a larger corpus, the same text). Prints the CPU's model
 and flags that matter, MB/s per worker count, and the ratio to one worker.

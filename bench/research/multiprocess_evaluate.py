@@ -1,6 +1,7 @@
 """`biodistil evaluate` in 2 processes against 1: wall times, their ratio, and the two reports compared.
 
-    python bench/multiprocess_evaluate.py [--data ../shared/data --out runs/bench-multiprocess --max-examples 400]
+    python bench/research/multiprocess_evaluate.py [--data ../shared/data \
+        --out runs/bench-multiprocess --max-examples 400]
 
 Evaluates 2 models (the embedded `minilm-l6` and a copy of its layers 0, 2, 4) x 2 tasks (NCBI-disease and GAD, every
 split capped at --max-examples) x --seeds seeds, --epochs epochs per cell in batches of --batch-size: once as one

@@ -1,6 +1,6 @@
 """Does a student trained under bf16 autocast on the CPU learn as well as in float32, at equal steps?
 
-    python bench/precision_quality.py [--data ../shared/data] [--seeds 1 2 3] [--steps 150] [--skip-study]
+    python bench/research/precision_quality.py [--data ../shared/data] [--seeds 1 2 3] [--steps 150] [--skip-study]
 
 Two checks, each float32 against bf16 autocast (`train.precision: no` / `bf16`) with everything else equal:
 
@@ -30,7 +30,7 @@ from biodistil.training.machine import describe_machine
 from biodistil.training.run import run_stage
 
 PRECISIONS = {"fp32": "no", "bf16": "bf16"}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse() -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Fused ONNX graphs and int8 against PyTorch, side by side, on a fine-tuned teacher and its student (issue 22).
 
-    python bench/onnx_fusion.py TEACHER_MODEL STUDENT_MODEL --out DIR [--threads 1] [--lengths 128 512]
+    python bench/research/onnx_fusion.py TEACHER_MODEL STUDENT_MODEL --out DIR [--threads 1] [--lengths 128 512]
         [--repeats 10] [--warmup 2] [--task ncbi_disease --split dev] [--unfused]
 
 TEACHER_MODEL and STUDENT_MODEL are fine-tuned model folders (e.g. the `model/` of `biodistil finetune` runs). Each is

@@ -1,7 +1,7 @@
 """What a second teacher costs in task KD (issue 37): the time of a student step with one teacher against two, cached
 and live, in one process, on the same batches.
 
-    python bench/kd_teachers.py --threads 2 --steps 20
+    python bench/research/kd_teachers.py --threads 2 --steps 20
 
 Teachers: `minilm-l6` with two fresh token-classification heads (seeds 1 and 2: the same architecture, two different
 teachers); student: its layers 0, 2, 4 with a fresh head; NCBI-disease training sentences (the data folder's), batch

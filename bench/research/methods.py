@@ -1,6 +1,6 @@
 """Training throughput of every task-agnostic method on the same teacher and student, and what attention costs.
 
-    python bench/methods.py [--steps 20 --batch 8 --seq 128 --teacher-layers 6 --hidden 384 --heads 12]
+    python bench/research/methods.py [--steps 20 --batch 8 --seq 128 --teacher-layers 6 --hidden 384 --heads 12]
 
 1. Methods: each distillation recipe in recipes/ runs `--steps` optimizer steps through `biodistil distill` with
    one random BERT teacher (trained vocabulary of `--vocab` WordPieces on the corpus) and one student (the
@@ -32,7 +32,7 @@ from biodistil.methods.task_agnostic import run_distill
 from biodistil.models.features import FeatureRequest, extract_features
 from biodistil.models.student import model_from_architecture, student_from_teacher_layers
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = [  # (recipe, method as named in docs/methods.md)
     ("distilbiobert", "DistilBioBERT (DistilBERT triple loss)"),
     ("tinybiobert-4l-312", "TinyBioBERT (TinyBERT layer + attention MSE)"),

@@ -1,6 +1,6 @@
 """The optimizer step of the engine (fused AdamW) against PyTorch's CPU defaults, on a student's parameters.
 
-    python bench/optimizer.py [--layers 3 --hidden 384 --vocab 30522 --threads 2 --steps 30]
+    python bench/research/optimizer.py [--layers 3 --hidden 384 --vocab 30522 --threads 2 --steps 30]
 
 Builds a BERT masked LM of the given shape (random weights: speed does not depend on them; the default is the
 demo's 3 × 384 student with BERT's 30,522-token vocabulary), gives every parameter a random gradient and times one

@@ -1,6 +1,7 @@
 """A token classifier's training step with PyTorch's dropout against `train.dropout: fast`, on the CPU.
 
-    python bench/dropout.py [--layers 3 --hidden 384 --vocab 30522 --batch 32 --length 40 --threads 2 --rounds 20]
+    python bench/research/dropout.py [--layers 3 --hidden 384 --vocab 30522 --batch 32 \
+        --length 40 --threads 2 --rounds 20]
 
 Builds two identical BERT token classifiers (random weights; the default is the demo's 3 × 384 student at an
 NCBI-disease batch: 32 sentences of ~40 sub-words), one as PyTorch builds it and one with its nn.Dropout modules

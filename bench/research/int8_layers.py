@@ -1,6 +1,6 @@
 """How close does a dynamic-int8 graph come to its PyTorch model, and what does keeping some layers in fp32 buy?
 
-    python bench/int8_layers.py runs/demo/study/ncbi_disease/distilled/seed-1/model runs/demo/student-onnx \
+    python bench/research/int8_layers.py runs/demo/study/ncbi_disease/distilled/seed-1/model runs/demo/student-onnx \
         --task ncbi_disease --keep none 0 1 2 0,1 head --threads 1 --out docs/results/int8-layers.json
 
 For each `--keep` choice (encoder layers kept in fp32, comma-separated; `head`: the classifier; `embeddings`: the
