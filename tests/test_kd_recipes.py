@@ -144,6 +144,11 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
     assert summary["settings"]["seeds"] == [1] and summary["machine"]["torch_threads"] >= 1
     assert all(run["wall_seconds"] > 0 and run["steps"] >= 1 for run in summary["runs"])
     assert all(len(row["gap_closed_per_seed"]) == 1 for row in summary["rows"])
+    for row in summary["rows"]:  # the share of the teacher over test sentences, from both sides' predictions
+        share = row["share"]
+        assert "why_none" in share or (share["low"] <= share["estimate"] <= share["high"] and share["runs"] == [1, 1])
+    if all(row["metric"] == "f1" for row in summary["rows"]):  # the tasks' headline (AUROC is not bootstrapped yet)
+        assert all("estimate" in row["share"] for row in summary["rows"]), [row["share"] for row in summary["rows"]]
     assert (out / "scores.png").stat().st_size > 1000
     if recipe.startswith("studies/"):
         from test_studies import results_tables

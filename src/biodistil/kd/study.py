@@ -24,16 +24,18 @@ from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.finetune.command import FinetuneRecipe, run_finetune
 from biodistil.finetune.init_model import init_model_path
+from biodistil.finetune.selection import TEST_PREDICTIONS
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.kd.several import ensemble_test_scores
 from biodistil.paths import recorded
+from biodistil.tasks.bootstrap import read_scored_run, share_interval
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.significance import compare_scores, holm
-from biodistil.teachers.task_cache import teacher_test_scores
+from biodistil.teachers.task_cache import teacher_test_predictions, teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch
@@ -190,7 +192,9 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
                                "test": _teacher_scores(recipe, study_task, teacher, root),
                                **_teacher_record(study_task, teacher), **_more_teachers(recipe, study_task, root)}
     records = [_run_record(run, root) for run in runs]
-    summary = {"rows": summarise(records, teachers, recipe.metric), "teachers": teachers, "runs": records,
+    rows = summarise(records, teachers, recipe.metric)
+    _add_share_intervals(recipe, runs, rows, root)
+    summary = {"rows": rows, "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
                "side_by_side": side_by_side, "looks": looked}
@@ -198,6 +202,25 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     atomic_write_text(root / "report.md", render_study(summary, root))
     atomic_write_json(root / SUMMARY, jsonable(summary))  # last: the study's "finished" marker
     return root / "report.md"
+
+
+def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[dict[str, Any]], root: Path) -> None:
+    """Each row's share of the teacher with its 95% interval over seeds and test sentences (`tasks.bootstrap`: runs
+    drawn per side, sentences paired), from the runs' test predictions and the teacher's; a row whose predictions
+    cannot be paired with the teacher's (another test set, another metric) says why instead."""
+    for study_task in recipe.tasks:
+        task, test = _test_split(recipe, study_task, [_teacher_model(study_task, root)])
+        teacher = teacher_test_predictions(_teacher_model(study_task, root), task, test, _cache(recipe, root))
+        for row in (row for row in rows if row["task"] == task.name):
+            if row["metric"] != task.headline_key:
+                row["share"] = {"why_none": f"the bootstrap scores the task's headline, not {row['metric']}"}
+                continue
+            folders = [run.folder for run in runs if run.task == row["task"] and run.arm == row["arm"]]
+            try:
+                students = [read_scored_run(folder / TEST_PREDICTIONS, task.metric) for folder in folders]
+                row["share"] = share_interval(students, [read_scored_run(teacher, task.metric)]).as_record()
+            except (BiodistilError, OSError) as err:
+                row["share"] = {"why_none": str(err)}
 
 
 def side_by_side_line(record: dict[str, Any]) -> str:
@@ -346,14 +369,15 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     lines = ["# Study", "", f"Folder `{root}`; {seeds}. Scores are test-set means over seeds; "
              "gap closed = (S − S_init)/(T − S_init) with S the trained student, S_init its initialisation scored "
              "with no training, T the teacher.", "",
-             "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed | share of T (95% CI over "
+             "seeds and test sentences) |", "|---|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         flag = ""
         if row.get("degenerate_seeds"):
             flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
-                     f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} |")
+                     f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} | "
+                     f"{_share_cell(row.get('share'))} |")
     lines += _differences(summary["rows"], summary.get("looks", 1))
     notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
@@ -367,6 +391,12 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     if summary.get("side_by_side"):
         lines[-1] += " " + side_by_side_line(summary["side_by_side"])
     return "\n".join(lines) + "\n"
+
+
+def _share_cell(share: dict[str, Any] | None) -> str:
+    if not share or "estimate" not in share:
+        return "–"
+    return f"{100 * share['estimate']:.1f}% ({100 * share['low']:.1f}% to {100 * share['high']:.1f}%)"
 
 
 def _differences(rows: list[dict[str, Any]], looked: int = 1) -> list[str]:

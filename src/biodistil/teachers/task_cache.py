@@ -28,10 +28,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from biodistil.data.batch import Batch
 from biodistil.data.formats import Example, TextExample, TokenExample, fingerprint_examples
 from biodistil.errors import BiodistilError
-from biodistil.io import atomic_directory, atomic_write_json, jsonable, number, read_record
+from biodistil.io import atomic_directory, atomic_write_json, atomic_write_jsonl, jsonable, number, read_record
 from biodistil.models.features import FeatureRequest, Features, classifier_features
 from biodistil.models.loading import load_tokenizer, model_folder
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, encode_inputs, model_inputs
+from biodistil.tasks.prediction import scored_rows
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
 from biodistil.teachers.loading import load_teacher_classifier
@@ -303,14 +304,32 @@ def _rows_of(values: np.ndarray, rows: np.ndarray) -> torch.Tensor:
 def teacher_test_scores(teacher: str, task: TaskSpec, examples: list[Example], cache_dir: str | Path | None,
                         batch_size: int = 64) -> dict[str, float]:
     """The teacher's scores on labelled test examples, kept in the store's root (keyed by the teacher's and the
-    examples' fingerprints), so that every arm and seed of a study compares with the same T."""
-    key = entry_key({"kind": "scores", "teacher": teacher_fingerprint(teacher), "task": task.name,
-                     "examples": fingerprint_examples(examples), "max_length": task.max_length})
-    path = store_root(cache_dir) / f"scores-{key}.json"
+    examples' fingerprints) with its predictions per example (`teacher_test_predictions`), so that every arm and seed
+    of a study compares with the same T."""
+    path = _scores_path(teacher, task, examples, cache_dir)
     found = read_record(path, note="the teacher is scored again")
-    if isinstance(found, dict):
+    if isinstance(found, dict) and _predictions_path(path).is_file():
         return {key: number(value) for key, value in found.items()}
     model = load_teacher_classifier(teacher, task)
-    scores = score_model(model, load_tokenizer(teacher), task, examples, batch_size).scores
-    atomic_write_json(path, jsonable(scores))
-    return scores
+    scored = score_model(model, load_tokenizer(teacher), task, examples, batch_size)
+    atomic_write_jsonl(_predictions_path(path), scored_rows(examples, scored.predictions))
+    atomic_write_json(path, jsonable(scored.scores))  # last: the pair's marker
+    return scored.scores
+
+
+def teacher_test_predictions(teacher: str, task: TaskSpec, examples: list[Example], cache_dir: str | Path | None
+                             ) -> Path:
+    """The teacher's test predictions per example (id, gold, predicted: a run's test_predictions.jsonl), scored by
+    `teacher_test_scores` first if they are not in the store."""
+    teacher_test_scores(teacher, task, examples, cache_dir)
+    return _predictions_path(_scores_path(teacher, task, examples, cache_dir))
+
+
+def _scores_path(teacher: str, task: TaskSpec, examples: list[Example], cache_dir: str | Path | None) -> Path:
+    key = entry_key({"kind": "scores", "teacher": teacher_fingerprint(teacher), "task": task.name,
+                     "examples": fingerprint_examples(examples), "max_length": task.max_length})
+    return store_root(cache_dir) / f"scores-{key}.json"
+
+
+def _predictions_path(scores: Path) -> Path:
+    return scores.with_suffix(".predictions.jsonl")

@@ -1,0 +1,131 @@
+"""Intervals that include the test set's sampling: a paired bootstrap over test examples (sentences, or documents),
+two-level when each side has several runs (seeds).
+
+A statistic of two sides — the share of the teacher S/T, or a difference A − B — is recomputed on B resamples. Each
+resample draws, with replacement, the runs of each side (seed variance: of the students, and of the teachers when
+several were trained) and then the test examples, the same examples for every run (paired: a hard sentence is hard
+for both sides); the side's score is the mean over its drawn runs of the task's headline metric on the drawn examples.
+The interval is the percentile interval of the B statistics. With one run a side it is the plain paired bootstrap
+over examples.
+
+Entity F1 is formed from per-sentence counts (correct, predicted, gold entities: strict IOB2 spans as
+`metrics.entity_f1` parses them), so a resample costs a sum; every other metric is recomputed on the drawn examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from biodistil.errors import BiodistilError
+from biodistil.io import read_jsonl
+from biodistil.tasks.metrics import entity_f1, get_metric
+
+RESAMPLES = 2000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A statistic on the full test set and its bootstrap percentile interval."""
+
+    estimate: float
+    low: float
+    high: float
+    resamples: int
+    runs: tuple[int, int]  # runs (seeds) on each side
+
+    def as_record(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "resamples": self.resamples,
+                "runs": list(self.runs), "method": "paired bootstrap over test examples, runs drawn per side"}
+
+
+@dataclass(frozen=True)
+class ScoredRun:
+    """One run's test predictions, aligned with the gold by example id, and how to score any subset of them."""
+
+    ids: tuple[str, ...]
+    score: Callable[[np.ndarray], float]  # the headline metric on the examples at these indices
+
+
+def read_scored_run(path: Path, metric: str) -> ScoredRun:
+    """A run's `test_predictions.jsonl` (id, gold, predicted per example) scored by `metric` (a name of
+    `tasks.metrics.METRICS` whose inputs are tag sequences or labels)."""
+    rows = read_jsonl(path)
+    if not rows or any(not {"id", "gold", "predicted"} <= set(row) for row in rows):
+        raise BiodistilError(f"{path}: expected one JSON record per test example with id, gold and predicted")
+    gold, predicted = [row["gold"] for row in rows], [row["predicted"] for row in rows]
+    ids = tuple(str(row["id"]) for row in rows)
+    if metric == "entity_f1":
+        return ScoredRun(ids, _entity_f1_of(entity_counts(gold, predicted)))
+    spec = get_metric(metric)
+    if "scores" in spec.inputs:
+        raise BiodistilError(f"{path}: a bootstrap of {metric} needs class scores; use its label metric")
+
+    def score(indices: np.ndarray) -> float:
+        return float(spec([gold[i] for i in indices], [predicted[i] for i in indices])[spec.headline])
+
+    return ScoredRun(ids, score)
+
+
+def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per sentence: [correct, predicted, gold] entities (strict IOB2 spans, type included: `metrics.entity_f1`)."""
+    counts = np.zeros((len(gold), 3), dtype=np.int64)
+    for index, (true, found) in enumerate(zip(gold, predicted, strict=True)):
+        scores = entity_f1([true], [found])
+        counts[index] = (scores["n_correct"], scores["n_pred"], scores["n_true"])
+    return counts
+
+
+def _entity_f1_of(counts: np.ndarray) -> Callable[[np.ndarray], float]:
+    def score(indices: np.ndarray) -> float:
+        correct, predicted, true = counts[indices].sum(axis=0)
+        return 2.0 * correct / (predicted + true) if predicted + true else 0.0  # = 2PR/(P + R)
+
+    return score
+
+
+def share_interval(students: Sequence[ScoredRun], teachers: Sequence[ScoredRun], resamples: int = RESAMPLES,
+                   seed: int = 0) -> Interval:
+    """The share of the teacher, mean student score / mean teacher score, with its interval."""
+    return _interval(students, teachers, lambda s, t: s / t if t else float("nan"), resamples, seed)
+
+
+def difference_interval(first: Sequence[ScoredRun], second: Sequence[ScoredRun], resamples: int = RESAMPLES,
+                        seed: int = 0) -> Interval:
+    """mean score of `first` − mean score of `second`, with its interval."""
+    return _interval(first, second, lambda a, b: a - b, resamples, seed)
+
+
+def _interval(first: Sequence[ScoredRun], second: Sequence[ScoredRun], statistic: Callable[[float, float], float],
+              resamples: int, seed: int) -> Interval:
+    _check_aligned([*first, *second])
+    examples = len(first[0].ids)
+    everything = np.arange(examples)
+    estimate = statistic(_mean(first, everything), _mean(second, everything))
+    rng = np.random.default_rng(seed)
+    values = np.empty(resamples)
+    for b in range(resamples):
+        runs_a = rng.integers(len(first), size=len(first))
+        runs_b = rng.integers(len(second), size=len(second))
+        drawn = rng.integers(examples, size=examples)
+        values[b] = statistic(_mean([first[i] for i in runs_a], drawn), _mean([second[i] for i in runs_b], drawn))
+    low, high = np.nanquantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return Interval(float(estimate), float(low), float(high), resamples, (len(first), len(second)))
+
+
+def _mean(runs: Sequence[ScoredRun], indices: np.ndarray) -> float:
+    return float(np.mean([run.score(indices) for run in runs]))
+
+
+def _check_aligned(runs: Sequence[ScoredRun]) -> None:
+    if not runs:
+        raise BiodistilError("a bootstrap needs at least one run on each side")
+    for run in runs[1:]:
+        if run.ids != runs[0].ids:
+            raise BiodistilError("the runs were scored on different test examples (their ids differ); a paired "
+                                 "bootstrap needs the same test set in the same order")

@@ -1,0 +1,92 @@
+"""Intervals over the test set (issue 55): per-sentence entity counts by hand, the estimate equal to the metric on
+the whole set, and the bootstrap's width against the binomial spread worked out by hand."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from biodistil.errors import BiodistilError
+from biodistil.tasks.bootstrap import (
+    difference_interval,
+    entity_counts,
+    read_scored_run,
+    share_interval,
+)
+from biodistil.tasks.metrics import entity_f1
+
+
+def write_run(path: Path, gold: list, predicted: list, ids: list | None = None) -> Path:
+    ids = ids or [f"s{i}" for i in range(len(gold))]
+    path.write_text("".join(json.dumps({"id": i, "gold": g, "predicted": p}) + "\n"
+                            for i, g, p in zip(ids, gold, predicted, strict=True)))
+    return path
+
+
+def test_entity_counts_per_sentence_by_hand():
+    gold = [["B-Disease", "I-Disease", "O", "B-Chemical"], ["O", "B-Disease"], ["O"]]
+    predicted = [["B-Disease", "I-Disease", "O", "O"], ["O", "B-Chemical"], ["B-Disease"]]
+    # sentence 0: the disease found, the chemical missed; 1: right span, wrong type; 2: a spurious entity
+    assert entity_counts(gold, predicted).tolist() == [[1, 1, 2], [0, 1, 1], [0, 1, 0]]
+
+
+def test_the_estimate_is_the_metric_on_the_whole_test_set(tmp_path):
+    rng = np.random.default_rng(0)
+    gold = [["B", "I", "O", "B"] if rng.random() < 0.5 else ["O", "B", "O", "O"] for _ in range(60)]
+    student = [[tag if rng.random() < 0.8 else "O" for tag in sentence] for sentence in gold]
+    teacher = [[tag if rng.random() < 0.95 else "O" for tag in sentence] for sentence in gold]
+    runs = [read_scored_run(write_run(tmp_path / f"{n}.jsonl", gold, p), "entity_f1")
+            for n, p in (("s", student), ("t", teacher))]
+    share = share_interval([runs[0]], [runs[1]], resamples=200)
+    expected = entity_f1(gold, student)["f1"] / entity_f1(gold, teacher)["f1"]
+    assert share.estimate == pytest.approx(expected, abs=1e-12) and share.low <= share.estimate <= share.high
+    same = difference_interval([runs[0]], [runs[0]], resamples=50)
+    assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0), "a model against itself: no spread at all"
+
+
+def test_the_share_interval_has_the_width_of_the_binomial_spread_by_hand(tmp_path):
+    """One gold entity per sentence; the teacher finds all, the student a seeded 80% and predicts nothing
+    elsewhere. With p the share of sentences found, F1_S = 2p/(p + 1) and F1_T = 1, so the share is 2p/(1 + p);
+    p over n = 400 resampled sentences has sd √(0.8·0.2/400) = 0.02, and d(share)/dp = 2/(1 + p)² = 0.617: sd 0.0123,
+    a 95% interval of half-width 1.96 × 0.0123 = 0.0242."""
+    n = 400
+    found = np.zeros(n, dtype=bool)
+    found[np.random.default_rng(1).permutation(n)[:320]] = True
+    gold = [["O", "B-Disease", "I-Disease"] for _ in range(n)]
+    student = [list(g) if hit else ["O", "O", "O"] for g, hit in zip(gold, found, strict=True)]
+    teacher = read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")
+    share = share_interval([read_scored_run(write_run(tmp_path / "s.jsonl", gold, student), "entity_f1")], [teacher])
+    assert share.estimate == pytest.approx(1.6 / 1.8, abs=1e-12)
+    assert (share.high - share.low) / 2 == pytest.approx(0.0242, rel=0.2)
+
+
+def test_runs_of_several_seeds_widen_the_interval_by_their_spread(tmp_path):
+    gold = [["O", "B"] for _ in range(200)]
+    runs = []
+    for seed, rate in enumerate((0.6, 0.8, 0.9)):
+        hit = np.random.default_rng(seed).random(200) < rate
+        runs.append(read_scored_run(write_run(tmp_path / f"s{seed}.jsonl", gold,
+                                              [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
+    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    one = share_interval(runs[1:2], teacher)
+    three = share_interval(runs, teacher)
+    assert three.estimate == pytest.approx(np.mean([r.score(np.arange(200)) for r in runs]), abs=1e-12)
+    assert three.high - three.low > 1.5 * (one.high - one.low), "seeds 0.6-0.9 apart spread more than sentences"
+    assert three.runs == (3, 1)
+
+
+def test_a_label_metric_is_recomputed_on_each_resample_and_misaligned_runs_are_refused(tmp_path):
+    gold = ["yes", "no"] * 20
+    predicted = ["yes"] * 40
+    run = read_scored_run(write_run(tmp_path / "a.jsonl", gold, predicted), "accuracy_macro_f1")
+    assert run.score(np.arange(40)) == pytest.approx(0.5)
+    other = read_scored_run(write_run(tmp_path / "b.jsonl", gold, predicted, [f"x{i}" for i in range(40)]),
+                            "accuracy_macro_f1")
+    with pytest.raises(BiodistilError, match="different test examples"):
+        difference_interval([run], [other])
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
+    with pytest.raises(BiodistilError, match=r"bad\.jsonl: expected one JSON record per test example"):
+        read_scored_run(tmp_path / "bad.jsonl", "entity_f1")
+    assert not math.isnan(difference_interval([run], [run]).estimate)
