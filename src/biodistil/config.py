@@ -297,18 +297,31 @@ class TermConfig(Section):
         return self
 
 
-class ObjectiveConfig(Section):
-    """A distillation method: a weighted combination of loss terms."""
+class TeachersConfig(Section):
+    """How several teachers (`teachers:`) teach, one meaning in `distill` (spelled under `objective:`) and `kd`
+    (under `kd:`); docs/methods.md gives the equations (`biodistil.methods.several_teachers`)."""
+
+    combine: Literal["mixture", "per_teacher"] = Field(
+        "mixture", description="several teachers: a term whose spec has a mixture space reads the weighted mixture of "
+        "the teachers' predictions; per_teacher: each teacher term is computed once per teacher k and weighted by "
+        "λ_k (logged <term>@k, and <term> = Σ_k λ_k·<term>@k); layer terms are always one per teacher")
+    confidence: bool = Field(
+        False, description="several teachers, mixture: weigh each teacher per row by its probability of the label "
+        "the student's own loss reads there (distill: the original token at a masked position; kd: the gold label), "
+        "else by exp(−entropy) of its prediction")
+
+    def check_teachers(self, several: bool, section: str) -> None:
+        """Confidence weighs the shares of a mixture: it needs several teachers and `combine: mixture`."""
+        if self.confidence and (not several or self.combine != "mixture"):
+            raise ValueError(f"{section}.confidence weighs several teachers' shares of a mixture: give teachers: and "
+                             f"{section}.combine: mixture")
+
+
+class ObjectiveConfig(TeachersConfig):
+    """A distillation method: a weighted combination of loss terms (and how several teachers teach them)."""
 
     temperature: float = Field(2.0, gt=0)
     terms: list[TermConfig] = Field(min_length=1)
-    combine: Literal["mixture", "per_teacher"] = Field(
-        "mixture", description="several teachers (`teachers:`): a logit term whose spec has a mixture reads the "
-        "weighted mixture of the teachers' distributions, or is computed once per teacher and weighted by λ_k; layer "
-        "terms are always one per (teacher, layer map)")
-    confidence: bool = Field(
-        False, description="several teachers, mixture: weigh each teacher per position by its probability of the "
-        "original token where the position is masked, else by exp(−entropy) of its prediction")
 
     @model_validator(mode="after")
     def _task_agnostic_terms(self) -> ObjectiveConfig:
@@ -425,16 +438,12 @@ class DistillRecipe(Section):
     def _one_spelling_of_teachers(self) -> DistillRecipe:
         if (self.teacher is None) == (self.teachers is None):
             raise ValueError("give the teacher (teacher:) or several (teachers:), not both")
+        self.objective.check_teachers(self.teachers is not None, "objective")
         if self.teachers is None:
-            if self.objective.confidence:
-                raise ValueError("objective.confidence weighs several teachers' shares of a mixture: give teachers:")
             return self
         if self.student.vocab_expansion is not None:
             raise ValueError("student.vocab_expansion (VE-KD) extends one teacher's vocabulary: give teacher:, not "
                              "teachers:")
-        if self.objective.confidence and self.objective.combine != "mixture":
-            raise ValueError("objective.confidence weighs the teachers' shares of a mixture: set objective.combine: "
-                             "mixture")
         cache = self.teacher_cache
         if cache is not None and cache.logits == "top_k" and self.objective.combine == "mixture" and any(
                 TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher for term in self.objective.terms):
