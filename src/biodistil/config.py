@@ -83,6 +83,10 @@ class TrainConfig(Section):
         "the CPU), which wins on every CPU measured (not task KD's KL over a task's few classes, where eager rows are "
         "as fast); true: also torch.compile the student's encoder (and an online teacher's), which did not win on "
         "CPUs; false: nothing. The first steps include the compile")
+    threads: Literal["stage", "auto"] | Annotated[int, Field(ge=1)] = Field(
+        "stage", description="torch's CPU threads while the stage trains: stage = the idle cores measured when it "
+        "starts, kept to its end (a recipe runs one way throughout); auto = that, re-checked every 60 s against other "
+        "work on the machine; N = N threads (over OMP_NUM_THREADS, which otherwise wins; biodistil.training.threads)")
     dropout: Literal["torch", "fast"] = Field(
         "torch", description="torch: PyTorch's dropout; fast: on the CPU, every nn.Dropout draws its mask from 15-bit "
         "fields of the default generator's 64-bit words (biodistil.models.dropout: a call 2.4-4.3x cheaper than "
