@@ -314,6 +314,12 @@ class TeachersConfig(Section):
         "the student's own loss reads there (distill: the original token at a masked position; kd: the gold label), "
         "else by exp(−entropy) of its prediction")
 
+    def on_mixture(self, losses: list[str]) -> list[str]:
+        """The terms of kinds `losses` that several teachers teach through their mixture (`combine: mixture` and a
+        spec with a mixture space)."""
+        return [loss for loss in losses if self.combine == "mixture" and TERM_SPECS[loss].mixture is not None
+                and TERM_SPECS[loss].needs_teacher]
+
     def check_teachers(self, several: bool, section: str) -> None:
         """Confidence weighs the shares of a mixture: it needs several teachers and `combine: mixture`."""
         if self.confidence and (not several or self.combine != "mixture"):
@@ -449,8 +455,8 @@ class DistillRecipe(Section):
             raise ValueError("student.vocab_expansion (VE-KD) extends one teacher's vocabulary: give teacher:, not "
                              "teachers:")
         cache = self.teacher_cache
-        if cache is not None and cache.logits == "top_k" and self.objective.combine == "mixture" and any(
-                TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher for term in self.objective.terms):
+        if cache is not None and cache.logits == "top_k" and self.objective.on_mixture(
+                [term.loss for term in self.objective.terms]):
             raise ValueError("teacher_cache.logits top_k keeps each teacher's top-k logits, not whole rows to mix: "
                              "set objective.combine: per_teacher, or teacher_cache.logits: head")
         return self

@@ -1,19 +1,9 @@
-"""Several teachers, written once for task-agnostic (`methods.objective.Objective`) and task-specific
-(`kd.objective.KDObjective`) distillation: which teacher each term reads (`expand`), the teachers' mixture (`mix`)
-and the pre-flight table's cells (`contribution`). The recipe options are `TeachersConfig` (`objective.combine` /
-`objective.confidence` in `distill`, `kd.combine` / `kd.confidence` in `kd`), with one meaning in both.
-
-With teachers k = 1..K (K > 1) and weights λ_k (Σ λ_k = 1), a term that reads a teacher is computed
-
-- on their mixture (`combine: mixture`, when its spec has a mixture space): once, on the logits z_mix of the
-  weighted mixture (`losses.multi_teacher`), the weights λ_k or, with `confidence`, w_k(x) ∝ λ_k·c_k(x) per row x,
-  c_k(x) = p_k(y | x) where the student's own loss reads a label y at x (distill: the original token at a masked
-  position; kd: the gold label), exp(−H(p_k(·|x))) elsewhere; logged `<name>`;
-- per teacher (`combine: per_teacher`, and every term without a mixture space, such as the layer terms): once per
-  teacher k on its own features, weighted w·λ_k; logged `<name>@k` (teacher k's value) and `<name>` = Σ_k λ_k·<name>@k.
-
-Logit terms read only the teachers whose logits mean something (`Teachers.logit_teachers`; in distill those with a
-trained MLM head), their λ renormalised over them.
+"""Several teachers, written once for `distill` (`methods.objective.Objective`) and `kd` (`kd.objective.KDObjective`):
+which teacher each term reads (`expand`: once on the teachers' mixture, or once per teacher k weighted w·λ_k and logged
+`<name>@k` and `<name>` = Σ_k λ_k·`<name>@k`), their mixture (`mix`: λ_k, or confidence weights per row: teacher k's
+probability of the label the student's own loss reads there, exp(−H) where there is none) and the pre-flight table's
+cells (`contribution`). The options are one `config.TeachersConfig`; docs/methods.md ("Several teachers") gives the
+equations.
 """
 
 from collections.abc import Callable, Sequence
@@ -50,9 +40,12 @@ class Teachers:
         return tuple(range(len(self.weights))) if self.logit_teachers is None else self.logit_teachers
 
     def shares(self, spec: TermSpec) -> tuple[float, ...]:
-        """Each teacher's share of a term of kind `spec`: λ_k, for a logit term renormalised over `readers`."""
-        if spec.reads != "logits":
-            return self.weights
+        """Each teacher's share of a term of kind `spec`: λ_k, for a logit term `logit_shares`."""
+        return self.logit_shares if spec.reads == "logits" else self.weights
+
+    @property
+    def logit_shares(self) -> tuple[float, ...]:
+        """λ_k renormalised over `readers` (0 for the others)."""
         kept = [w if k in self.readers else 0.0 for k, w in enumerate(self.weights)]
         return tuple(w / (sum(kept) or 1.0) for w in kept)
 
@@ -90,7 +83,7 @@ def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers) -> TermIn
     readers = teachers.readers
     first = inputs.teachers[readers[0]]
     positions = first.logits.positions
-    shares = teachers.shares(next(term.spec for term in terms if term.teacher is None and term.spec.needs_teacher))
+    shares = teachers.logit_shares
     weights = torch.tensor([shares[k] for k in readers], device=positions.device)
     if teachers.confidence:
         dense = [inputs.teachers[k].logits.logits() for k in readers]
