@@ -175,6 +175,19 @@ def test_the_same_teacher_options_give_the_same_loss_and_logs_in_distill_and_kd(
     assert named == pytest.approx({name: float(value) for name, value in kd_logs.items()}, rel=1e-4)
 
 
+def test_both_recipes_declare_the_teacher_options_once_and_refuse_confidence_without_a_mixture_alike():
+    from biodistil.config import TeachersConfig
+    from biodistil.kd.recipe import KDOptions
+
+    assert issubclass(ObjectiveConfig, TeachersConfig) and issubclass(KDOptions, TeachersConfig)
+    for options, section in ((objective("per_teacher", True), "objective"),
+                             (KDOptions(combine="per_teacher", confidence=True), "kd")):
+        for several in (True, False):
+            with pytest.raises(ValueError, match=rf"{section}\.confidence weighs several teachers' shares"):
+                options.check_teachers(several, section)
+        options.model_copy(update={"combine": "mixture"}).check_teachers(True, section)
+
+
 def test_gradients_reach_the_student_and_each_teachers_projections_never_a_teacher(
         tokenizer, teacher_dir, second_teacher_dir):
     teachers = two_teachers(teacher_dir, second_teacher_dir)
