@@ -143,6 +143,51 @@ def test_confidence_weighs_each_teacher_per_position_by_the_original_token_or_it
     assert abs(kl_by_hand(mixture, z_s) - kl_by_hand(plain, z_s)) > 0.01, "the weighting changes the target"
 
 
+@pytest.mark.parametrize(("combine", "confidence"), [("mixture", False), ("mixture", True), ("per_teacher", False)])
+def test_the_same_teacher_options_give_the_same_loss_and_logs_in_distill_and_kd(
+        tokenizer, teacher_dir, second_teacher_dir, combine, confidence):
+    """One batch, one meaning: distill's logit_kl at every real token and kd's Hinton soft term on those token rows
+    read as examples (the original token as the gold label, -100 where unmasked) give one loss and per-teacher logs."""
+    from biodistil.data.batch import Batch
+    from biodistil.kd.objective import KDObjective
+    from biodistil.kd.recipe import KDOptions
+    from biodistil.models.features import classifier_features
+    from biodistil.tasks.registry import get_task
+
+    teachers = two_teachers(teacher_dir, second_teacher_dir)
+    perturbed(teachers[1], seed=7, scale=1.0)  # confidences that differ between the teachers
+    student = student_of(tokenizer).eval()
+    options = {"temperature": T, "combine": combine, "confidence": confidence}
+    distill = Objective(ObjectiveConfig(terms=[TermConfig(loss="logit_kl", weight=5.0)], **options), student,
+                        teachers, teacher_weights=(0.25, 0.75))
+    batch = masked_batch(tokenizer)
+    with torch.no_grad():
+        loss, logs = MaskedLMModule(student, distill, [_online(teachers[0], 0), _online(teachers[1], 1)])(batch)
+    rows = [logits_and_states(model, batch)[0].float() for model in (student, *teachers)]
+    real = batch.attention_mask.bool()
+    kd = KDObjective(KDOptions(alpha=5.0, **options), get_task("bioasq"), teacher_weights=(0.25, 0.75))
+    examples = Batch({"attention_mask": torch.ones(len(rows[0]), 1, dtype=torch.long)}, batch.labels[real])
+    kd_loss, kd_logs = kd(classifier_features(rows[0], {}, 1), [classifier_features(z, {}, 1) for z in rows[1:]],
+                          examples)
+    assert float(kd_loss) == pytest.approx(float(loss), rel=1e-4)
+    named = {name.replace("loss_logit_kl", "soft"): float(value) for name, value in logs.items()}
+    assert named.keys() == kd_logs.keys() == ({"soft", "soft@0", "soft@1"} if combine == "per_teacher" else {"soft"})
+    assert named == pytest.approx({name: float(value) for name, value in kd_logs.items()}, rel=1e-4)
+
+
+def test_both_recipes_declare_the_teacher_options_once_and_refuse_confidence_without_a_mixture_alike():
+    from biodistil.config import TeachersConfig
+    from biodistil.kd.recipe import KDOptions
+
+    assert issubclass(ObjectiveConfig, TeachersConfig) and issubclass(KDOptions, TeachersConfig)
+    for options, section in ((objective("per_teacher", True), "objective"),
+                             (KDOptions(combine="per_teacher", confidence=True), "kd")):
+        for several in (True, False):
+            with pytest.raises(ValueError, match=rf"{section}\.confidence weighs several teachers' shares"):
+                options.check_teachers(several, section)
+        options.model_copy(update={"combine": "mixture"}).check_teachers(True, section)
+
+
 def test_gradients_reach_the_student_and_each_teachers_projections_never_a_teacher(
         tokenizer, teacher_dir, second_teacher_dir):
     teachers = two_teachers(teacher_dir, second_teacher_dir)

@@ -67,31 +67,6 @@ def test_deep_merge_merges_sections_and_shares_nothing():
     assert override == {"train": {"batch_size": 16}, "task": {"name": "gad"}}
 
 
-def test_the_thread_count_is_chosen_and_said(monkeypatch):
-    import os
-
-    import torch
-
-    from biodistil.training import threads
-
-    before = torch.get_num_threads()
-    usable = threads.usable_cores()
-    try:
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        assert threads.choose_threads() == f"CPU threads: {before} (OMP_NUM_THREADS)"
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(threads, "busy_cores", lambda seconds: float(usable))
-        assert threads.choose_threads().startswith("CPU threads: 1 (") and torch.get_num_threads() == 1, \
-            "a busy machine"
-        monkeypatch.setattr(threads, "busy_cores", lambda seconds: 0.0)
-        line = threads.choose_threads()
-        assert torch.get_num_threads() == usable and f"({usable} usable cores, 0.0 busy now" in line, "an idle one"
-        monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))  # what ran a minute ago does not count
-        assert threads.choose_threads() and torch.get_num_threads() == usable
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_busy_cores_are_measured_now_from_cpu_counters(monkeypatch):
     from biodistil.training import threads
 

@@ -89,6 +89,10 @@ class TrainConfig(Section):
         "the CPU), which wins on every CPU measured (not task KD's KL over a task's few classes, where eager rows are "
         "as fast); true: also torch.compile the student's encoder (and an online teacher's), which did not win on "
         "CPUs; false: nothing. The first steps include the compile")
+    threads: Literal["stage", "auto"] | Annotated[int, Field(ge=1)] = Field(
+        "stage", description="torch's CPU threads while the stage trains: stage = the idle cores measured when it "
+        "starts, kept to its end (a recipe runs one way throughout); auto = that, re-checked every 60 s against other "
+        "work on the machine; N = N threads (over OMP_NUM_THREADS, which otherwise wins; biodistil.training.threads)")
     dropout: Literal["torch", "fast"] = Field(
         "torch", description="torch: PyTorch's dropout; fast: on the CPU, every nn.Dropout draws its mask from 15-bit "
         "fields of the default generator's 64-bit words (biodistil.models.dropout: a call 2.4-4.3x cheaper than "
@@ -303,18 +307,37 @@ class TermConfig(Section):
         return self
 
 
-class ObjectiveConfig(Section):
-    """A distillation method: a weighted combination of loss terms."""
+class TeachersConfig(Section):
+    """How several teachers (`teachers:`) teach, one meaning in `distill` (spelled under `objective:`) and `kd`
+    (under `kd:`); docs/methods.md gives the equations (`biodistil.methods.several_teachers`)."""
+
+    combine: Literal["mixture", "per_teacher"] = Field(
+        "mixture", description="several teachers: a term whose spec has a mixture space reads the weighted mixture of "
+        "the teachers' predictions; per_teacher: each teacher term is computed once per teacher k and weighted by "
+        "λ_k (logged <term>@k, and <term> = Σ_k λ_k·<term>@k); layer terms are always one per teacher")
+    confidence: bool = Field(
+        False, description="several teachers, mixture: weigh each teacher per row by its probability of the label "
+        "the student's own loss reads there (distill: the original token at a masked position; kd: the gold label), "
+        "else by exp(−entropy) of its prediction")
+
+    def on_mixture(self, losses: list[str]) -> list[str]:
+        """The terms of kinds `losses` that several teachers teach through their mixture (`combine: mixture` and a
+        spec with a mixture space)."""
+        return [loss for loss in losses if self.combine == "mixture" and TERM_SPECS[loss].mixture is not None
+                and TERM_SPECS[loss].needs_teacher]
+
+    def check_teachers(self, several: bool, section: str) -> None:
+        """Confidence weighs the shares of a mixture: it needs several teachers and `combine: mixture`."""
+        if self.confidence and (not several or self.combine != "mixture"):
+            raise ValueError(f"{section}.confidence weighs several teachers' shares of a mixture: give teachers: and "
+                             f"{section}.combine: mixture")
+
+
+class ObjectiveConfig(TeachersConfig):
+    """A distillation method: a weighted combination of loss terms (and how several teachers teach them)."""
 
     temperature: float = Field(2.0, gt=0)
     terms: list[TermConfig] = Field(min_length=1)
-    combine: Literal["mixture", "per_teacher"] = Field(
-        "mixture", description="several teachers (`teachers:`): a logit term whose spec has a mixture reads the "
-        "weighted mixture of the teachers' distributions, or is computed once per teacher and weighted by λ_k; layer "
-        "terms are always one per (teacher, layer map)")
-    confidence: bool = Field(
-        False, description="several teachers, mixture: weigh each teacher per position by its probability of the "
-        "original token where the position is masked, else by exp(−entropy) of its prediction")
 
     @model_validator(mode="after")
     def _task_agnostic_terms(self) -> ObjectiveConfig:
@@ -431,19 +454,15 @@ class DistillRecipe(Section):
     def _one_spelling_of_teachers(self) -> DistillRecipe:
         if (self.teacher is None) == (self.teachers is None):
             raise ValueError("give the teacher (teacher:) or several (teachers:), not both")
+        self.objective.check_teachers(self.teachers is not None, "objective")
         if self.teachers is None:
-            if self.objective.confidence:
-                raise ValueError("objective.confidence weighs several teachers' shares of a mixture: give teachers:")
             return self
         if self.student.vocab_expansion is not None:
             raise ValueError("student.vocab_expansion (VE-KD) extends one teacher's vocabulary: give teacher:, not "
                              "teachers:")
-        if self.objective.confidence and self.objective.combine != "mixture":
-            raise ValueError("objective.confidence weighs the teachers' shares of a mixture: set objective.combine: "
-                             "mixture")
         cache = self.teacher_cache
-        if cache is not None and cache.logits == "top_k" and self.objective.combine == "mixture" and any(
-                TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher for term in self.objective.terms):
+        if cache is not None and cache.logits == "top_k" and self.objective.on_mixture(
+                [term.loss for term in self.objective.terms]):
             raise ValueError("teacher_cache.logits top_k keeps each teacher's top-k logits, not whole rows to mix: "
                              "set objective.combine: per_teacher, or teacher_cache.logits: head")
         return self

@@ -19,6 +19,7 @@ import shlex
 import signal
 import sys
 import threading
+from typing import Any
 
 from safetensors import SafetensorError
 
@@ -118,6 +119,18 @@ def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
     return "biodistil " + " ".join(shlex.quote(word) for word in words)
 
 
+def _run(args: argparse.Namespace) -> Any:
+    """The command, with torch's CPU threads decided for it (`training.threads`; a training stage decides again for
+    itself) and put back after it."""
+    if args.command in ("report", "export", "card", "models"):
+        return args.run(args)
+    from biodistil.training.threads import StageThreads, announce
+
+    with StageThreads(sample_seconds=0.3) as threads:
+        announce(threads.line)
+        return args.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -125,13 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)  # like Ctrl-C: training stops with a checkpoint, others at once
     debug = args.debug or os.environ.get("BIODISTIL_DEBUG", "") not in ("", "0")
     try:
-        if args.command not in ("report", "export", "card", "models"):
-            from biodistil.training.threads import choose_threads
-
-            threads = choose_threads()
-            if os.environ.get("LOCAL_RANK", "0") == "0":
-                print(threads, file=sys.stderr, flush=True)
-        result = args.run(args)
+        result = _run(args)
     except BiodistilError as err:
         if debug:
             raise

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ from biodistil.evaluation.recipe import BenchConfig
 from biodistil.export.runtime import OnnxModel
 from biodistil.io import atomic_write_json
 from biodistil.models.families import position_limit
-from biodistil.training.threads import usable_cores
+from biodistil.training.machine import usable_cores
+from biodistil.training.threads import StageThreads
 
 BENCH_FORMAT = "biodistil-bench/1"
 ISOLATED_RUNS = 2  # runs at one shape in the fresh process of an isolated memory measurement
@@ -338,11 +339,15 @@ def _speedups(rows: list[dict[str, Any]], lengths: Sequence[int]) -> None:
 
 
 def run_bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, Any]:
-    """Benchmark (label, path) models side by side; the result is what `bench.json` holds."""
+    """Benchmark (label, path) models side by side; the result is what `bench.json` holds. `cfg.threads` holds for the
+    bench and is put back after it (`StageThreads`); without it the command's count is used."""
     if not models:
         raise BiodistilError("bench: give at least one model")
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+    with StageThreads(cfg.threads) if cfg.threads is not None else nullcontext():
+        return _bench(models, cfg)
+
+
+def _bench(models: Sequence[tuple[str, str]], cfg: BenchConfig) -> dict[str, Any]:
     device = _device(cfg.device)
     loaded = {label: load_benched(path, torch.get_num_threads()).to(device) for label, path in models}
     rows: list[dict[str, Any]] = []

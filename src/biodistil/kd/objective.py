@@ -7,7 +7,8 @@
 the fine-tune baseline on the transfer set's gold labels. The terms are computed by the same dispatch as the
 masked-LM terms (`weighted_sum`) on a classifier's outputs read as features: logits at every token position
 (token tasks; the soft term covers the positions of the batch's `kd` mask, the first sub-word of each word) or one
-row per example, and the [CLS] states of the PatientKD layers. Log names: `soft`, `ce`, `pkd`.
+row per example, and the [CLS] states of the PatientKD layers. Log names: `soft`, `ce`, `pkd` (several teachers,
+one term per teacher: `soft@k` too, `methods.several_teachers`).
 """
 
 from collections.abc import Sequence
@@ -20,11 +21,10 @@ from biodistil.data.batch import Batch
 from biodistil.errors import BiodistilError
 from biodistil.kd.recipe import KDOptions
 from biodistil.losses.distillation import KLRows
-from biodistil.losses.multi_teacher import confidence_weights, mixed_teacher_logits
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.objective import Term, TermInputs, Weight, weighted_sum
+from biodistil.methods.several_teachers import Teachers, expand, mix
 from biodistil.models.features import Features
-from biodistil.models.logits import LogitRows
 from biodistil.tasks.registry import TaskSpec
 from biodistil.term_specs import KD_SOFT_TERMS
 
@@ -43,16 +43,15 @@ def kd_terms(cfg: KDOptions, pairs: Sequence[tuple[int, int]] = ()) -> list[Term
 
 class KDObjective:
     """The weighted terms of a `kd` recipe, computed on student and teacher features of one batch; with several
-    teachers (`teacher_weights` λ_k, summing to 1) each teacher term is computed on the teachers' mixture where its
-    spec has one and `kd.combine` is mixture (`losses.multi_teacher`), else once per teacher and weighted by λ_k."""
+    teachers (`teacher_weights` λ_k, summing to 1) the teacher terms are expanded onto the teachers' mixture or once
+    per teacher, as in task-agnostic distillation (`methods.several_teachers`)."""
 
     def __init__(self, cfg: KDOptions, task: TaskSpec, pairs: Sequence[tuple[int, int]] = (),
                  teacher_weights: Sequence[float] = (1.0,)):
-        self.terms = kd_terms(cfg, pairs)
+        self.teachers = Teachers(tuple(teacher_weights), cfg.combine, cfg.confidence)
+        self.terms = expand(kd_terms(cfg, pairs), self.teachers)
         self.temperature = cfg.temperature
         self.multi_label = task.kind == "multilabel_classification"
-        self.combine, self.confidence = cfg.combine, cfg.confidence
-        self.teacher_weights = torch.tensor(list(teacher_weights), dtype=torch.float32)
         self._ce = Term(TermConfig(loss="ce"), (), "ce")
         self.vocabulary = None  # classifier logits: one label set on both sides
         self.kl_rows: KLRows | None = None  # Hinton KD's row kernel: set by the engine (`train.compile`)
@@ -61,48 +60,11 @@ class KDObjective:
                  weights: dict[str, Weight] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """L and the value of each term; `weights` replaces α (`soft`) and β (`ce`) when they are learned."""
         teachers = [] if teacher is None else [teacher] if isinstance(teacher, Features) else list(teacher)
+        terms = [t for t in self.terms if teachers or not t.spec.needs_teacher]
+        inputs = self.inputs(student, teachers[0] if teachers else None, batch)
         if len(teachers) > 1:
-            return self._several(student, teachers, batch, weights)
-        one = teachers[0] if teachers else None
-        terms = [t for t in self.terms if one is not None or not t.spec.needs_teacher]
-        return weighted_sum(self, terms, self.inputs(student, one, batch), weights)
-
-    def _several(self, student: Features, teachers: list[Features], batch: Batch,
-                 weights: dict[str, Weight] | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The terms without a teacher once; the mixed terms once on the mixture; the others Σ_k λ_k·term(teacher k),
-        logged per teacher (`soft@k`) and weighted (`soft`)."""
-        own = [t for t in self.terms if not t.spec.needs_teacher]
-        mixed = [t for t in self.terms if t.spec.needs_teacher and self.combine == "mixture" and t.spec.mixture]
-        apart = [t for t in self.terms if t.spec.needs_teacher and t not in mixed]
-        total, logs = weighted_sum(self, own, self.inputs(student, None, batch), weights)
-        for term in mixed:
-            value, more = weighted_sum(self, [term], self.inputs(student, self.mixture(term, teachers, batch), batch),
-                                       weights)
-            total, logs = total + value, {**logs, **more}
-        for k, teacher in enumerate(teachers):
-            value, more = weighted_sum(self, apart, self.inputs(student, teacher, batch), weights)
-            share = float(self.teacher_weights[k])
-            total = total + share * value
-            for name, term_value in more.items():
-                logs[f"{name}@{k}"] = term_value
-                logs[name] = logs.get(name, 0.0) + share * term_value
-        return total, logs
-
-    def mixture(self, term: Term, teachers: list[Features], batch: Batch) -> Features:
-        """The teachers' mixture for `term` as one teacher's features: the logits z_mix of its spec's mixture space,
-        with per-row confidence weights when asked (`losses.multi_teacher`)."""
-        rows = [teacher.logits.logits() for teacher in teachers]
-        prior = self.teacher_weights.to(rows[0].device)
-        weights = prior
-        if self.confidence:
-            labels = batch.labels
-            if labels is not None and not self.multi_label:
-                labels = labels.reshape(-1)
-            weights = confidence_weights(rows, prior, labels, self.multi_label)
-        binary_pair = not self.multi_label and rows[0].size(-1) == 2
-        mixed = mixed_teacher_logits(rows, weights, term.spec.mixture, self.temperature, binary_pair)
-        first = teachers[0]
-        return replace(first, logits=LogitRows(first.logits.positions, mixed), hidden={})
+            inputs = mix(terms, replace(inputs, teachers=tuple(teachers)), self.teachers)
+        return weighted_sum(self, terms, inputs, weights)
 
     def task_loss(self, student: Features, batch: Batch) -> torch.Tensor:
         """CE(y, z_S) alone, whatever β is (MetaDistil's quiz loss)."""

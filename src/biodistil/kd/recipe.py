@@ -22,6 +22,7 @@ from biodistil.config import (
     RunConfig,
     Section,
     TaskRef,
+    TeachersConfig,
     TrainConfig,
     resolve_paths,
 )
@@ -130,8 +131,8 @@ class PatientConfig(Section):
     layer_map: Literal["skip", "last"] = Field("skip", description="PKD-Skip (every k-th layer) or PKD-Last")
 
 
-class KDOptions(Section):
-    """The distillation loss: L = α·soft + β·CE(y, z_S) (+ γ·PatientKD)."""
+class KDOptions(TeachersConfig):
+    """The distillation loss: L = α·soft + β·CE(y, z_S) (+ γ·PatientKD), and how several teachers teach it."""
 
     soft_loss: Literal[(*KD_SOFT_TERMS, "none")] = Field(  # biodistil.term_specs: TermSpec.kd_soft
         "hinton", description="hinton: T²·KL; logit_mse; sigmoid: label-free binary KD; none: gold labels only"
@@ -148,12 +149,6 @@ class KDOptions(Section):
     patient: PatientConfig | None = None
     select_on_dev: bool = Field(False, description="score the task's dev split every train.eval_every steps "
                                                    "and keep the best weights")
-    combine: Literal["mixture", "per_teacher"] = Field(
-        "mixture", description="several teachers (`teachers:`): the soft term on the weighted mixture of their "
-        "probabilities, or the weighted sum of one soft term per teacher")
-    confidence: bool = Field(
-        False, description="several teachers, mixture: weigh each teacher per example (per word in token tasks) by "
-        "its probability of the gold label where there is one, else by exp(−entropy) of its prediction")
 
     @model_validator(mode="after")
     def _consistent(self) -> KDOptions:
@@ -221,9 +216,7 @@ class KDRecipe(Section):
         if self.teachers is not None and self.kd.patient is not None:
             raise ValueError("kd.patient maps the student's layers to one teacher's: give teacher:, or drop "
                              "kd.patient with teachers:")
-        if self.kd.confidence and (self.teachers is None or self.kd.combine != "mixture"):
-            raise ValueError("kd.confidence weighs several teachers' shares of a mixture: give teachers: and "
-                             "kd.combine: mixture")
+        self.kd.check_teachers(self.teachers is not None, "kd")
         if (self.kd.beta > 0 or self.kd.soft_loss == "none") and not self.transfer.keep_labels:
             raise ValueError("kd.beta > 0 (or soft_loss none) needs gold labels: set transfer.keep_labels: true")
         if self.meta is not None:

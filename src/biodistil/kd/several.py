@@ -14,6 +14,7 @@ from biodistil.errors import BiodistilError
 from biodistil.kd.objective import kd_terms
 from biodistil.kd.recipe import KDRecipe
 from biodistil.methods.cross_tokenizer import tokenizer_pair
+from biodistil.methods.several_teachers import Teachers, contribution
 from biodistil.models.loading import load_tokenizer
 from biodistil.tasks.prediction import Predictions
 from biodistil.tasks.registry import TaskSpec
@@ -32,8 +33,10 @@ def teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
     whose head or labels are not the task's, naming it and the mismatch."""
     student_tokenizer = load_tokenizer(recipe.student.name_or_path)
     terms = [term for term in kd_terms(recipe.kd) if term.spec.needs_teacher]
+    entries = recipe.teacher_entries()
+    teachers = Teachers(tuple(entry.weight for entry in entries), recipe.kd.combine, recipe.kd.confidence)
     rows = []
-    for index, entry in enumerate(recipe.teacher_entries()):
+    for index, entry in enumerate(entries):
         try:
             check_teacher_for_task(entry.name_or_path, task)
         except BiodistilError as err:
@@ -43,16 +46,8 @@ def teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
         rows.append({"teacher": f"{entry.name_or_path}{dtype}", "weight": round(entry.weight, 4),
                      "tokens": "the student's" if same else (
                          "its own: outputs stored per word" if recipe.outputs_mode() == "cached" else "its own"),
-                     "terms": {term.name: _contribution(recipe, term.spec.mixture, entry.weight) for term in terms}})
+                     "terms": {term.name: contribution(term.spec, entry.weight, teachers) for term in terms}})
     return rows
-
-
-def _contribution(recipe: KDRecipe, mixture: str | None, weight: float) -> str:
-    if recipe.kd.combine != "mixture" or mixture is None:
-        return f"its own term × {weight:.2f}"
-    what = "logits" if mixture == "logits" else f"{mixture} probabilities"
-    share = "confidence × prior" if recipe.kd.confidence else "weight"
-    return f"mixture of {what} ({share} {weight:.2f})"
 
 
 def ensemble_test_scores(teachers: Sequence[str | Path], weights: Sequence[float], task: TaskSpec,

@@ -51,9 +51,9 @@ def pool_by_ids(states: torch.Tensor, unit_ids: torch.Tensor, num_units: int) ->
     batch, _, width = states.shape
     ids = unit_ids.long()
     known = (ids >= 0).to(states.dtype)
-    slot = torch.where(ids >= 0, ids, num_units)[..., None].expand(-1, -1, width)  # unaligned tokens: a spare row
-    sums = states.new_zeros(batch, num_units + 1, width).scatter_add(1, slot, states * known[..., None])
-    counts = states.new_zeros(batch, num_units + 1).scatter_add(1, slot[..., 0], known)
+    target_row = torch.where(ids >= 0, ids, num_units)[..., None].expand(-1, -1, width)  # unaligned tokens: a spare row
+    sums = states.new_zeros(batch, num_units + 1, width).scatter_add(1, target_row, states * known[..., None])
+    counts = states.new_zeros(batch, num_units + 1).scatter_add(1, target_row[..., 0], known)
     return sums[:, :num_units] / counts[:, :num_units, None].clamp_min(1.0)
 
 

@@ -26,16 +26,15 @@ from transformers import PreTrainedModel
 from biodistil.config import ObjectiveConfig, TermConfig
 from biodistil.data.shared_vocabulary import SharedVocabulary
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import KLRows, Linear
+from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
-from biodistil.losses.multi_teacher import MixedRows, confidence_weights, mixed_teacher_logits
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
+from biodistil.methods.several_teachers import Teachers, contribution, expand, mix
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
-from biodistil.models.logits import LinearRows, LogitRows
-from biodistil.term_specs import TERM_SPECS, Reads, TermSpec
+from biodistil.term_specs import TERM_SPECS, Reads
 
 __all__ = ["Objective", "Term", "TermInputs", "Weight", "planned_inputs", "position_masks", "weighted_sum"]
 _REQUEST_FIELD = {"hidden": "hidden", "attention": "attentions", "qkv": "qkv"}
@@ -46,11 +45,10 @@ class Objective(nn.Module):
     """The weighted sum of the recipe's terms; owns the learned projections the terms need.
 
     Several teachers (`teacher` a sequence, `teacher_weights` λ_k summing to 1, `layer_maps` per teacher or None):
-    each teacher term is resolved once per teacher (its log name `loss_x@k`, its weight w·λ_k, its own projections),
-    except the logit terms whose spec has a mixture under `cfg.combine: mixture`, resolved once and computed on the
-    teachers' mixture (`mixed_teachers`). Logit terms read only the teachers with a trained MLM head (`logit_teachers`,
-    their weights renormalised over them); the layer terms read every teacher (`contributions` says which reads
-    what, before any work)."""
+    the terms are expanded once per teacher or onto their mixture (`methods.several_teachers.expand`, with their own
+    layer pairs and projections per teacher). Logit terms read only the teachers with a trained MLM head
+    (`Teachers.logit_teachers`); the layer terms read every teacher (`contributions` says which reads what, before
+    any work)."""
 
     def __init__(self, cfg: ObjectiveConfig, student: PreTrainedModel,
                  teacher: PreTrainedModel | Sequence[PreTrainedModel] | None,
@@ -64,60 +62,42 @@ class Objective(nn.Module):
             1, len(teachers))
         self.vocabulary = self.vocabularies[0]
         self.kl_rows: KLRows | None = None  # the vocabulary KL's row kernel: set by the engine (`train.compile`)
-        self.teacher_weights = tuple(teacher_weights) if len(teachers) > 1 else (1.0,)
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
         if not teachers and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
-        self.logit_teachers = tuple(k for k, model in enumerate(teachers) if not untrained_head_weights(model))
-        if teachers and (len(teachers) == 1 or not self.logit_teachers):
+        self.teachers = Teachers(tuple(teacher_weights) if len(teachers) > 1 else (1.0,), cfg.combine,
+                                 cfg.confidence, tuple(k for k, model in enumerate(teachers)
+                                                       if not untrained_head_weights(model)))
+        if teachers and (len(teachers) == 1 or not self.teachers.readers):
             _check_teacher_head(cfg, teachers[0])
-        self.terms: list[Term] = []
+        taken: set[str] = set()
+        recipe_terms = []
         for term_cfg in cfg.terms:
-            self.terms += self._resolved(term_cfg, student, teachers, list(layer_maps))
+            recipe_terms.append(_resolve(term_cfg, student, teachers[0] if teachers else None, _log_name(term_cfg,
+                                                                                                         taken)))
+            taken.add(recipe_terms[-1].name)
+        maps = list(layer_maps)
+
+        def for_teacher(term: Term, k: int) -> Term:
+            mapped = maps[k] if k < len(maps) and term.cfg.layer_map is not None else None
+            return _resolve(term.cfg.model_copy(update={"layer_map": mapped}) if mapped else term.cfg, student,
+                            teachers[k], term.name)
+
+        self.terms: list[Term] = expand(recipe_terms, self.teachers, for_teacher)
         self.projections = nn.ModuleDict()
         for term in self.terms:
             if term.spec.reads == "hidden":
                 self._add_projections(term, student, teachers[term.teacher])
 
-    def _resolved(self, cfg: TermConfig, student: PreTrainedModel, teachers: list[PreTrainedModel],
-                  layer_maps: list[LayerMap | None]) -> list[Term]:
-        """The recipe term as resolved terms: one, or with several teachers one per teacher (or one on their
-        mixture)."""
-        taken = {t.name for t in self.terms}
-        spec = TERM_SPECS[cfg.loss]
-        if len(teachers) < 2 or not spec.needs_teacher:
-            return [_resolve(cfg, student, teachers[0] if teachers else None, taken)]
-        if spec.mixture and self.cfg.combine == "mixture":
-            return [replace(_resolve(cfg, student, teachers[0], taken), teacher=None)]
-        terms = []
-        for k, (model, share) in enumerate(zip(teachers, self.shares(spec), strict=True)):
-            if not share:
-                continue
-            mapped = layer_maps[k] if k < len(layer_maps) and cfg.layer_map is not None else None
-            own = cfg.model_copy(update={"weight": cfg.weight * share, **({"layer_map": mapped} if mapped else {})})
-            term = _resolve(own, student, model, taken)
-            terms.append(replace(term, name=f"{term.name}@{k}", teacher=k))
-        return terms
-
-    def shares(self, spec: TermSpec) -> tuple[float, ...]:
-        """Each teacher's share of a term of kind `spec`: λ_k, or for a logit term `logit_shares`."""
-        return self.logit_shares if spec.reads == "logits" else self.teacher_weights
-
-    @property
-    def logit_shares(self) -> tuple[float, ...]:
-        """λ_k renormalised over the teachers with a trained MLM head (0 for the others)."""
-        kept = [w if k in self.logit_teachers else 0.0 for k, w in enumerate(self.teacher_weights)]
-        return tuple(w / (sum(kept) or 1.0) for w in kept)
-
     def contributions(self) -> list[dict[str, str]]:
         """What each teacher contributes to each recipe term (the pre-flight table: a row per teacher)."""
         rows = []
-        for k, weight in enumerate(self.teacher_weights):
+        for k, weight in enumerate(self.teachers.weights):
             row = {}
             for term_cfg in self.cfg.terms:
                 spec = TERM_SPECS[term_cfg.loss]
-                share = self.shares(spec)[k] if spec.needs_teacher else None
-                row[term_cfg.loss] = _contribution(spec, share, self.cfg)
+                row[term_cfg.loss] = contribution(spec, self.teachers.shares(spec)[k] if spec.needs_teacher else None,
+                                                  self.teachers)
             rows.append({"weight": weight, "terms": row})
         return rows
 
@@ -153,7 +133,7 @@ class Objective(nn.Module):
     def teacher_request(self, slot: int = 0) -> FeatureRequest:
         """What teacher `slot` must give: the features of its own terms and of the terms on the mixture."""
         return _merged(_request(t, teacher=True) for t in self.terms if t.spec.needs_teacher and (
-            t.teacher == slot or (t.teacher is None and slot in self.logit_teachers)))
+            t.teacher == slot or (t.teacher is None and slot in self.teachers.readers)))
 
     def cache_request(self, slot: int = 0) -> FeatureRequest:
         """What a teacher cache must hold for these terms (`teacher_request`), after checking that every teacher
@@ -187,32 +167,8 @@ class Objective(nn.Module):
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if inputs.teachers:
-            inputs = replace(inputs, mixtures=self.mixed_teachers(inputs))
+            inputs = mix(self.terms, inputs, self.teachers)
         return weighted_sum(self, self.terms, inputs)
-
-    def mixed_teachers(self, inputs: TermInputs) -> dict[str, Features]:
-        """The teachers' mixture in each space a mixture term reads, as one teacher's features (their logit rows at
-        the same positions mixed by `mixed_teacher_logits`; per position by `confidence_weights` when asked, with
-        the original token as the gold label at the masked positions)."""
-        spaces = {term.spec.mixture for term in self.terms if term.teacher is None and term.spec.needs_teacher}
-        if not spaces:
-            return {}
-        first = inputs.teachers[self.logit_teachers[0]]
-        positions = first.logits.positions
-        weights = torch.tensor([self.logit_shares[k] for k in self.logit_teachers], device=positions.device)
-        if self.cfg.confidence:
-            dense = [inputs.teachers[k].logits.logits() for k in self.logit_teachers]
-            weights = confidence_weights(dense, weights, inputs.labels[positions])
-        mixed = {}
-        for space in spaces:
-            if space == "softmax":  # formed a chunk of rows at a time inside the KL, never whole
-                rows = MixedRows(tuple(_rows(inputs.teachers[k].logits) for k in self.logit_teachers), weights,
-                                 inputs.temperature)
-            else:
-                rows = mixed_teacher_logits([inputs.teachers[k].logits.logits() for k in self.logit_teachers],
-                                            weights, space, inputs.temperature)
-            mixed[space] = replace(first, logits=LogitRows(positions, rows), hidden={})
-        return mixed
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
@@ -231,8 +187,10 @@ def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,
             logs[f"{term.name}_raw"] = value.detach()
             value = tolerance_hinge(value, term.cfg.hinge_weight, term.cfg.epsilon)
         logs[term.name] = value.detach()
-        weight = term.cfg.weight if weights is None else weights.get(term.name, term.cfg.weight)
-        total = total + weight * value
+        if term.name != term.family:  # one of several teachers': the recipe term's log is Σ_k λ_k·value_k
+            logs[term.family] = logs.get(term.family, 0.0) + term.share * value.detach()
+        weight = term.cfg.weight if weights is None else weights.get(term.family, term.cfg.weight)
+        total = total + weight * term.share * value
     return total, logs
 
 
@@ -245,23 +203,6 @@ def planned_inputs(terms: list[Term], inputs: TermInputs) -> TermInputs:
     names = sorted({term.positions for term in terms if inputs.for_term(term).reads_formed(term)})
     rows = inputs.student.logits.planned([inputs.masks[name] for name in names])
     return replace(inputs, student=replace(inputs.student, logits=rows))
-
-
-def _rows(logits: LogitRows) -> torch.Tensor | Linear:
-    """What stands for a teacher's logit rows in a mixture: its head's (x, W, b), else the logits."""
-    return logits.rows.linear if isinstance(logits.rows, LinearRows) else logits.logits()
-
-
-def _contribution(spec: TermSpec, share: float | None, cfg: ObjectiveConfig) -> str:
-    """One cell of the pre-flight table."""
-    if share is None:
-        return "— (the student's own loss)"
-    if not share:
-        return "— no trained MLM head (its logits would be random)"
-    if spec.mixture and spec.reads == "logits" and cfg.combine == "mixture":
-        what = "logits" if spec.mixture == "logits" else f"{spec.mixture} probabilities"
-        return f"mixture of {what} ({'confidence × ' if cfg.confidence else ''}weight {share:.2f})"
-    return f"its own term × {share:.2f}" + (" (own projections)" if spec.reads == "hidden" else "")
 
 
 def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:
@@ -279,10 +220,9 @@ def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:
         )
 
 
-def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel | None, taken: set[str]) -> Term:
-    """Layer pairs, relation heads and a unique log name for one recipe term; recipe errors are named."""
+def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel | None, name: str) -> Term:
+    """Layer pairs and relation heads of one recipe term, logged as `name`; recipe errors are named."""
     reads = TERM_SPECS[cfg.loss].reads
-    name = _log_name(cfg, taken)
     if reads == "logits":
         return Term(cfg, (), name)
     assert teacher is not None

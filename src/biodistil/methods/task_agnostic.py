@@ -49,7 +49,6 @@ from biodistil.teachers.masked_lm_cache import (
 )
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal
 from biodistil.teachers.store import store_root
-from biodistil.term_specs import TERM_SPECS
 from biodistil.training.engine import Collate, Engine, PrepareBatch, TrainData, TrainResult, make_accelerator
 from biodistil.training.machine import dtype_note, teacher_dtype
 from biodistil.training.run import Report, RunFolder, open_run
@@ -249,9 +248,8 @@ def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teache
                              "supported across tokenizers: blocks are text, the same words are masked on both sides "
                              "batch by batch and the teacher reads its own tokens online; remove them, or give the "
                              "student the teacher's tokenizer")
-    mixed = [term.loss for term in recipe.objective.terms
-             if TERM_SPECS[term.loss].mixture and TERM_SPECS[term.loss].needs_teacher]
-    if len(teachers) > 1 and recipe.objective.combine == "mixture" and mixed:
+    mixed = recipe.objective.on_mixture([term.loss for term in recipe.objective.terms])
+    if len(teachers) > 1 and mixed:
         raise BiodistilError(f"Objective terms {mixed} would mix several teachers' vocabularies, and across tokenizers "
                              "each teacher is compared with the student over the strings their two vocabularies "
                              "share: set objective.combine: per_teacher (one term per teacher)")

@@ -25,18 +25,18 @@ import torch
 from transformers import PreTrainedModel
 
 from biodistil.models.families import family_of, layer_list, num_heads, score_bias_module
-from biodistil.models.qkv import HeadQKV, Slot
+from biodistil.models.qkv import HeadQKV, Record
 
 
 @contextmanager
-def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[int, Slot]]:
-    """Hook `layers` (1-based) for one forward pass; yields {layer: slot}, filled during the forward pass.
+def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[int, Record]]:
+    """Hook `layers` (1-based) for one forward pass; yields {layer: record}, filled during the forward pass.
 
-    Turn a filled slot into per-head Q, K, V with `read_qkv`. Hooks are removed on exit.
+    Turn a filled record into per-head Q, K, V with `read_qkv`. Hooks are removed on exit.
     """
     reader = family_of(model.config).qkv
     blocks = layer_list(model)
-    captured: dict[int, Slot] = {}
+    captured: dict[int, Record] = {}
     handles = []
     try:
         for layer in sorted(set(layers)):
@@ -50,21 +50,21 @@ def capture_qkv(model: PreTrainedModel, layers: Iterable[int]) -> Iterator[dict[
             handle.remove()
 
 
-def _record_bias(slots: list[Slot]):
+def _record_bias(records: list[Record]):
     def hook(module, inputs, output):  # [L_q, L_k, H] -> [1, H, L_q, L_k], shared by every layer
-        for slot in slots:
-            slot["bias"] = output.permute(2, 0, 1).unsqueeze(0)
+        for record in records:
+            record["bias"] = output.permute(2, 0, 1).unsqueeze(0)
     return hook
 
 
-def score_bias(slot: Slot) -> torch.Tensor | None:
+def score_bias(record: Record) -> torch.Tensor | None:
     """The bias the layer added to its attention scores, [1, H, L, L] (None: none)."""
-    return slot.get("bias")
+    return record.get("bias")
 
 
-def read_qkv(model: PreTrainedModel, slot: Slot) -> HeadQKV:
-    """Per-head Q, K (after the family's position rotation, if any) and V [B, H, L, d] from a filled slot."""
-    return family_of(model.config).qkv.heads(slot, num_heads(model.config))
+def read_qkv(model: PreTrainedModel, record: Record) -> HeadQKV:
+    """Per-head Q, K (after the family's position rotation, if any) and V [B, H, L, d] from a filled record."""
+    return family_of(model.config).qkv.heads(record, num_heads(model.config))
 
 
 def attention_scores(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

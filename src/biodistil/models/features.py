@@ -107,8 +107,8 @@ def extract_features(
         encoder_inputs["token_type_ids"] = inputs["token_type_ids"]
     with capture_qkv(model, attention_layers | qkv_layers | score_layers) as captured:
         output = encoder_of(model)(**encoder_inputs, output_hidden_states=need_all, return_dict=True)
-    heads = {i: read_qkv(model, slot) for i, slot in captured.items()}
-    biases = {i: score_bias(slot) for i, slot in captured.items()}
+    heads = {i: read_qkv(model, record) for i, record in captured.items()}
+    biases = {i: score_bias(record) for i, record in captured.items()}
     last = output.last_hidden_state
     hidden = {i: output.hidden_states[i] for i in wanted} if need_all else {}
     if layers in wanted:

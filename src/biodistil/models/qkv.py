@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 
 from biodistil.errors import BiodistilError
 
-Slot = dict[str, Any]  # what the hooks of one block recorded during one forward pass
+Record = dict[str, Any]  # what the hooks of one block recorded during one forward pass
 HeadQKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # per-head Q, K, V, each [B, H, L, d]
 
 
@@ -65,11 +65,11 @@ class QKVReader(Protocol):
         """The modules that carry hooks (so callers can check that none is left behind)."""
         ...
 
-    def hook(self, block: nn.Module, slot: Slot) -> list[RemovableHandle]:
-        """Register hooks that fill `slot` during the next forward pass; the caller removes them."""
+    def hook(self, block: nn.Module, record: Record) -> list[RemovableHandle]:
+        """Register hooks that fill `record` during the next forward pass; the caller removes them."""
         ...
 
-    def heads(self, slot: Slot, num_heads: int) -> HeadQKV:
+    def heads(self, record: Record, num_heads: int) -> HeadQKV:
         """Per-head Q, K (after any position rotation) and V, each [B, H, L, d]."""
         ...
 
@@ -78,9 +78,9 @@ class QKVReader(Protocol):
         ...
 
 
-def _record_output(slot: Slot, name: str):
+def _record_output(record: Record, name: str):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        slot[name] = output
+        record[name] = output
 
     return hook
 
@@ -94,12 +94,13 @@ class SeparateProjections:
     def modules(self, block: nn.Module) -> tuple[nn.Module, ...]:
         return tuple(submodule(block, path) for path in self.paths)
 
-    def hook(self, block: nn.Module, slot: Slot) -> list[RemovableHandle]:
-        return [module.register_forward_hook(_record_output(slot, name))
+    def hook(self, block: nn.Module, record: Record) -> list[RemovableHandle]:
+        return [module.register_forward_hook(_record_output(record, name))
                 for name, module in zip("qkv", self.modules(block), strict=True)]
 
-    def heads(self, slot: Slot, num_heads: int) -> HeadQKV:
-        return split_heads(slot["q"], num_heads), split_heads(slot["k"], num_heads), split_heads(slot["v"], num_heads)
+    def heads(self, record: Record, num_heads: int) -> HeadQKV:
+        q, k, v = (split_heads(record[name], num_heads) for name in "qkv")
+        return q, k, v
 
     def widths(self, block: nn.Module) -> tuple[int, int, int]:
         query, key, value = (int(module.out_features) for module in self.modules(block))
@@ -117,7 +118,7 @@ class FusedRotaryProjection:
     def modules(self, block: nn.Module) -> tuple[nn.Module, ...]:
         return submodule(block, self.fused), submodule(block, self.attention)
 
-    def hook(self, block: nn.Module, slot: Slot) -> list[RemovableHandle]:
+    def hook(self, block: nn.Module, record: Record) -> list[RemovableHandle]:
         fused, attention = self.modules(block)
 
         def record_rotary(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -125,18 +126,18 @@ class FusedRotaryProjection:
             if rotary is None:
                 raise BiodistilError(f"{type(module).__name__} was called without position_embeddings=(cos, sin); "
                                      "this transformers version passes ModernBERT's rotary embedding differently")
-            slot["cos"], slot["sin"] = rotary
+            record["cos"], record["sin"] = rotary
 
-        return [fused.register_forward_hook(_record_output(slot, "qkv")),
+        return [fused.register_forward_hook(_record_output(record, "qkv")),
                 attention.register_forward_pre_hook(record_rotary, with_kwargs=True)]
 
-    def heads(self, slot: Slot, num_heads: int) -> HeadQKV:
-        fused = slot["qkv"]
+    def heads(self, record: Record, num_heads: int) -> HeadQKV:
+        fused = record["qkv"]
         batch, length, width = fused.shape
         head = width // (3 * num_heads)
         query, key, value = fused.view(batch, length, 3, num_heads, head).unbind(dim=2)
         query, key, value = (x.transpose(1, 2) for x in (query, key, value))
-        return apply_rotary(query, slot["cos"], slot["sin"]), apply_rotary(key, slot["cos"], slot["sin"]), value
+        return apply_rotary(query, record["cos"], record["sin"]), apply_rotary(key, record["cos"], record["sin"]), value
 
     def widths(self, block: nn.Module) -> tuple[int, int, int]:
         width = int(submodule(block, self.fused).out_features) // 3

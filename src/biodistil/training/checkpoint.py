@@ -143,8 +143,8 @@ def _restore_torch_rng(tensors: dict[str, torch.Tensor], rank: int) -> None:
 def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path, stem: str = "optimizer") -> None:
     state = optimizer.state_dict()
     tensors, scalars = {}, {}
-    for index, slots in state["state"].items():
-        for name, value in slots.items():
+    for index, per_param in state["state"].items():
+        for name, value in per_param.items():
             if torch.is_tensor(value):
                 tensors[f"{index}.{name}"] = value.contiguous()
             else:
@@ -157,14 +157,14 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, folder: Path, stem: str = 
     if not (folder / f"{stem}.json").is_file():
         raise BiodistilError(f"Checkpoint {folder} has no {stem}.json; was the recipe changed since it was written?")
     meta = json.loads((folder / f"{stem}.json").read_text())
-    slots: dict[int, dict[str, Any]] = {}
+    per_param: dict[int, dict[str, Any]] = {}
     for key, value in load_file(str(folder / f"{stem}.safetensors")).items():
         index, name = key.split(".", 1)
-        slots.setdefault(int(index), {})[name] = value
+        per_param.setdefault(int(index), {})[name] = value
     for key, value in meta["scalars"].items():
         index, name = key.split(".", 1)
-        slots.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+        per_param.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
 
 
 def _jsonable(value: Any) -> Any:

@@ -49,9 +49,9 @@ from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
 from biodistil.models.dropout import FastDropout, use_fast_dropout
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
-from biodistil.training.machine import prepare_device, resolve_precision, training_device
+from biodistil.training.machine import resolve_precision, stage_settings, training_device
 from biodistil.training.sampling import length_grouped_order
-from biodistil.training.threads import ThreadGovernor, announce
+from biodistil.training.threads import StageThreads, announce
 
 PrepareBatch = Callable[[Batch, torch.Generator], Batch]
 Collate = Callable[[list[Any]], Batch]
@@ -136,7 +136,6 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
     bf16 autocast where the hardware computes bf16 natively, `training.machine.resolve_precision`; said once per
     process when it changes). On several processes Accelerate's process group is NCCL on GPUs, gloo on CPUs."""
     target = training_device(device)
-    prepare_device(target)
     precision, why = resolve_precision(precision, target)
     if os.environ.get("LOCAL_RANK", "0") == "0":
         _say_precision(why)
@@ -183,9 +182,18 @@ class Engine:
     def fit(self, module: nn.Module, data: TrainData, held_out: HeldOut = HeldOut(), resume: bool = False,
             stop_after: int | None = None, pre_step: PreStep | None = None) -> TrainResult:
         """Train on `data`, evaluating as `held_out` says; with `resume`, continue from the run folder's latest
-        checkpoint. `stop_after` ends the run early at that step (after a checkpoint), as a job with a time slot
+        checkpoint. `stop_after` ends the run early at that step (after a checkpoint), as a job with a time limit
         would. `pre_step` runs an extra update with its own optimizer before every optimizer step (see
-        `PreStep`)."""
+        `PreStep`). The stage's process settings (device settings, torch's threads: `train.threads`) hold while it
+        trains and are put back after it."""
+        acc = self.accelerator
+        with stage_settings(acc.device), StageThreads(self.cfg.threads, acc.num_processes,
+                                                      self.cfg.num_workers) as threads:
+            announce(threads.line)
+            return self._train(module, data, held_out, resume, stop_after, pre_step, threads)
+
+    def _train(self, module: nn.Module, data: TrainData, held_out: HeldOut, resume: bool, stop_after: int | None,
+               pre_step: PreStep | None, threads: StageThreads) -> TrainResult:
         acc = self.accelerator
         self._check_data(data.train)
         self.pre_step = pre_step
@@ -196,8 +204,6 @@ class Engine:
             optimizer, num_warmup_steps=self.cfg.resolved_warmup(), num_training_steps=self.cfg.max_steps,
         )
         model, optimizer = acc.prepare(module, optimizer)
-        threads = ThreadGovernor()  # torch's CPU threads for this stage, re-checked while it trains
-        announce(threads.start(self.state.step, acc.num_processes, self.cfg.num_workers))
         if acc.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(acc.device)
         compiled = apply_compile(self.cfg.compile, module, acc.device)

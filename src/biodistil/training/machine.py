@@ -6,19 +6,22 @@ the decisions biodistil makes from it. Where each decision is made (docs/archite
 - the student's precision (`resolve_precision`, `train.precision: auto`) and the teacher's dtype (`teacher_dtype`,
   `teacher.dtype: auto`): both follow bf16 native — bf16 where it is, float32 elsewhere (fp16 with loss scaling on a
   GPU without bf16).
-- the device (`training_device`, `train.device`) and its process-wide settings (`prepare_device`: TF32 on CUDA).
+- the device (`training_device`, `train.device`) and a training stage's process-wide settings (`stage_settings`: TF32
+  on CUDA; put back, with dynamo's `suppress_errors`, when the stage ends).
 - what can be compiled (`cpp_compiler`, `triton_available`), which `training.compiling.apply_compile` reads.
-- torch's CPU threads: `training.threads` (sampled per stage and re-checked while it trains, so not part of the
-  record); `describe_machine` records the count in use.
+- torch's CPU threads: `training.threads.decide_threads`, from the record's `usable_cores` and the idle share measured
+  when a stage starts (not part of the record); `describe_machine` records the count in use.
 
 Provenance, reports, studies and the benches read the record (`describe_machine`, `cpu_line`).
 """
 
+import contextlib
 import functools
 import os
 import platform
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +55,6 @@ class Machine:
 @functools.cache
 def this_machine() -> Machine:
     """The machine record, computed once per process."""
-    from biodistil.training.threads import usable_cores
-
     model, flags = cpu_info()
     native, why = cpu_bf16_fast()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -61,6 +62,18 @@ def this_machine() -> Machine:
                    flags=None if flags is None else tuple(flag for flag in SPEED_FLAGS if flag in flags),
                    usable_cores=usable_cores(), bf16_native=native, bf16_why=why, cpp_compiler=cpp_compiler(),
                    gpu=gpu, torch=torch.__version__, python=platform.python_version())
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a container's cgroup CPU quota."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            usable = max(1, min(usable, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return usable
 
 
 def cpu_info() -> tuple[str | None, list[str] | None]:
@@ -157,12 +170,29 @@ def training_device(setting: str = "auto", option: str = "train.device") -> torc
 
 
 def prepare_device(device: torch.device) -> None:
-    """Process-wide settings for training on `device`: on CUDA, float32 matmuls and convolutions may use TF32
-    (`torch.set_float32_matmul_precision("high")`, ~8x the float32 rate on Ampere or newer; autocast's bf16 is
-    unaffected)."""
+    """On CUDA, float32 matmuls and convolutions may use TF32 (process-wide: a stage sets it by `stage_settings`)."""
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.allow_tf32 = True
+
+
+@contextlib.contextmanager
+def stage_settings(device: torch.device) -> Iterator[None]:
+    """The process-wide settings of a training stage on `device`, put back when it ends, so that a stage never
+    changes the next one's: on CUDA, float32 matmuls and convolutions may use TF32
+    (`torch.set_float32_matmul_precision("high")`, ~8x the float32 rate on Ampere or newer; autocast's bf16 is
+    unaffected); dynamo's `suppress_errors`, which `train.compile: true` sets (`training.compiling`)."""
+    import torch._dynamo
+
+    matmul, tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    suppress = torch._dynamo.config.suppress_errors
+    prepare_device(device)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch._dynamo.config.suppress_errors = suppress
 
 
 def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:

@@ -5,7 +5,7 @@ took 118 s together, against 83 s each one after the other at 2 threads (166 s).
 independent (each depends on its seed alone) can run them side by side instead: `plan_workers` decides how many at
 once and with how many torch threads each; `run_in_workers` runs them in that many spawned processes (each takes the
 next run when it finishes one, as one process takes them one after another), each with `OMP_NUM_THREADS` set so
-that its thread count stays fixed (`ThreadGovernor`), each run's console output in a log file of its own; this
+that its thread count stays fixed (`StageThreads`), each run's console output in a log file of its own; this
 process shows a progress bar over the runs and one line per finished run. A failed run, a worker that dies or an
 interrupt stops the others (each with a checkpoint where it trains) and is reported with the run's log; the runs not
 finished start or resume where a later call finds them, as one after another. The workers are ordinary (not
@@ -27,7 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from biodistil.errors import BiodistilError
-from biodistil.training.threads import busy_cores, usable_cores
+from biodistil.training.machine import usable_cores
+from biodistil.training.threads import busy_cores, decide_threads
 
 GIB_PER_WORKER = 3.0  # what one worker may need (the demo's whole run peaked at 3.3 GB): caps `auto` by free memory
 STOP_SECONDS = 120.0  # how long stopped workers get to write their checkpoints
@@ -70,7 +71,7 @@ def plan_workers(requested: int | Literal["auto"], runs: int, usable: Callable[[
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return WorkerPlan(1, 0, "OMP_NUM_THREADS is set")
     others = busy()
-    idle = max(1, round(cores - (others or 0.0)))
+    idle = decide_threads(cores, None if others is None else 1 - others / cores)  # the cores a run could use now
     memory = free_gib()
     by_memory = runs if memory is None else max(1, int(memory // GIB_PER_WORKER))
     count = max(1, min(idle, runs, by_memory))
@@ -160,18 +161,18 @@ def _stop(workers: list[Any]) -> None:
             worker.join()
 
 
-def _worker(tasks: Any, results: Any, threads: int, holding: Any, slot: int) -> None:
+def _worker(tasks: Any, results: Any, threads: int, holding: Any, worker: int) -> None:
     """A worker's life: its own process group, its thread count, then runs until told there are no more; the run it
-    holds is written to `holding[slot]` at once (shared memory: a queue's message may not leave a killed process)."""
+    holds is written to `holding[worker]` at once (shared memory: a queue's message may not leave a killed process)."""
     os.setpgrp()  # a Ctrl-C in the terminal is the parent's to handle
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported here; also fixes the governor's count
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported here; also fixes each stage's count
     torch.set_num_threads(threads)
     while (job := tasks.get()) is not None:
         index, run, log = job
-        holding[slot] = index
+        holding[worker] = index
         seconds, failure = _run_logged(run, log)
         results.put((index, seconds, failure))
-        holding[slot] = -1
+        holding[worker] = -1
         if failure is not None:
             return
 

@@ -1,12 +1,18 @@
-"""torch's CPU threads during training, decided per stage and re-checked while it trains (`ThreadGovernor`).
+"""torch's CPU threads: decided by one function (`decide_threads`), applied per stage by one owner (`StageThreads`).
 
-A stage starts with the idle cores measured over a sample long enough to mean something (1 s, the process asleep so
-that it does not count itself); every `every_seconds` of training the governor measures again over the whole window
-since the last check, counting only *other* work (the machine's busy CPU time less this process's own), so a run that
-started beside a brief job speeds up when it ends, and one that started alone yields when a long job arrives. Each
-change is printed once and the stage's report summarises them. `OMP_NUM_THREADS`, when set, always wins; several
-processes of a launch or loader worker processes (whose CPU time would count as other work) keep the stage's first
-decision.
+`decide_threads` turns the cores this process may use (the machine record's `usable_cores`) and the share of them
+other work leaves idle (`idle_share`, measured: `CpuWindow`) into a count, divided between the processes of a launch.
+`StageThreads` applies it for one stage and puts the count back when the stage ends: the CLI around each command
+(a 0.3 s sample), the engine around each training stage (`train.threads`), a bench around its timing (`--threads`).
+`pool.plan_workers` reads the same decision for how many runs go side by side.
+
+`train.threads`: `stage` (the default) decides once when the stage starts, from the idle share measured over 1 s (the
+process asleep so that it does not count itself), and keeps that count to the end, so a recipe runs the same way
+throughout; `auto` also re-checks every 60 s of training over the whole window since the last check, counting only
+*other* work (the machine's busy CPU time less this process's own), so a run that started beside a brief job speeds
+up when it ends and one that started alone yields when a long job arrives (each change printed once, the stage's
+report summarises them); a number N is used as given. Otherwise `OMP_NUM_THREADS`, when set, wins; several processes
+of a launch and loader worker processes (whose CPU time would count as other work) are never re-checked.
 """
 
 import os
@@ -15,47 +21,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from biodistil.training.machine import this_machine
+
 Counters = Callable[[], tuple[str, int, int] | None]
-_PROCESS_MARK: list = []  # the process's last CPU-counter snapshot: the next stage measures other work since then
+ThreadSetting = Literal["stage", "auto"] | int
 
 
-def choose_threads(sample_seconds: float = 0.3) -> str:
-    """Set torch's CPU thread count deliberately and return a line saying what was used and why.
-
-    OMP_NUM_THREADS, when set, is kept. Otherwise: the cores this process may use (CPU affinity and the cgroup
-    quota of a container) minus the cores other processes keep busy *now*, measured over `sample_seconds` (not a
-    load average, which still counts a job that ended a minute ago), at least 1. On a shared machine, threads
-    beyond the idle cores wait on each other: a 2-core machine with one busy core ran 4-5x slower with 2 threads
-    than with 1.
-    """
-    import torch
-
-    if os.environ.get("OMP_NUM_THREADS", "").strip():
-        return f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-    usable = usable_cores()
-    busy = busy_cores(sample_seconds)
-    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1))
-    idle = usable if busy is None else usable - busy
-    threads = max(1, min(usable, round(idle)) // processes)
-    torch.set_num_threads(threads)
-    per = f" per process ({processes} processes)" if processes > 1 else ""
-    state = "busy unknown" if busy is None else f"{busy:.1f} busy now"
-    return f"CPU threads: {threads}{per} ({usable} usable cores, {state}; set OMP_NUM_THREADS to choose)"
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a container's cgroup CPU quota."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            usable = max(1, min(usable, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return usable
+def decide_threads(usable: int, idle_share: float | None, processes: int = 1) -> int:
+    """torch's intra-op threads per process: the idle cores (`usable`·`idle_share`, rounded; all of them when the share
+    is unknown), shared between `processes`, at least 1. On a shared machine, threads beyond the idle cores wait on
+    each other: a 2-core machine with one busy core ran 4-5x slower with 2 threads than with 1."""
+    idle = usable if idle_share is None else usable * min(1.0, max(0.0, idle_share))
+    return max(1, min(usable, round(idle)) // max(1, processes))
 
 
 def busy_cores(sample_seconds: float = 0.3) -> float | None:
@@ -106,56 +87,90 @@ def cpu_counters() -> tuple[str, int, int] | None:
 
 
 @dataclass
-class ThreadGovernor:
-    """Decides torch's intra-op thread count for one training stage and re-checks it every `every_seconds`."""
+class CpuWindow:
+    """The other work on this machine since a mark: the machine's (or container's) busy CPU time less this process's
+    own, over the wall time."""
 
-    every_seconds: float = 60.0
-    sample_seconds: float = 1.0
     counters: Counters = cpu_counters
     own_cpu: Callable[[], float] = time.process_time
     clock: Callable[[], float] = time.monotonic
-    usable: Callable[[], int] = usable_cores
+    _mark: tuple[tuple[str, int, int] | None, float, float] | None = None
+
+    def mark(self) -> None:
+        self._mark = (self.counters(), self.own_cpu(), self.clock())
+
+    def seconds(self) -> float:
+        return 0.0 if self._mark is None else self.clock() - self._mark[2]
+
+    def busy_cores(self) -> float | None:
+        """Cores kept busy by other work since the mark (None: unknown)."""
+        if self._mark is None:
+            return None
+        (before, own_before, wall_before), now = self._mark, self.counters()
+        if before is None or now is None or before[0] != now[0]:
+            return None
+        wall = max(self.clock() - wall_before, 1e-6)
+        return max(0.0, cores_busy_between(before, now) - (self.own_cpu() - own_before) / wall)
+
+
+@dataclass
+class StageThreads:
+    """torch's intra-op thread count for one stage (a context manager: the count before it is put back at its end),
+    decided by `decide_threads` when it starts; re-checked every `every_seconds` only when `setting` is `auto`."""
+
+    setting: ThreadSetting = "stage"
+    processes: int = 1
+    workers: int = 0
+    every_seconds: float = 60.0
+    sample_seconds: float = 1.0
+    window: CpuWindow = field(default_factory=CpuWindow)
+    usable: Callable[[], int] = lambda: this_machine().usable_cores
     sleep: Callable[[float], None] = time.sleep
     changes: list[tuple[int, int, float]] = field(default_factory=list)  # (step, threads, other cores busy)
     fixed: str | None = None  # why the count never changes in this stage, if it does not
-    _mark: tuple[tuple[str, int, int] | None, float, float] | None = None
+    line: str = ""  # what was decided and why (the caller prints it: `announce`)
+    _before: int = 0
 
-    def start(self, step: int = 0, processes: int = 1, workers: int = 0) -> str:
-        """Decide the stage's first thread count from the other work measured since this process's last snapshot
-        (the previous stage's end, or `sample_seconds` of sleep when that window is shorter); returns the line that
-        says it (the caller prints it)."""
+    def __enter__(self) -> "StageThreads":
+        self._before = torch.get_num_threads()
+        self.line = self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._before)
+
+    def _start(self) -> str:
+        if isinstance(self.setting, int):
+            torch.set_num_threads(self.setting)
+            self.changes = [(0, self.setting, float("nan"))]
+            return f"CPU threads: {self.setting} (as asked)"
         if os.environ.get("OMP_NUM_THREADS", "").strip():
             self.fixed = "OMP_NUM_THREADS"
             return f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS)"
-        self._mark = _PROCESS_MARK[0] if _PROCESS_MARK else None
-        if self._mark is None:
-            self._snapshot()
-        waited = self.clock() - self._mark[2]
-        if waited < self.sample_seconds:
-            self.sleep(self.sample_seconds - waited)
-        others = self._others_since_mark()
-        window = self.clock() - self._mark[2]
-        threads = self._threads(others, processes)
+        self.window.mark()
+        self.sleep(self.sample_seconds)
+        others = self.window.busy_cores()
+        threads = self._decide(others, self.processes)
         torch.set_num_threads(threads)
-        self.changes = [(step, threads, others if others is not None else float("nan"))]
-        if processes > 1 or workers > 0:
-            self.fixed = "several processes" if processes > 1 else "loader workers"
-        self._snapshot()
-        busy = "busy unknown" if others is None else f"{others:.1f} busy over {window:.1f} s"
-        per = f" per process ({processes} processes)" if processes > 1 else ""
-        again = f"not re-checked: {self.fixed}" if self.fixed else f"re-checked every {self.every_seconds:g} s"
+        self.changes = [(0, threads, others if others is not None else float("nan"))]
+        if self.setting == "auto" and (self.processes > 1 or self.workers > 0):
+            self.fixed = "several processes" if self.processes > 1 else "loader workers"
+        self.window.mark()
+        busy = "busy unknown" if others is None else f"{others:.1f} busy over {self.sample_seconds:g} s"
+        per = f" per process ({self.processes} processes)" if self.processes > 1 else ""
+        again = (f"not re-checked: {self.fixed}" if self.fixed else f"re-checked every {self.every_seconds:g} s"
+                 if self.setting == "auto" else "kept for the stage; train.threads: auto re-checks")
         return (f"CPU threads: {threads}{per} ({self.usable()} usable cores, other work {busy}; {again}; set "
                 "OMP_NUM_THREADS to choose)")
 
     def after_step(self, step: int) -> str | None:
-        """Every `every_seconds`: measure the other work over the window since the last check and follow it; returns
-        the line announcing a change (None without one)."""
-        if self.fixed or self._mark is None or self.clock() - self._mark[2] < self.every_seconds:
+        """With `auto`, every `every_seconds`: measure the other work over the window since the last check and follow
+        it; returns the line announcing a change (None without one)."""
+        if self.setting != "auto" or self.fixed or self.window.seconds() < self.every_seconds:
             return None
-        others = self._others_since_mark()
-        self._snapshot()
-        threads = self._threads(others, 1)
-        current = torch.get_num_threads()
+        others = self.window.busy_cores()
+        self.window.mark()
+        threads, current = self._decide(others, 1), torch.get_num_threads()
         if others is None or threads == current:
             return None
         torch.set_num_threads(threads)
@@ -172,26 +187,9 @@ class ThreadGovernor:
         text = f"{first[1]}" + "".join(f", {threads} from step {step}" for step, threads, _ in later)
         return text + ("" if later else " throughout") + (f" ({self.fixed}: not re-checked)" if self.fixed else "")
 
-    def _threads(self, others: float | None, processes: int) -> int:
+    def _decide(self, others: float | None, processes: int) -> int:
         usable = self.usable()
-        idle = usable if others is None else usable - others
-        return max(1, min(usable, round(idle)) // max(1, processes))
-
-    def _snapshot(self) -> None:
-        self._mark = (self.counters(), self.own_cpu(), self.clock())
-        _PROCESS_MARK[:] = [self._mark]
-
-    def _others_since_mark(self) -> float | None:
-        """Cores kept busy by other work since the last snapshot: the machine's (or container's) busy CPU time less
-        this process's own, over the wall time."""
-        if self._mark is None:
-            return None
-        (before, own_before, wall_before), now = self._mark, self.counters()
-        if before is None or now is None or before[0] != now[0]:
-            return None
-        wall = max(self.clock() - wall_before, 1e-6)
-        own = (self.own_cpu() - own_before) / wall
-        return max(0.0, cores_busy_between(before, now) - own)
+        return decide_threads(usable, None if others is None else 1 - others / usable, processes)
 
 
 def announce(line: str | None) -> None:

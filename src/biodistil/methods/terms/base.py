@@ -28,7 +28,13 @@ class Term:
     name: str
     relation_heads: int | None = None
     windows: tuple[int | None, ...] = ()  # attention terms: per pair, the narrower window of the two layers
-    teacher: int | None = 0  # several teachers: the slot of the one it reads, or None for their mixture
+    teacher: int | None = 0  # several teachers: the index of the one it reads, or None for their mixture
+    share: float = 1.0  # several teachers, one term per teacher: this teacher's λ_k (its weight is w·λ_k)
+
+    @property
+    def family(self) -> str:
+        """The recipe term's log name: `name` without a teacher's `@k`."""
+        return self.name.partition("@")[0]
 
     @property
     def spec(self) -> TermSpec:
@@ -55,7 +61,7 @@ class TermInputs:
     shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
     multi_label: bool = False  # classes are independent (sigmoid per class): multi-label classification
     units: WordUnits | None = None  # across tokenizers: the words both sides share; terms compare them, not tokens
-    teachers: tuple[Features, ...] = ()  # several teachers: each one's features by slot (`teacher` is the first's)
+    teachers: tuple[Features, ...] = ()  # several teachers: each one's features in order (`teacher`: the first)
     mixtures: dict[str, Features] = field(default_factory=dict)  # several teachers: their mixture per mixture space
     teacher_units: tuple[WordUnits, ...] = ()  # several teachers across tokenizers: each one's words (`units`: 1st)
 

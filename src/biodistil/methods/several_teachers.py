@@ -1,0 +1,124 @@
+"""Several teachers, written once for `distill` (`methods.objective.Objective`) and `kd` (`kd.objective.KDObjective`):
+which teacher each term reads (`expand`: once on the teachers' mixture, or once per teacher k weighted w·λ_k and logged
+`<name>@k` and `<name>` = Σ_k λ_k·`<name>@k`), their mixture (`mix`: λ_k, or confidence weights per row: teacher k's
+probability of the label the student's own loss reads there, exp(−H) where there is none) and the pre-flight table's
+cells (`contribution`). The options are one `config.TeachersConfig`; docs/methods.md ("Several teachers") gives the
+equations.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+from biodistil.losses.distillation import Linear
+from biodistil.losses.multi_teacher import MixedRows, confidence_weights, mixed_teacher_logits
+from biodistil.methods.terms import Term, TermInputs
+from biodistil.models.logits import LinearRows, LogitRows
+from biodistil.term_specs import TermSpec
+
+Combine = Literal["mixture", "per_teacher"]
+
+
+@dataclass(frozen=True)
+class Teachers:
+    """The teachers as the terms see them: λ_k, which may teach logit terms, and the recipe's `combine`/`confidence`."""
+
+    weights: tuple[float, ...] = (1.0,)
+    combine: Combine = "mixture"
+    confidence: bool = False
+    logit_teachers: tuple[int, ...] | None = None  # None: every teacher
+
+    @property
+    def several(self) -> bool:
+        return len(self.weights) > 1
+
+    @property
+    def readers(self) -> tuple[int, ...]:
+        """The teachers a logit term reads."""
+        return tuple(range(len(self.weights))) if self.logit_teachers is None else self.logit_teachers
+
+    def shares(self, spec: TermSpec) -> tuple[float, ...]:
+        """Each teacher's share of a term of kind `spec`: λ_k, for a logit term `logit_shares`."""
+        return self.logit_shares if spec.reads == "logits" else self.weights
+
+    @property
+    def logit_shares(self) -> tuple[float, ...]:
+        """λ_k renormalised over `readers` (0 for the others)."""
+        kept = [w if k in self.readers else 0.0 for k, w in enumerate(self.weights)]
+        return tuple(w / (sum(kept) or 1.0) for w in kept)
+
+    def on_mixture(self, spec: TermSpec) -> bool:
+        """Whether a term of kind `spec` is computed once on the teachers' mixture."""
+        return self.several and spec.needs_teacher and spec.mixture is not None and self.combine == "mixture"
+
+
+def _as_is(term: Term, teacher: int) -> Term:
+    return term
+
+
+def expand(terms: Sequence[Term], teachers: Teachers, resolve: Callable[[Term, int], Term] = _as_is) -> list[Term]:
+    """The terms as computed: a term without a teacher (or with one teacher) as it is; a mixture term once, reading the
+    mixture (`teacher=None`); any other teacher term once per teacher k with a share (`name@k`, `share=λ_k`,
+    resolved against teacher k by `resolve`: its layer pairs, heads and windows)."""
+    expanded = []
+    for term in terms:
+        if not teachers.several or not term.spec.needs_teacher:
+            expanded.append(term)
+        elif teachers.on_mixture(term.spec):
+            expanded.append(replace(term, teacher=None))
+        else:
+            expanded += [replace(resolve(term, k), name=f"{term.name}@{k}", teacher=k, share=share)
+                         for k, share in enumerate(teachers.shares(term.spec)) if share]
+    return expanded
+
+
+def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers) -> TermInputs:
+    """`inputs` with the teachers' mixture in each space a mixture term reads, as one teacher's features: their logit
+    rows at the first reader's positions mixed with λ_k, or per row with the confidence weights (module docstring)."""
+    spaces = {term.spec.mixture for term in terms if term.teacher is None and term.spec.needs_teacher}
+    if not spaces:
+        return inputs
+    readers = teachers.readers
+    first = inputs.teachers[readers[0]]
+    positions = first.logits.positions
+    shares = teachers.logit_shares
+    weights = torch.tensor([shares[k] for k in readers], device=positions.device)
+    if teachers.confidence:
+        dense = [inputs.teachers[k].logits.logits() for k in readers]
+        weights = confidence_weights(dense, weights, _row_labels(inputs, positions), inputs.multi_label)
+    mixtures = {}
+    for space in spaces:
+        if space == "softmax":  # formed a chunk of rows at a time inside the KL, never whole
+            rows = MixedRows(tuple(_rows(inputs.teachers[k].logits) for k in readers), weights, inputs.temperature)
+        else:
+            logits = [inputs.teachers[k].logits.logits() for k in readers]
+            binary_pair = space == "sigmoid" and not inputs.multi_label and logits[0].size(-1) == 2
+            rows = mixed_teacher_logits(logits, weights, space, inputs.temperature, binary_pair)
+        mixtures[space] = replace(first, logits=LogitRows(positions, rows), hidden={})
+    return replace(inputs, mixtures=mixtures)
+
+
+def contribution(spec: TermSpec, share: float | None, teachers: Teachers) -> str:
+    """One cell of the pre-flight table: what a teacher of share `share` gives a term of kind `spec`."""
+    if share is None:
+        return "— (the student's own loss)"
+    if not share:
+        return "— no trained MLM head (its logits would be random)"
+    if teachers.on_mixture(spec):
+        what = "logits" if spec.mixture == "logits" else f"{spec.mixture} probabilities"
+        return f"mixture of {what} ({'confidence × ' if teachers.confidence else ''}weight {share:.2f})"
+    return f"its own term × {share:.2f}" + (" (own projections)" if spec.reads == "hidden" else "")
+
+
+def _row_labels(inputs: TermInputs, positions: torch.Tensor) -> torch.Tensor | None:
+    """The label at each logit row (−100: none), or per example the 0/1 label vector of a multi-label task."""
+    if inputs.labels is None:
+        return None
+    return inputs.labels if inputs.multi_label else inputs.labels[positions]
+
+
+def _rows(logits: LogitRows) -> torch.Tensor | Linear:
+    """What stands for a teacher's logit rows in a mixture: its head's (x, W, b), else the logits."""
+    return logits.rows.linear if isinstance(logits.rows, LinearRows) else logits.logits()
