@@ -99,3 +99,57 @@ def test_gap_cells_say_when_a_seed_has_no_gap_to_close():
     assert tables.gap_cell([0.5]) == "50%"
     assert tables.gap_cell([0.5, None]) == "n/a (no gap)", "a teacher no better than the initialisation: null"
     assert tables.gap_cell([float("nan")]) == "n/a (no gap)"
+
+
+def _seeds_scale_figures() -> dict[str, str]:
+    """Figures docs/results.md quotes in the prose of Study 6, formed from its record."""
+    record = json.loads((DOCS / "results" / "seeds-scale.json").read_text())
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    cells = {cell["model"]: cell["test"]["f1"] for cell in stages["deploy"]["deploy"]["results"]["cells"]}
+    loss = {arm: 100 * (cells[arm] - cells[f"{arm}-onnx-int8"]) for arm in cells if f"{arm}-onnx-int8" in cells}
+    summary = stages["study"]["summary"]
+    teacher = summary["teachers"]["ncbi_disease"]["test"]["f1"]
+    means = {row["arm"]: row["mean"] for row in summary["rows"]}
+    six = [loss[arm] for arm in ("ft-6x768", "kd-6x768", "ft-6x768-distilled")]
+    minutes = stages["distilled"]["summary"]["result"]["seconds"] / 60
+    return {
+        "distillation minutes": f"250 steps of 32 × 128, {minutes:.1f} min)",
+        "int8 loss of the 6 × 768 students": f"loses {min(six):.2f}-{max(six):.2f} F1",
+        "int8 loss per arm": f"−{loss['ft-6x768']:.1f} (ft-6x768), −{loss['kd-6x768']:.1f} (kd-6x768), "
+                             f"−{loss['ft-6x768-distilled']:.1f} (ft-6x768-distilled), −{loss['ft-3x384']:.1f} "
+                             f"(ft-3x384), −{loss['kd-3x384']:.1f} (kd-3x384) and −{loss['teacher']:.1f} for the",
+        "teacher above its students": f"a teacher only {100 * (teacher - means['ft-6x768']):.1f} F1 above its "
+                                      f"fine-tuned 6 × 768 student",
+        "… and the 3 × 384 one": f"({100 * (teacher - means['ft-3x384']):.1f} above the 3 × 384 one)",
+    }
+
+
+def _holm_figures() -> dict[str, str]:
+    """Adjusted p-values the prose quotes, from the tables' own families."""
+    tables = results_tables()
+    task_agnostic = tables.load("task-agnostic")
+    results = next(s["results"] for s in task_agnostic["stages"] if s["command"] == "evaluate")
+    seeds = {label: list(results["summary"][label]["ncbi_disease"]["seeds"].values())
+             for label in results["summary"]}
+    pairs = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
+             ("layers-only", "random-init"), ("distilbert", "tinybert")]
+    study1 = tables.family([(seeds[a], seeds[b]) for a, b in pairs], paired=True)[-1]
+    users = tables.load("users-setting")
+    budgets = {row["task"]: row for row in users["rows"] if row["arm"] == "budget"}
+    others = [row for row in users["rows"] if row["arm"] != "budget"]
+    judged = dict(zip([(r["task"], r["arm"]) for r in others],
+                      tables.family([(r["scores"], budgets[r["task"]]["scores"]) for r in others],
+                                    looks=tables.LOOKS["users-setting"]), strict=True))
+    unseen = judged["bc5cdr_disease", "kd-unseen-biomed"]
+    return {"Study 1 distilbert − tinybert": f"does not survive the table's\n  five comparisons (Holm p "
+                                            f"{study1.p_holm:.2f})",
+            "Study 4 unseen text on BC5CDR": f"does not survive the study's eight comparisons (Holm p\n  "
+                                             f"{unseen.p_holm:.2f})"}
+
+
+@pytest.mark.parametrize("figures", [_seeds_scale_figures, _holm_figures])
+def test_the_prose_quotes_its_records_figures(figures):
+    """Sentences of docs/results.md that quote a record's figures hold the figures the record gives (issue 55: prose
+    figures had drifted from their records)."""
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    assert {name: quoted for name, quoted in figures().items() if quoted not in text} == {}
