@@ -2,6 +2,7 @@
 transfer-study*, meta-study*) on a small slice of the real data folder, and the small study recipes."""
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -146,9 +147,9 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
     assert all(len(row["gap_closed_per_seed"]) == 1 for row in summary["rows"])
     for row in summary["rows"]:  # the share of the teacher over test sentences, from both sides' predictions
         share = row["share"]
-        assert "why_none" in share or (share["low"] <= share["estimate"] <= share["high"] and share["runs"] == [1, 1])
-    if all(row["metric"] == "f1" for row in summary["rows"]):  # the tasks' headline (AUROC is not bootstrapped yet)
-        assert all("estimate" in row["share"] for row in summary["rows"]), [row["share"] for row in summary["rows"]]
+        assert "estimate" in share, share
+        if math.isfinite(share["estimate"]):  # a tiny teacher may score 0: no share to form
+            assert share["low"] <= share["estimate"] <= share["high"] and share["runs"] == [1, 1]
     assert (out / "scores.png").stat().st_size > 1000
     if recipe.startswith("studies/"):
         from test_studies import results_tables

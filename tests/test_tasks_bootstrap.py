@@ -77,6 +77,19 @@ def test_runs_of_several_seeds_widen_the_interval_by_their_spread(tmp_path):
     assert three.runs == (3, 1)
 
 
+def test_auroc_is_recomputed_from_the_positive_class_scores_on_each_resample(tmp_path):
+    gold = ["0", "1", "0", "1"]
+    rows = [{"id": i, "gold": g, "predicted": "1", "scores": [1 - s, s]}
+            for i, (g, s) in enumerate(zip(gold, [0.1, 0.9, 0.8, 0.7], strict=True))]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = read_scored_run(path, "binary_prf", key="auroc", positive_at=1, positive="1")
+    # positives 0.9, 0.7 against negatives 0.1, 0.8: 3 of the 4 pairs ranked right
+    assert run.score(np.arange(4)) == pytest.approx(0.75)
+    with pytest.raises(BiodistilError, match="no class scores"):
+        read_scored_run(write_run(tmp_path / "n.jsonl", gold, gold), "binary_prf", key="auroc", positive_at=1)
+
+
 def test_a_label_metric_is_recomputed_on_each_resample_and_misaligned_runs_are_refused(tmp_path):
     gold = ["yes", "no"] * 20
     predicted = ["yes"] * 40

@@ -16,6 +16,7 @@ writes summary.json, report.md and scores.png: the same as one process's, since 
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from biodistil.tasks.bootstrap import read_scored_run, share_interval
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.scoring import positive_index
 from biodistil.tasks.significance import compare_scores, holm
 from biodistil.teachers.task_cache import teacher_test_predictions, teacher_test_scores
 from biodistil.training.machine import describe_machine
@@ -211,15 +213,15 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
     for study_task in recipe.tasks:
         task, test = _test_split(recipe, study_task, [_teacher_model(study_task, root)])
         teacher = teacher_test_predictions(_teacher_model(study_task, root), task, test, _cache(recipe, root))
+        positive_at = positive_index(task) if task.kind != "token_classification" else None
         for row in (row for row in rows if row["task"] == task.name):
-            if row["metric"] != task.headline_key:
-                row["share"] = {"why_none": f"the bootstrap scores the task's headline, not {row['metric']}"}
-                continue
             folders = [run.folder for run in runs if run.task == row["task"] and run.arm == row["arm"]]
+            scored = partial(read_scored_run, metric=task.metric, key=row["metric"], positive_at=positive_at,
+                             **task.metric_options)
             try:
-                students = [read_scored_run(folder / TEST_PREDICTIONS, task.metric) for folder in folders]
-                row["share"] = share_interval(students, [read_scored_run(teacher, task.metric)]).as_record()
-            except (BiodistilError, OSError) as err:
+                students = [scored(folder / TEST_PREDICTIONS) for folder in folders]
+                row["share"] = share_interval(students, [scored(teacher)]).as_record()
+            except (BiodistilError, OSError, KeyError, ValueError) as err:
                 row["share"] = {"why_none": str(err)}
 
 

@@ -52,22 +52,29 @@ class ScoredRun:
     score: Callable[[np.ndarray], float]  # the headline metric on the examples at these indices
 
 
-def read_scored_run(path: Path, metric: str) -> ScoredRun:
-    """A run's `test_predictions.jsonl` (id, gold, predicted per example) scored by `metric` (a name of
-    `tasks.metrics.METRICS` whose inputs are tag sequences or labels)."""
+def read_scored_run(path: Path, metric: str, key: str | None = None, positive_at: int | None = None,
+                    **options: Any) -> ScoredRun:
+    """A run's `test_predictions.jsonl` (id, gold, predicted and any class scores per example) scored by `metric` (a
+    name of `tasks.metrics.METRICS`, with its `options`) at `key` (default its headline); `positive_at`: the index of
+    the positive class in the class scores, for a metric that also reads them (AUROC)."""
     rows = read_jsonl(path)
     if not rows or any(not {"id", "gold", "predicted"} <= set(row) for row in rows):
         raise BiodistilError(f"{path}: expected one JSON record per test example with id, gold and predicted")
     gold, predicted = [row["gold"] for row in rows], [row["predicted"] for row in rows]
     ids = tuple(str(row["id"]) for row in rows)
-    if metric == "entity_f1":
-        return ScoredRun(ids, _entity_f1_of(entity_counts(gold, predicted)))
     spec = get_metric(metric)
-    if "scores" in spec.inputs:
-        raise BiodistilError(f"{path}: a bootstrap of {metric} needs class scores; use its label metric")
+    key = key or spec.headline
+    if metric == "entity_f1" and key == "f1":
+        return ScoredRun(ids, _entity_f1_of(entity_counts(gold, predicted)))
+    if "positive_scores" in spec.inputs:
+        if positive_at is None or any("scores" not in row for row in rows):
+            raise BiodistilError(f"{path}: {metric} also reads the positive class's score; these predictions have "
+                                 "no class scores (or no positive class was named)")
+        options["positive_scores"] = np.array([row["scores"][positive_at] for row in rows])
 
     def score(indices: np.ndarray) -> float:
-        return float(spec([gold[i] for i in indices], [predicted[i] for i in indices])[spec.headline])
+        drawn = {name: value[indices] if isinstance(value, np.ndarray) else value for name, value in options.items()}
+        return float(spec([gold[i] for i in indices], [predicted[i] for i in indices], **drawn)[key])
 
     return ScoredRun(ids, score)
 

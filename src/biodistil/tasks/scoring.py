@@ -20,9 +20,14 @@ def score(task: TaskSpec, examples: Sequence[Example], predictions: Predictions)
         return task.compute_metrics([e.tags for e in examples], predictions.labels)
     extra: dict[str, Any] = {}
     if "positive_scores" in METRICS[task.metric].inputs:
-        positive = task.label_to_id[str(task.metric_options.get("positive", task.labels[-1]))]
-        extra["positive_scores"] = [s[positive] for s in predictions.scores]
+        extra["positive_scores"] = [s[positive_index(task)] for s in predictions.scores]
     return task.compute_metrics(task.example_targets(examples), predictions.labels, **extra)
+
+
+def positive_index(task: TaskSpec) -> int:
+    """Where the positive class's score stands in a prediction's class scores (the metric's `positive` option, else
+    the last label)."""
+    return task.label_to_id[str(task.metric_options.get("positive", task.labels[-1]))]
 
 
 @dataclass
