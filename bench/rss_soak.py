@@ -24,14 +24,11 @@ from biodistil.config import DistillRecipe, validate_recipe
 from biodistil.data.synthetic import synthetic_corpus
 from biodistil.training.engine import Engine
 
-WORDS = [
-    "the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
-    "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",
-    "activation", "pathway", "signalling", "transcription", "factor", "apoptosis", "therapy", "clinical",
-    "trial", "dose", "response", "antibody", "antigen", "immune", "infection", "virus", "bacterial",
-    "resistance", "cytokine", "interleukin", "tnf", "p53", "brca1", "egfr", "insulin", "glucose", "liver",
-    "renal", "cardiac",
-]
+# the test suite's corpus words (tests/conftest.py)
+CORPUS_WORDS = ("the protein kinase gene expression cell tumour patients mutation receptor binding inhibitor disease "
+                "cancer mice induced levels increased decreased activation pathway signalling transcription factor "
+                "apoptosis therapy clinical trial dose response antibody antigen immune infection virus bacterial "
+                "resistance cytokine interleukin tnf p53 brca1 egfr insulin glucose liver renal cardiac")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,7 +104,7 @@ def soak(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         corpus = folder / "corpus.txt"
-        corpus.write_text(synthetic_corpus(WORDS, 2000, 0), encoding="utf-8")
+        corpus.write_text(synthetic_corpus(CORPUS_WORDS.split(), 2000, 0), encoding="utf-8")
         teacher = build_teacher(folder / "teacher", corpus, args)
         run_distill(recipe(folder, teacher, corpus, args))
     Engine._optimizer_step = step
