@@ -22,10 +22,12 @@ Measures, in one process, on identical batches (the same blocks under the same s
 The modes run alternately, one step each per round, so that machine load falls on all of them alike; tokens/s is the
 median over the rounds, and a mode's ratio to plain MLM the median over the rounds of its tokens/s divided by plain
 MLM's in the same round (on a shared machine whose speed drifts, a steadier figure than the ratio of the medians).
-Peak memory: the largest resident set size sampled (every millisecond) during each mode's steps; with --only MODE
-the process runs that mode alone and also reports its peak RSS (ru_maxrss), the figure to compare with another
-program's; a cache mode then has its cache built by a child process first, as a run finds it built after
-`biodistil cache-teacher` (the build's own peak, the teacher's logits over whole batches, is not the training's).
+Peak memory: the largest resident set size sampled (every millisecond) during each mode's steps; the process's own
+peak RSS (ru_maxrss) and its RSS after every measured round with the growth per round (the least-squares slope: a
+round is one step of every mode), which a process whose memory is flat has near 0; with --only MODE the process runs
+that mode alone, so its peak and growth per step are the figures to compare with another program's; a cache mode
+then has its cache built by a child process first, as a run finds it built after `biodistil cache-teacher` (the
+build's own peak, the teacher's logits over whole batches, is not the training's).
 Weights are random: speed does not depend on them. It also prints the CPU's model and the flags that decide
 the dtypes (the teacher's: `teacher.dtype: auto`, said with its reason), the student's precision and compile setting,
 each mode's estimated GFLOP/s (`flops_per_token`) and its FLOP bound (the ratio to plain MLM it would have at plain
@@ -380,8 +382,11 @@ def measure(args: argparse.Namespace) -> dict:
 
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
     peaks: dict[str, int] = dict.fromkeys(modes, 0)
+    after_rounds: list[int] = []  # the process's RSS after each measured round
     warmup_seconds = 0.0
     for index in range(args.warmup + args.repeats):
+        if index > args.warmup:
+            after_rounds.append(sampler.current())
         for mode in modes:
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -400,6 +405,7 @@ def measure(args: argparse.Namespace) -> dict:
                 rates[mode].append(tokens / seconds)
                 peaks[mode] = max(peaks[mode], peak)
 
+    after_rounds.append(sampler.current())
     measured = slice(args.warmup, args.warmup + args.repeats)
     phase_ms = {mode: {phase: round(1000 * statistics.median(times[measured]), 1) for phase, times in laps.items()}
                 for mode, laps in phases.items()}
@@ -419,8 +425,8 @@ def measure(args: argparse.Namespace) -> dict:
             mode: round(statistics.median(a / b for a, b in zip(values, rates["mlm"], strict=True)), 3)
             for mode, values in rates.items()
         }
-    if args.only:
-        result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result["process_max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result.update(rss_growth(after_rounds))
     flops = {mode: flops_per_token(mode, student.config, teacher.config, args.seq) for mode in modes}
     result["gflops"] = {mode: round(tokens_per_s[mode] * sum(flops[mode].values()) / 1e9, 1) for mode in modes}
     result["flop_bound_ratio"] = {  # the ratio to plain MLM if every mode ran at plain MLM's FLOP/s
@@ -528,6 +534,15 @@ def two_teacher_costs(rates: dict[str, list[float]]) -> dict[str, dict[str, floa
     return costs
 
 
+def rss_growth(after_rounds: list[int]) -> dict:
+    """The process's RSS after each measured round (MiB) and its growth per round: the least-squares slope over the
+    rounds (a round is one step of each mode; with --only, one step), steadier than last minus first where freed
+    memory comes and goes."""
+    mb = [value / 2**20 for value in after_rounds]
+    slope = statistics.linear_regression(range(len(mb)), mb).slope if len(mb) > 1 else 0.0
+    return {"rss_after_round_mb": [round(value) for value in mb], "rss_growth_mb_per_round": round(slope, 2)}
+
+
 def show(result: dict, args: argparse.Namespace) -> None:
     """Print a measurement's lines and, last, its JSON."""
     tokens_per_s, peaks = result["tokens_per_s"], result["peak_memory_mb"]
@@ -548,6 +563,9 @@ def show(result: dict, args: argparse.Namespace) -> None:
         print(f"peak RSS by phase (MiB; {result['rss_before_steps_mb']:,} before the first step, models and data "
               "loaded): " + "; ".join(f"{mode} " + ", ".join(f"{phase} {mb:,}" for phase, mb in peaks.items())
                                       for mode, peaks in result["phase_peak_mb"].items()))
+    print(f"process: peak RSS {result['process_max_rss_mb']:,} MiB (ru_maxrss; without --only, a cache mode's build "
+          f"included), RSS {result['rss_after_round_mb'][0]:,} MiB after the first measured round, "
+          f"{result['rss_after_round_mb'][-1]:,} after the last: {result['rss_growth_mb_per_round']:+.2f} MiB a round")
     if "bf16_speedup" in result:
         print(f"bf16 student: {result['bf16_speedup']:.2f} x the float32 student's plain-MLM tokens/s")
     for twin, cost in result.get("two_teachers", {}).items():

@@ -56,3 +56,11 @@ def test_the_bench_runs_the_peer_beside_biodistil(throughput):
     peer_only = throughput.measure(throughput.parse([*TINY, "--only", "peer-all"]))
     assert peer_only["teacher"].endswith("float32") and peer_only["compile"].startswith("nothing")
     assert peer_only["process_max_rss_mb"] > 0
+    assert len(peer_only["rss_after_round_mb"]) == 1 and peer_only["rss_growth_mb_per_round"] == 0.0
+
+
+def test_the_bench_reports_the_process_rss_growth_per_round(throughput):
+    grown = throughput.rss_growth([100 * 2**20, 112 * 2**20, 121 * 2**20, 136 * 2**20])
+    assert grown["rss_after_round_mb"] == [100, 112, 121, 136]
+    assert grown["rss_growth_mb_per_round"] == pytest.approx(11.7, abs=0.01)  # slope: (3·136 + 121 − 112 − 3·100) / 10
+    assert throughput.rss_growth([5 * 2**20] * 3)["rss_growth_mb_per_round"] == 0.0

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqeval.scheme import IOB2, Entities
-from sklearn.metrics import f1_score, precision_recall_fscore_support, roc_auc_score
-
 from biodistil.errors import BiodistilError
+
+# seqeval and scikit-learn are imported by the metrics that use them: scikit-learn's import holds about 150 MB, which
+# every training command (the task registry imports this module) would otherwise carry through its run
 
 Metrics = dict[str, float]
 
@@ -101,6 +101,8 @@ def format_metric(name: str, value: float | int | None) -> str:
 
 
 def _entity_set(sequences: list[list[str]]) -> set[tuple[int, int, int, str]]:
+    from seqeval.scheme import IOB2, Entities
+
     entities = Entities(sequences, IOB2, suffix=False).entities
     return {e.to_tuple() for sentence in entities for e in sentence}
 
@@ -120,6 +122,8 @@ def token_macro_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Seque
     I-PAR are both PAR). F1 is computed per class over all tokens and averaged over the classes that occur
     in gold or prediction, O excluded. Also returns the token-level micro F1 over those classes.
     """
+    from sklearn.metrics import f1_score
+
     _check_lengths(true_tags, pred_tags, "sentences")
     gold: list[str] = []
     pred: list[str] = []
@@ -167,6 +171,8 @@ def micro_f1_excluding(
     negative label). A negative predicted as a positive class is a false positive; a positive predicted
     as negative is a false negative.
     """
+    from sklearn.metrics import precision_recall_fscore_support
+
     _check_lengths(y_true, y_pred)
     gold, pred = _labels(y_true), _labels(y_pred)
     negatives = {str(n) for n in negative_labels}
@@ -185,6 +191,8 @@ def accuracy_macro_f1(
     labels: Sequence[Any] | None = None,
 ) -> Metrics:
     """Accuracy (headline "accuracy", BLURB's PubMedQA metric) and macro F1 over `labels` (default: seen)."""
+    from sklearn.metrics import f1_score
+
     _check_lengths(y_true, y_pred)
     gold, pred = _labels(y_true), _labels(y_pred)
     classes = _labels(labels) if labels is not None else sorted(set(gold) | set(pred))
@@ -213,6 +221,8 @@ def accuracy_auroc(
 
 def _auroc(binary: list[int], positive_scores: Sequence[float]) -> float:
     """AUROC of 0/1 gold labels against scores; NaN when the gold labels hold one class (undefined then)."""
+    from sklearn.metrics import roc_auc_score
+
     return float(roc_auc_score(binary, list(positive_scores))) if len(set(binary)) == 2 else math.nan
 
 
@@ -243,6 +253,8 @@ def hoc_example_f1(y_true_multi: Sequence[Sequence[int]], y_pred_multi: Sequence
     number is returned as `blue_f1` (with the same empty-set convention), next to `example_precision` and
     `example_recall`. `micro_f1` / `macro_f1` are sklearn's over the label columns.
     """
+    from sklearn.metrics import f1_score
+
     _check_lengths(y_true_multi, y_pred_multi, "documents")
     widths = {len(row) for row in [*y_true_multi, *y_pred_multi]}
     if len(widths) > 1:
