@@ -65,6 +65,8 @@ def test_a_resumed_run_spelled_absolute_is_the_same_run(workspace):
 
     first = validate_recipe(Recipe, {"run": {"output_dir": "runs/x"}})
     RunFolder(first.run.output_dir, first, stages=True)
+    (workspace / "runs" / "x" / "stage").mkdir()  # a stage began (its recipe recorded): the job is continued
+    (workspace / "runs" / "x" / "stage" / "config.yaml").write_text("run: {}\n")
     again = validate_recipe(Recipe, {"run": {"output_dir": str(workspace / "runs" / "x")}})
     assert RunFolder(again.run.output_dir, again, stages=True).resume
 
