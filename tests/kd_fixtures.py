@@ -5,7 +5,7 @@ import random
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForMaskedLM
+from transformers import AutoModelForMaskedLM, MPNetConfig, MPNetForMaskedLM, MPNetModel
 
 from biodistil.config import ArchitectureConfig, validate_recipe
 from biodistil.data.synthetic import write_ner_task
@@ -65,6 +65,16 @@ def save_student(tokenizer, target: Path, layers: int = 2, dropout: float = 0.1,
                               max_position_embeddings=positions, dropout=dropout)
     model = model_from_architecture(arch, tokenizer)
     model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def save_mpnet(tokenizer, target: Path, layers: int, positions: int, head: bool = True) -> Path:
+    """A 32-wide MPNet with `tokenizer` (random weights): a masked LM, or with `head` False an encoder alone, as
+    `mpnet-base` is."""
+    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=positions, pad_token_id=tokenizer.pad_token_id)
+    (MPNetForMaskedLM if head else MPNetModel)(config).save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
 

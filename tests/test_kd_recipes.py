@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from kd_fixtures import save_student, save_teacher
+from kd_fixtures import save_mpnet, save_student, save_teacher
 from recipe_fixtures import QUIET, RECIPES, data_root, needs_data
-from transformers import MPNetConfig, MPNetModel
 
 from biodistil.cli.main import main
 from biodistil.config import load_recipe
@@ -48,12 +47,7 @@ def tiny_mpnet(tmp_path_factory) -> Path:
     to the tests, without fetching it."""
     torch.manual_seed(2)
     tokenizer = train_wordpiece(corpus_lines(), vocab_size=1100, min_frequency=2)
-    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
-    folder = tmp_path_factory.mktemp("tiny_mpnet")
-    MPNetModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_mpnet(tokenizer, tmp_path_factory.mktemp("tiny_mpnet"), layers=2, positions=130, head=False)
 
 
 def kd_overrides(recipe: str, teachers: dict[str, Path], student: Path, tmp_path: Path) -> list[str]:

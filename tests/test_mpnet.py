@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from kd_fixtures import write_token_task
+from kd_fixtures import save_mpnet, write_token_task
 from recipe_fixtures import RECIPES
-from transformers import AutoModelForMaskedLM, MPNetConfig, MPNetForMaskedLM
+from transformers import AutoModelForMaskedLM, MPNetConfig
 
 from biodistil.cli.main import main
 from biodistil.config import DistillRecipe, validate_recipe
@@ -21,12 +21,7 @@ from biodistil.models.families import family_of
 def mpnet(tmp_path_factory, tokenizer):
     """A 4-layer, 32-wide MPNet masked LM with the fixtures' WordPiece tokenizer (random weights)."""
     torch.manual_seed(0)
-    config = MPNetConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=80, pad_token_id=tokenizer.pad_token_id)
-    folder = tmp_path_factory.mktemp("mpnet")
-    MPNetForMaskedLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_mpnet(tokenizer, tmp_path_factory.mktemp("mpnet"), layers=4, positions=80)
 
 
 def recipe(teacher, corpus_file, out, terms) -> DistillRecipe:
