@@ -103,3 +103,8 @@ def test_a_label_metric_is_recomputed_on_each_resample_and_misaligned_runs_are_r
     with pytest.raises(BiodistilError, match=r"bad\.jsonl: expected one JSON record per test example"):
         read_scored_run(tmp_path / "bad.jsonl", "entity_f1")
     assert not math.isnan(difference_interval([run], [run]).estimate)
+    tags = [["B", "O"]] * 10
+    student = read_scored_run(write_run(tmp_path / "s.jsonl", tags, tags), "entity_f1")
+    silent = read_scored_run(write_run(tmp_path / "z.jsonl", tags, [["O", "O"]] * 10), "entity_f1")
+    with pytest.raises(BiodistilError, match="the teacher scores 0"):  # no NaN in a record
+        share_interval([student], [silent])

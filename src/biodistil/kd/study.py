@@ -221,8 +221,8 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
             try:
                 students = [scored(folder / TEST_PREDICTIONS) for folder in folders]
                 row["share"] = share_interval(students, [scored(teacher)]).as_record()
-            except (BiodistilError, OSError, KeyError, ValueError) as err:
-                row["share"] = {"why_none": str(err)}
+            except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
+                row["share"] = {"why_none": str(err).replace(str(root), ".")}
 
 
 def side_by_side_line(record: dict[str, Any]) -> str:

@@ -98,7 +98,11 @@ def _entity_f1_of(counts: np.ndarray) -> Callable[[np.ndarray], float]:
 
 def share_interval(students: Sequence[ScoredRun], teachers: Sequence[ScoredRun], resamples: int = RESAMPLES,
                    seed: int = 0) -> Interval:
-    """The share of the teacher, mean student score / mean teacher score, with its interval."""
+    """The share of the teacher, mean student score / mean teacher score, with its interval (resamples on which the
+    teacher scores 0 have no share and are left out); a teacher that scores 0 on the whole test set has none."""
+    _check_aligned([*students, *teachers])
+    if _mean(teachers, np.arange(len(teachers[0].ids))) == 0:
+        raise BiodistilError("the teacher scores 0 on the test set: there is no share of it to form")
     return _interval(students, teachers, lambda s, t: s / t if t else float("nan"), resamples, seed)
 
 
