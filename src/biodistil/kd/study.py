@@ -211,8 +211,9 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
     drawn per side, sentences paired), from the runs' test predictions and the teacher's; a row whose predictions
     cannot be paired with the teacher's (another test set, another metric) says why instead."""
     for study_task in recipe.tasks:
-        task, test = _test_split(recipe, study_task, [_teacher_model(study_task, root)])
-        teacher = teacher_test_predictions(_teacher_model(study_task, root), task, test, _cache(recipe, root))
+        model = _teacher_model(study_task, root)
+        task, test = _test_split(recipe, study_task, [model])
+        teacher = teacher_test_predictions(model, task, test, _cache(recipe, root))
         positive_at = positive_index(task) if task.kind != "token_classification" else None
         for row in (row for row in rows if row["task"] == task.name):
             folders = [run.folder for run in runs if run.task == row["task"] and run.arm == row["arm"]]
