@@ -15,7 +15,7 @@ from biodistil.tasks.bootstrap import (
     read_scored_run,
     share_interval,
 )
-from biodistil.tasks.metrics import entity_f1
+from biodistil.tasks.metrics import entity_f1, get_metric
 
 
 def write_run(path: Path, gold: list, predicted: list, ids: list | None = None) -> Path:
@@ -108,3 +108,33 @@ def test_a_label_metric_is_recomputed_on_each_resample_and_misaligned_runs_are_r
     silent = read_scored_run(write_run(tmp_path / "z.jsonl", tags, [["O", "O"]] * 10), "entity_f1")
     with pytest.raises(BiodistilError, match="the teacher scores 0"):  # no NaN in a record
         share_interval([student], [silent])
+
+
+@pytest.mark.parametrize(("metric", "key", "labels", "options"), [
+    ("binary_prf", "auroc", ["0", "1"], {"positive": "1"}),
+    ("binary_prf", "f1", ["0", "1"], {"positive": "1"}),
+    ("binary_prf", "accuracy", ["0", "1"], {}),
+    ("accuracy_auroc", "auroc", ["no", "yes"], {}),
+    ("micro_f1_excluding", "f1", ["False", "CPR:3", "CPR:4"], {"negative_labels": ["False"]}),
+    ("accuracy_macro_f1", "accuracy", ["yes", "no", "maybe"], {}),
+    ("accuracy_macro_f1", "macro_f1", ["yes", "no", "maybe"], {}),  # no per-example form: the metric itself
+])
+def test_a_resample_scores_what_the_metric_function_scores_on_the_drawn_examples(tmp_path, metric, key, labels,
+                                                                                  options):
+    """The per-example forms (counts, ranks) give the metric function's own value on any resample, ties and
+    repeated examples included."""
+    rng = np.random.default_rng(3)
+    gold, predicted = rng.choice(labels, size=60).tolist(), rng.choice(labels, size=60).tolist()
+    scores = rng.choice([0.1, 0.3, 0.5, 0.7], size=60)  # ties on purpose
+    rows = [{"id": i, "gold": g, "predicted": p, "scores": [1 - s, s]}
+            for i, (g, p, s) in enumerate(zip(gold, predicted, scores, strict=True))]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = read_scored_run(path, metric, key=key, positive_at=1, **options)
+    spec = get_metric(metric)
+    extra = {"positive_scores": scores} if "positive_scores" in spec.inputs else {}
+    for _ in range(5):
+        drawn = rng.integers(60, size=60)
+        expected = spec([gold[i] for i in drawn], [predicted[i] for i in drawn],
+                        **{name: value[drawn] for name, value in extra.items()}, **options)[key]
+        assert run.score(drawn) == pytest.approx(expected, abs=1e-12)

@@ -8,18 +8,23 @@ for both sides); the side's score is the mean over its drawn runs of the task's 
 The interval is the percentile interval of the B statistics. With one run a side it is the plain paired bootstrap
 over examples.
 
-Entity F1 is formed from per-sentence counts (correct, predicted, gold entities: strict IOB2 spans as
-`metrics.entity_f1` parses them), so a resample costs a sum; every other metric is recomputed on the drawn examples.
+A resample must cost little (a study forms B = 2,000 of them for each row), so the metrics that are ratios of sums are
+formed from per-example counts: entity F1 from correct, predicted and gold entities per sentence (strict IOB2 spans,
+as `metrics.entity_f1` parses them), accuracy and the F1 of positive classes from per-example hits. AUROC is the
+Mann-Whitney statistic on the drawn examples' ranks (ties count one half, as `sklearn.metrics.roc_auc_score`). Any
+other metric is recomputed by its own function on the drawn examples.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import rankdata
 
 from biodistil.errors import BiodistilError
 from biodistil.io import read_jsonl
@@ -64,13 +69,14 @@ def read_scored_run(path: Path, metric: str, key: str | None = None, positive_at
     ids = tuple(str(row["id"]) for row in rows)
     spec = get_metric(metric)
     key = key or spec.headline
-    if metric == "entity_f1" and key == "f1":
-        return ScoredRun(ids, _entity_f1_of(entity_counts(gold, predicted)))
     if "positive_scores" in spec.inputs:
         if positive_at is None or any("scores" not in row for row in rows):
             raise BiodistilError(f"{path}: {metric} also reads the positive class's score; these predictions have "
                                  "no class scores (or no positive class was named)")
         options["positive_scores"] = np.array([row["scores"][positive_at] for row in rows])
+    quick = _quick_score(metric, key, gold, predicted, {**_defaults(spec.function), **options})
+    if quick is not None:
+        return ScoredRun(ids, quick)
 
     def score(indices: np.ndarray) -> float:
         drawn = {name: value[indices] if isinstance(value, np.ndarray) else value for name, value in options.items()}
@@ -88,12 +94,56 @@ def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
     return counts
 
 
-def _entity_f1_of(counts: np.ndarray) -> Callable[[np.ndarray], float]:
+def _quick_score(metric: str, key: str, gold: list[Any], predicted: list[Any],
+                 options: dict[str, Any]) -> Callable[[np.ndarray], float] | None:
+    """The metric at `key` from per-example arrays (see the module's docstring), or None where it has no such form."""
+    if metric == "entity_f1" and key == "f1":
+        return _f1_of(entity_counts(gold, predicted))
+    if key == "auroc":
+        positive = str(options["positive"])
+        return _auroc_of(np.array([str(g) == positive for g in gold]), np.asarray(options["positive_scores"], float))
+    hits = np.array([str(g) == str(p) for g, p in zip(gold, predicted, strict=True)], dtype=np.int64)
+    if key == "accuracy" and metric in {"binary_prf", "accuracy_macro_f1", "accuracy_auroc"}:
+        return lambda indices: float(hits[indices].mean())
+    if metric == "binary_prf" and key == "f1":
+        positives = {str(options["positive"])}
+    elif metric == "micro_f1_excluding" and key == "f1":
+        negatives = {str(n) for n in options["negative_labels"]}
+        positives = ({str(g) for g in gold} | {str(p) for p in predicted}) - negatives
+    else:
+        return None
+    is_gold = np.array([str(g) in positives for g in gold], dtype=np.int64)
+    is_predicted = np.array([str(p) in positives for p in predicted], dtype=np.int64)
+    return _f1_of(np.stack([hits * is_predicted, is_predicted, is_gold], axis=1))
+
+
+def _f1_of(counts: np.ndarray) -> Callable[[np.ndarray], float]:
+    """F1 = 2·correct / (predicted + gold) (= 2PR/(P + R)) from per-example [correct, predicted, gold] counts."""
     def score(indices: np.ndarray) -> float:
         correct, predicted, true = counts[indices].sum(axis=0)
-        return 2.0 * correct / (predicted + true) if predicted + true else 0.0  # = 2PR/(P + R)
+        return 2.0 * correct / (predicted + true) if predicted + true else 0.0
 
     return score
+
+
+def _auroc_of(positive: np.ndarray, scores: np.ndarray) -> Callable[[np.ndarray], float]:
+    """AUROC = (sum of the positives' ranks − n₁(n₁ + 1)/2) / (n₁·n₀), tied scores at their mean rank; NaN with one
+    class among the drawn examples."""
+    def score(indices: np.ndarray) -> float:
+        drawn = positive[indices]
+        n_positive = int(drawn.sum())
+        n_negative = len(drawn) - n_positive
+        if not n_positive or not n_negative:
+            return float("nan")
+        ranks = rankdata(scores[indices])
+        return float((ranks[drawn].sum() - n_positive * (n_positive + 1) / 2) / (n_positive * n_negative))
+
+    return score
+
+
+def _defaults(function: Callable[..., Any]) -> dict[str, Any]:
+    return {name: parameter.default for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.default is not inspect.Parameter.empty}
 
 
 def share_interval(students: Sequence[ScoredRun], teachers: Sequence[ScoredRun], resamples: int = RESAMPLES,
