@@ -9,7 +9,8 @@ from the machine; downloads nothing. Models are random weights of the real shape
 vocabulary 30,522), its 6 × 768 student (alternate layers) and a 3 × 384 student; the corpus and the NER task are
 synthetic. Sections, each run in a child process (a failure in one never hides the others):
 
-  env        the device, driver, PyTorch build and the chip's bf16 dense peak, measured by a large bf16 matmul;
+  env        the device, driver, PyTorch build and the chip's dense peak, measured by a large matmul (bf16; on a
+             CPU the faster of bf16 and float32);
   distill    `bench/throughput.py`'s step (plain MLM; live KL at masked positions and everywhere; from the head and
              top-k caches) at sequence 512 and 128: tokens/s, ratio to plain MLM, MFU (model FLOPs per second over the
              measured bf16 peak), peak memory; bf16 vs float32 student; the compiled KL rows (Triton) vs eager;
@@ -100,12 +101,24 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def bf16_peak_tflops(device, size: int) -> float:
-    """The chip's bf16 dense ceiling, measured: TFLOP/s of a [size × size] bf16 matmul, best of 10 after 3 warm-ups."""
+def peak_tflops(device, size: int) -> tuple[float, str]:
+    """The chip's dense ceiling, measured, and its dtype: on a GPU the bf16 one; on a CPU the faster of bf16 and
+    float32 (a CPU without AVX-512 BF16 or AMX emulates bf16 far below its float32 rate, and a bf16 step's matmuls
+    may run in float32 there: an MFU against the emulated rate alone exceeds 1)."""
     import torch
 
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    dtypes = [torch.bfloat16] if device.type == "cuda" else [torch.bfloat16, torch.float32]
+    rates = {str(dtype).removeprefix("torch."): matmul_tflops(device, size, dtype) for dtype in dtypes}
+    best = max(rates, key=rates.__getitem__)
+    return rates[best], best
+
+
+def matmul_tflops(device, size: int, dtype) -> float:
+    """TFLOP/s of a [size × size] matmul in `dtype`, best of 10 after 3 warm-ups."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     best = float("inf")
     for repeat in range(13):
         synchronize(device)
@@ -143,7 +156,8 @@ def section_env(args, shapes: Shapes) -> None:
         from biodistil.training.machine import cpu_line
 
         facts["cpu"] = cpu_line()
-    facts["bf16_peak_tflops"] = round(bf16_peak_tflops(device, 512 if shapes.tiny else 8192), 1)
+    peak, facts["peak_dtype"] = peak_tflops(device, 512 if shapes.tiny else 8192)
+    facts["peak_tflops"] = round(peak, 3)
     emit("env", "machine", **facts)
 
 
@@ -167,7 +181,7 @@ def section_distill(args, shapes: Shapes) -> None:
 
     device = torch.device(args.device)
     prepare_device(device)  # as a run does: TF32 for float32 matmuls on a GPU
-    peak = bf16_peak_tflops(device, 512 if shapes.tiny else 8192)
+    peak, peak_dtype = peak_tflops(device, 512 if shapes.tiny else 8192)
     layers, width, heads = shapes.teacher
     warmup, repeats = shapes.rounds
     gpu = device.type == "cuda"
@@ -207,7 +221,7 @@ def section_distill(args, shapes: Shapes) -> None:
                      batch=result["batch"], teacher=result["teacher"], student_layers=result["student_layers"],
                      student_precision="float32" if mode == "mlm-fp32" else result["student_precision"],
                      compile=result["compile"],
-                     phase_ms=result["phase_ms"][mode], bf16_peak_tflops=round(peak, 1))
+                     phase_ms=result["phase_ms"][mode], peak_tflops=round(peak, 3), peak_dtype=peak_dtype)
         except Exception:
             failure("distill", name, began)
         finally:
@@ -586,7 +600,8 @@ def run_section_here(args, section: str, workdir: Path) -> list[dict]:
     return records
 
 
-SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "triton", "cpu", "bf16_peak_tflops",
+SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "triton", "cpu", "peak_tflops",
+         "peak_dtype",
          "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu", "peak_memory_mib", "seconds",
          "steps", "tokens_per_second",
          "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score", "two_over_one",
