@@ -1,4 +1,5 @@
-"""`biodistil export MODEL --out DIR`: ONNX graphs (fp32, int8) of a fine-tuned model or a masked LM."""
+"""`biodistil export MODEL --out DIR`: ONNX graphs (fp32, int8) of a fine-tuned model or a masked LM; `predict` and
+`serve`, which run one."""
 
 import argparse
 from pathlib import Path
@@ -35,6 +36,66 @@ def _predict(args: argparse.Namespace) -> object:
                                task_format=args.format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
     return None
+
+
+def _serve(args: argparse.Namespace) -> object:
+    from biodistil.errors import BiodistilError
+
+    try:
+        from biodistil.serving.command import run_serve
+        from biodistil.serving.settings import BatchSettings, Limits, ServeSettings, read_api_key
+    except ImportError as err:
+        raise BiodistilError(f"biodistil serve needs the optional extra `serve` ({err.name} is missing): pip install "
+                             "-e \".[serve]\"") from None
+    settings = ServeSettings(
+        args.model, args.runtime, args.host, args.port, args.threads, args.batch_size, args.max_length,
+        args.threshold, args.device,
+        BatchSettings(args.max_batch_tokens, args.max_wait_ms, args.max_queue),
+        Limits(args.max_body_bytes, args.max_documents, args.max_chars, args.request_timeout),
+        read_api_key(args.api_key_file) if args.api_key_file else None)
+    return run_serve(settings)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    text = "Serve a fine-tuned model or its ONNX export over HTTP, batching concurrent requests"
+    parser = sub.add_parser(
+        "serve", help=text,
+        description=text + " (docs/deployment.md). POST /v1/predict {\"texts\": [...]} or {\"documents\": [{\"id\", "
+        "\"text\"}]} answers {\"records\": [...]}, each record what `biodistil predict` writes for that text; GET "
+        "/health (ready once the model is loaded and warmed up), /health/live, /v1/model, /metrics (Prometheus), "
+        "/docs. Concurrent requests run together, one model call at a time: a batch takes the queued requests while "
+        "their sub-words fit --max-batch-tokens. SIGTERM or Ctrl-C stops accepting, answers the requests in flight, "
+        "then exits. Needs the optional extra: pip install -e \".[serve]\". Example: biodistil serve "
+        "runs/ner-student/onnx --port 8000")
+    parser.add_argument("model", help="model folder (a run's model/), ONNX export folder, or one .onnx file of one")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only; "
+                        "0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port (8000; 0: any free port, printed)")
+    parser.add_argument("--runtime", choices=["auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8"],
+                        default="auto", help="as for predict: auto (default) = the fastest the folder holds")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads of the model call (default: the usable "
+                        "cores; one call runs at a time)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where a PyTorch model runs (ONNX graphs run on the CPU)")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="windows per model call inside a batch, "
+                        "grouped by length (64, as predict)")
+    parser.add_argument("--max-length", type=positive_int, help="sub-words per window (default: as predict)")
+    parser.add_argument("--threshold", type=probability, default=0.5, help="multi-label: a label's probability to "
+                        "keep it")
+    parser.add_argument("--max-batch-tokens", type=positive_int, default=4096, help="sub-words a batch gathers from "
+                        "queued requests (4096; a larger request runs alone)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long an idle model waits after a "
+                        "request for others to batch with it (2 ms)")
+    parser.add_argument("--max-queue", type=positive_int, default=256, help="requests that may wait; the next is "
+                        "answered 429 with Retry-After (256)")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="largest request body (1 MiB)")
+    parser.add_argument("--max-documents", type=positive_int, default=64, help="documents per request (64)")
+    parser.add_argument("--max-chars", type=positive_int, default=20_000, help="characters per document (20,000)")
+    parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request may wait for its "
+                        "records before it is answered 504 (30)")
+    parser.add_argument("--api-key-file", help="a file whose first line is the key every client must send "
+                        "(Authorization: Bearer KEY, or X-API-Key: KEY); the health probes need none")
+    parser.set_defaults(run=_serve)
 
 
 def refuse_output_among_inputs(out: str, inputs: list[str]) -> None:
@@ -101,8 +162,9 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the `export`, `card` and `predict` subcommands to the `biodistil` parser."""
+    """Add the `export`, `card`, `predict` and `serve` subcommands to the `biodistil` parser."""
     _add_predict(sub)
+    _add_serve(sub)
     text = "Export a fine-tuned model (or a masked LM) to ONNX, optionally int8, checked against PyTorch"
     parser = sub.add_parser(
         "export", help=text,

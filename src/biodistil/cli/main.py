@@ -8,6 +8,7 @@
     evaluate                         evaluation.runner; --finetuned: .finetuned        evaluation.recipe
     report, bench                    evaluation.report, evaluation.bench               (arguments)
     export                           export.command (export_commands)                  (arguments)
+    predict, serve                   export.predict, serving.command (export_commands) (arguments)
     card                             training.card (export_commands)                   (arguments)
     demo                             demo (demo_quick with --quick)                    demo.study_recipe
 """
@@ -122,7 +123,7 @@ def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
 def _run(args: argparse.Namespace) -> Any:
     """The command, with torch's CPU threads decided for it (`training.threads`; a training stage decides again for
     itself) and put back after it."""
-    if args.command in ("report", "export", "card", "models"):
+    if args.command in ("report", "export", "card", "models", "serve"):  # serve: its own threads (serving.service)
         return args.run(args)
     from biodistil.training.threads import StageThreads, announce
 

@@ -1,0 +1,338 @@
+"""Issue 58: `biodistil serve` — the real server on a random localhost port, spoken to over HTTP. Its records are
+`Predictor`'s for the same texts; concurrent requests batched together each get their own; limits, bad input and the
+API key are answered with JSON naming what is wrong (never a stack trace); readiness waits for the model; a full
+queue answers 429, a request that waits too long 504; SIGTERM under load answers every accepted request."""
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from kd_fixtures import OTHER, POSITIVE, save_teacher, write_token_task
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from biodistil import Predictor  # noqa: E402
+from biodistil.cli.main import main  # noqa: E402
+from biodistil.serving.app import create_app  # noqa: E402
+from biodistil.serving.command import bind  # noqa: E402
+from biodistil.serving.service import Service  # noqa: E402
+from biodistil.serving.settings import BatchSettings, Limits, ServeSettings  # noqa: E402
+from biodistil.tasks.registry import get_task  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "a-test-key-of-enough-length"
+
+
+def sentences(count: int, seed: int = 0, words: tuple[int, int] = (4, 14)) -> list[str]:
+    """Texts of the tiny task's words: entity words and others, so that the random head tags some."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(POSITIVE + OTHER) for _ in range(rng.randint(*words))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory, teacher_dir) -> Path:
+    """A token classifier (a random head on the tiny teacher: it tags arbitrary but fixed words)."""
+    root = tmp_path_factory.mktemp("serve")
+    task = get_task(str(write_token_task(root / "task", sizes={"train": 8, "test": 8})))
+    return save_teacher(teacher_dir, task, root / "ner-model", seed=3)
+
+
+@contextmanager
+def live(settings: ServeSettings, load: Callable | None = None) -> Iterator[str]:
+    """The app on uvicorn in a thread of this process, on a free port: its base URL until the block ends."""
+    import uvicorn
+
+    sock = bind("127.0.0.1", 0)
+    app = create_app(settings, load or (lambda: Service(settings)))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+def wait_ready(url: str, headers: dict | None = None, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", headers=headers).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not ready in {seconds} s")
+
+
+@pytest.fixture(scope="module")
+def server(ner) -> Iterator[str]:
+    """The token classifier behind an API key, with small limits and a long gathering wait (concurrent requests
+    batch together for certain)."""
+    settings = ServeSettings(str(ner), threads=1, batching=BatchSettings(max_wait_ms=30),
+                             limits=Limits(max_body_bytes=20_000, max_documents=8, max_chars=2_000), api_key=KEY)
+    with live(settings) as url:
+        wait_ready(url)
+        yield url
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def close(served: list[dict], expected: list[dict]) -> None:
+    """Records equal but for the last digit of a score (another batch pads the same text otherwise)."""
+    assert len(served) == len(expected)
+    for mine, theirs in zip(served, expected, strict=True):
+        assert mine["id"] == theirs["id"]
+        assert [(e["start"], e["end"], e["text"], e["label"]) for e in mine["entities"]] == \
+            [(e["start"], e["end"], e["text"], e["label"]) for e in theirs["entities"]]
+        assert all(abs(a["score"] - b["score"]) <= 2e-4 for a, b in zip(mine["entities"], theirs["entities"],
+                                                                       strict=True))
+
+
+def test_records_are_predicts_records(server, ner):
+    """One request alone is one model call on its documents: exactly `Predictor`'s records, ids included."""
+    texts = [*sentences(6, seed=1), "  protein\tkinase — α-synuclein\n\nbinding  receptor gene "]
+    expected = Predictor(ner, threads=1)(texts)
+    response = httpx.post(f"{server}/v1/predict", json={"texts": texts}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"records": expected}
+    assert sum(len(r["entities"]) for r in expected) > 0, "the random head tags some words: the check is not empty"
+    documents = [{"id": f"doc-{i}", "text": text} for i, text in enumerate(texts)]
+    named = httpx.post(f"{server}/v1/predict", json={"documents": documents, "format": "jsonl"}, headers=AUTH)
+    assert named.json()["records"] == [{**r, "id": f"doc-{i}"} for i, r in enumerate(expected)]
+    for name in ("x-total-time", "x-queue-time", "x-inference-time", "x-tokenization-time"):
+        assert float(response.headers[name]) >= 0
+    assert int(response.headers["x-batch-size"]) == len(texts) and int(response.headers["x-compute-tokens"]) > 0
+
+
+def test_concurrent_requests_each_get_their_own_records(server, ner):
+    """Thirty requests at once, of one to three documents each, run in shared batches (one model call at a time);
+    each answer holds its own documents' records, in its order."""
+    requests = [sentences(1 + i % 3, seed=100 + i) for i in range(30)]
+    predictor = Predictor(ner, threads=1)
+    expected = [predictor(texts) for texts in requests]
+
+    async def send() -> list:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
+            return await asyncio.gather(*[client.post(f"{server}/v1/predict", json={"documents": [
+                {"id": f"r{i}-{j}", "text": text} for j, text in enumerate(texts)]})
+                for i, texts in enumerate(requests)])
+
+    answers = asyncio.run(send())
+    assert [a.status_code for a in answers] == [200] * len(requests)
+    for i, (answer, records) in enumerate(zip(answers, expected, strict=True)):
+        close(answer.json()["records"], [{**r, "id": f"r{i}-{j}"} for j, r in enumerate(records)])
+    batches = [int(a.headers["x-batch-size"]) for a in answers]
+    assert max(batches) > 3, f"the requests were batched together: batch sizes {batches}"
+    metrics = httpx.get(f"{server}/metrics", headers=AUTH).text
+    assert re.search(r'biodistil_requests_total\{route="/v1/predict",status="200"\} \d+', metrics)
+    assert "biodistil_batch_documents_bucket" in metrics and "biodistil_queue_depth 0.0" in metrics
+
+
+@pytest.mark.parametrize(("body", "status", "named"), [
+    (b'{"texts": ["a"' + b', "protein"' * 3000 + b"]}", 413, "--max-body-bytes"),
+    (json.dumps({"texts": ["gene"] * 9}).encode(), 413, "--max-documents"),
+    (json.dumps({"documents": [{"id": "long", "text": "gene " * 500}]}).encode(), 413, "--max-chars"),
+    ('{"texts": ["caf\u00e9"]}'.encode("latin-1"), 400, "not UTF-8"),
+    (b'{"texts": ["gene",', 400, "not JSON"),
+    (b'{"texts": "gene"}', 422, "texts"),
+    (b'{"texts": ["a"], "documents": []}', 422, "not both"),
+    (b'{"texts": ["a"], "colour": 1}', 422, "colour"),
+    (b'{"texts": ["a"], "format": "brat"}', 422, "formats: jsonl"),
+])
+def test_limits_and_bad_input_are_answered_by_name(server, body, status, named):
+    response = httpx.post(f"{server}/v1/predict", content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == status and named in response.json()["error"], response.text
+    assert "Traceback" not in response.text and set(response.json()) == {"error", "type"}
+
+
+def test_the_api_key_is_asked_of_every_client_but_the_health_probes(server):
+    body = {"texts": ["protein kinase"]}
+    assert httpx.post(f"{server}/v1/predict", json=body).status_code == 401
+    refused = httpx.post(f"{server}/v1/predict", json=body, headers={"Authorization": "Bearer wrong-key-xxxxxxxxx"})
+    assert refused.status_code == 401 and "API key" in refused.json()["error"]
+    assert refused.headers["www-authenticate"] == "Bearer"
+    assert httpx.post(f"{server}/v1/predict", json=body, headers={"X-API-Key": KEY}).status_code == 200
+    for route in ("/metrics", "/v1/model", "/openapi.json", "/docs"):
+        assert httpx.get(f"{server}{route}").status_code == 401, route
+    for route in ("/health", "/health/ready", "/health/live"):
+        assert httpx.get(f"{server}{route}").status_code == 200, route
+
+
+def test_model_facts_and_openapi(server, ner):
+    facts = httpx.get(f"{server}/v1/model", headers=AUTH).json()
+    assert facts["task"]["kind"] == "token_classification" and sorted(facts["task"]["labels"]) == ["B", "I", "O"]
+    assert facts["runtime"] == "pytorch" and facts["model"] == str(ner) and facts["formats"] == ["jsonl"]
+    assert facts["limits"]["max_documents"] == 8 and facts["batching"]["max_wait_ms"] == 30 and facts["batch1_ms"] > 0
+    schema = httpx.get(f"{server}/openapi.json", headers=AUTH).json()
+    body = schema["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/PredictRequest"}
+    assert set(schema["components"]["schemas"]["PredictRequest"]["properties"]) == {"texts", "documents", "format"}
+    assert httpx.get(f"{server}/nowhere", headers=AUTH).status_code == 404
+
+
+class Gated:
+    """A loaded service whose model calls wait for `gate`, and fail on a text holding "poison"."""
+
+    def __init__(self, service: Service, gate: threading.Event):
+        self.service, self.gate = service, gate
+
+    def __call__(self, documents):
+        self.gate.wait(30)
+        if any("poison" in d.text for d in documents):
+            raise RuntimeError("a failure deep in the model")
+        return self.service(documents)
+
+    def __getattr__(self, name):
+        return getattr(self.service, name)
+
+
+def test_readiness_waits_for_the_model_and_a_full_queue_or_a_long_wait_is_answered(ner):
+    """Before the model is loaded: live, not ready, predictions 503. Then, with the model held in a call: the queue's
+    next request 429 with Retry-After; requests that wait longer than --request-timeout 504 (answered, not dropped);
+    a batch that fails answers only the request that broke it with the error, and no stack trace."""
+    loaded, gate = threading.Event(), threading.Event()
+    settings = ServeSettings(str(ner), threads=1, batching=BatchSettings(max_wait_ms=0, max_queue=2),
+                             limits=Limits(request_timeout=1.5))
+
+    def load():
+        loaded.wait(30)
+        return Gated(Service(settings), gate)
+
+    async def crowd(url: str, first: str, then: list[str], last: str | None, release: float | None) -> list:
+        """`first` held in the model call, `then` queued behind it, `last` sent to the full queue; the gate opened
+        after `release` seconds."""
+        async with httpx.AsyncClient(timeout=30) as client:
+            def post(text):
+                return asyncio.ensure_future(client.post(f"{url}/v1/predict", json={"texts": [text]}))
+
+            held = post(first)
+            await asyncio.sleep(0.3)
+            queued = [post(text) for text in then]
+            await asyncio.sleep(0.3)
+            refused = [await client.post(f"{url}/v1/predict", json={"texts": [last]})] if last else []
+            if release is not None:
+                await asyncio.sleep(release)
+                gate.set()
+            return [*refused, await held, *await asyncio.gather(*queued)]
+
+    with live(settings, load) as url:
+        assert httpx.get(f"{url}/health/live").status_code == 200
+        waiting = httpx.get(f"{url}/health")
+        assert waiting.status_code == 503 and waiting.json() == {"status": "loading"}
+        early = httpx.post(f"{url}/v1/predict", json={"texts": ["gene"]})
+        assert early.status_code == 503 and early.headers["retry-after"] == "1"
+        loaded.set()
+        wait_ready(url)
+
+        refused, held, *queued = asyncio.run(crowd(url, "protein one", ["gene two", "cell three"], "kinase", None))
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "--max-queue" in refused.json()["error"]
+        assert [a.status_code for a in (held, *queued)] == [504] * 3 and "--request-timeout" in held.json()["error"]
+        gate.set()
+        time.sleep(0.2)
+        gate.clear()
+
+        held, poisoned, fine = asyncio.run(crowd(url, "protein one", ["poison gene", "protein kinase"], None, 0.2))
+        assert held.status_code == fine.status_code == 200 and fine.json()["records"][0]["id"] == "0"
+        assert poisoned.status_code == 500 and poisoned.json()["type"] == "internal"
+        assert "Traceback" not in poisoned.text and "deep in the model" not in poisoned.text
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'biodistil_request_errors_total{kind="overloaded"} 1.0' in metrics
+        assert 'biodistil_request_errors_total{kind="timeout"} 3.0' in metrics
+
+
+def test_a_model_that_cannot_load_is_not_ready_and_says_why(ner):
+    settings = ServeSettings(str(ner))
+
+    def load():
+        raise RuntimeError("weights unreadable")
+
+    with live(settings, load) as url:
+        deadline = time.monotonic() + 10
+        while (health := httpx.get(f"{url}/health").json())["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert health == {"status": "failed", "error": "RuntimeError: weights unreadable"}
+
+
+def test_serve_refuses_a_missing_model_a_busy_port_and_an_empty_key(ner, tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "absent")]) == 2
+    assert "absent" in capsys.readouterr().err
+    (tmp_path / "key").write_text("\n")
+    assert main(["serve", str(ner), "--api-key-file", str(tmp_path / "key")]) == 2
+    assert "empty" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", str(ner), "--port", str(taken.getsockname()[1])]) == 2
+        assert "--port" in capsys.readouterr().err
+
+
+def start_serve(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`biodistil serve MODEL --port 0` in a process of its own: the process and its URL, once ready."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    process = subprocess.Popen([sys.executable, "-m", "biodistil", "serve", str(model), "--port", "0", *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = ""
+    while "http://" not in line:
+        line = process.stderr.readline()
+        assert line or process.poll() is None, "the server exited before it listened"
+    url = re.search(r"http://[\d.]+:\d+", line).group(0)
+    wait_ready(url)
+    return process, url
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_answers_every_accepted_request(ner):
+    """SIGTERM while requests are queued and in the model: each is answered with its records, then the process exits
+    0 and no longer listens."""
+    process, url = start_serve(ner, "--threads", "1")
+    requests = [sentences(8, seed=1000 + i, words=(20, 40)) for i in range(48)]
+    done: list = []
+
+    async def load() -> list:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+            async def one(texts):
+                answer = await client.post(f"{url}/v1/predict", json={"texts": texts})
+                done.append(answer)
+                return answer
+
+            return await asyncio.gather(*[one(texts) for texts in requests])
+
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.extend(asyncio.run(load())))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not re.search(r"biodistil_queue_depth [1-9]",
+                                                        httpx.get(f"{url}/metrics").text):
+        time.sleep(0.005)
+    answered_before = len(done)
+    process.send_signal(signal.SIGTERM)
+    thread.join(60)
+    code = process.wait(30)
+    error = process.stderr.read()
+    assert answered_before < len(requests), "requests were in flight at SIGTERM"
+    assert [a.status_code for a in answers] == [200] * len(requests), error
+    assert [len(a.json()["records"]) for a in answers] == [8] * len(requests)
+    assert code == 0 and "Stopped on SIGTERM" in process.stdout.read(), error
+    assert "Traceback" not in error
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health/live")
