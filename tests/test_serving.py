@@ -332,7 +332,8 @@ def test_sigterm_under_load_answers_every_accepted_request(ner):
     assert answered_before < len(requests), "requests were in flight at SIGTERM"
     assert [a.status_code for a in answers] == [200] * len(requests), error
     assert [len(a.json()["records"]) for a in answers] == [8] * len(requests)
-    assert code == 0 and "Stopped on SIGTERM" in process.stdout.read(), error
+    assert code == 0 and f"Stopped on SIGTERM: {len(requests)} prediction requests accepted, {len(requests)} " \
+        "answered" in process.stdout.read(), error
     assert "Traceback" not in error
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health/live")

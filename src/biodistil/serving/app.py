@@ -277,6 +277,9 @@ class Guard:
                 status["code"] = message["status"]
             await send(message)
 
+        if route == "/v1/predict":
+            self.metrics.accepted.inc()
+        self.metrics.in_flight.inc()
         try:
             if self.api_key is not None and scope["path"] not in OPEN_ROUTES and not self._authorised(scope):
                 refused = Refused(401, "unauthorized", "this server needs an API key: send `Authorization: Bearer "
@@ -291,6 +294,7 @@ class Guard:
                              "why"))(scope, receive, sending)
         finally:
             self.metrics.requests.labels(route, str(status["code"] or 500)).inc()
+            self.metrics.in_flight.dec()
 
     def _authorised(self, scope: dict) -> bool:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}

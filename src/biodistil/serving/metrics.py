@@ -18,6 +18,8 @@ class ServerMetrics:
         r = self.registry
         self.requests = Counter("biodistil_requests", "HTTP requests answered, by route and status",
                                 ["route", "status"], registry=r)
+        self.accepted = Counter("biodistil_predict_accepted", "prediction requests read by the server", registry=r)
+        self.in_flight = Gauge("biodistil_requests_in_flight", "requests being answered", registry=r)
         self.errors = Counter("biodistil_request_errors", "requests answered with an error, by kind", ["kind"],
                               registry=r)
         self.latency = Histogram("biodistil_request_seconds", "time from a prediction request's arrival to its answer",
@@ -40,6 +42,12 @@ class ServerMetrics:
         self.batch_tokens.observe(tokens)
         self.inference.observe(seconds)
         self.documents.inc(documents)
+
+    def predict_counts(self) -> tuple[int, int]:
+        """(prediction requests accepted, answered — with records or an error)."""
+        answered = sum(sample.value for metric in self.requests.collect() for sample in metric.samples
+                       if sample.name.endswith("_total") and sample.labels.get("route") == "/v1/predict")
+        return int(self.registry.get_sample_value("biodistil_predict_accepted_total") or 0), int(answered)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
