@@ -135,10 +135,12 @@ class Server:
 class Tally:
     """What one phase's requests got."""
 
-    def __init__(self, texts: list[str], expected: list[dict]):
-        self.texts, self.expected = texts, expected
+    def __init__(self, texts: list[str], expected: list[dict], stopping: bool = False):
+        """`stopping`: the server is told to stop during the phase, so a connection closed before the request was
+        read is a request not accepted (the server's own count, in its closing line, says whether it read it)."""
+        self.texts, self.expected, self.stopping = texts, expected, stopping
         self.latencies: list[float] = []
-        self.errors, self.mixed, self.same, self.refused, self.disconnected = 0, 0, 0, 0, 0
+        self.sent, self.ok, self.errors, self.mixed, self.same, self.refused, self.disconnected = 0, 0, 0, 0, 0, 0, 0
         self.batches: list[int] = []
         self.kinds: dict[str, int] = {}
 
@@ -147,8 +149,8 @@ class Tally:
             if isinstance(error, httpx.ConnectError):
                 self.refused += 1  # not accepted (the server had stopped listening)
                 return
-            self.errors += 1
             self.disconnected += 1
+            self.errors += not self.stopping
             self.kinds[type(error).__name__] = self.kinds.get(type(error).__name__, 0) + 1
             return
         self.latencies.append(seconds)
@@ -156,6 +158,7 @@ class Tally:
             self.errors += 1
             self.kinds[str(response.status_code)] = self.kinds.get(str(response.status_code), 0) + 1
             return
+        self.ok += 1
         (record,) = response.json()["records"]
         self.mixed += not fits(record, self.texts[index])
         self.same += spans(record) == spans(self.expected[index])
@@ -168,7 +171,7 @@ class Tally:
                 "documents_per_s": round(answered / seconds, 1),
                 "p50_ms": round(percentile(ms, 50), 2), "p95_ms": round(percentile(ms, 95), 2),
                 "p99_ms": round(percentile(ms, 99), 2), "errors": self.errors, "error_kinds": self.kinds,
-                "mixed_records": self.mixed, "same_as_offline": round(self.same / max(answered - self.errors, 1), 4),
+                "mixed_records": self.mixed, "same_as_offline": round(self.same / max(self.ok, 1), 4),
                 "mean_batch": round(statistics.fmean(self.batches), 2) if self.batches else None}
 
 
@@ -208,6 +211,7 @@ async def closed_loop(url: str, tally: Tally, clients: int, seconds: float, stop
         while time.perf_counter() < end and not (stop_early and stop_early.is_set()):
             index = next(position) % len(tally.texts)
             began = time.perf_counter()
+            tally.sent += 1
             response, error = await _post(client, url, tally.texts[index])
             tally.count(index, time.perf_counter() - began, response, error)
             if isinstance(error, httpx.ConnectError) and stop_early is not None:
@@ -250,17 +254,20 @@ async def soak(server: Server, tally: Tally, seconds: float, every: float) -> tu
     return took, samples
 
 
-async def sigterm_under_load(server: Server, tally: Tally, after: float = 1.0) -> tuple[float, int, str]:
-    """32 clients; SIGTERM after `after` s; the clients stop at their first refused connection."""
+async def sigterm_under_load(server: Server, tally: Tally, after: float = 1.0) -> tuple[float, int, str, int]:
+    """32 clients; SIGTERM after `after` s; the clients stop at their first refused connection. Also returns the
+    requests sent and not yet answered when the signal went."""
     stopped = asyncio.Event()
 
-    async def signal_later() -> None:
+    async def signal_later() -> int:
         await asyncio.sleep(after)
+        pending = tally.sent - len(tally.latencies) - tally.disconnected - tally.refused
         server.send(signal.SIGTERM)
+        return pending
 
-    took, _ = await asyncio.gather(closed_loop(server.url, tally, 32, after + 60, stopped), signal_later())
+    took, pending = await asyncio.gather(closed_loop(server.url, tally, 32, after + 60, stopped), signal_later())
     code, line = await asyncio.to_thread(server.stop)
-    return took, code, line
+    return took, code, line, pending
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -287,16 +294,17 @@ def run(args: argparse.Namespace) -> dict:
             tallies.append(tally)
             took, rss = asyncio.run(soak(server, tally, args.soak_seconds, args.rss_every))
             phases.append(tally.summary("soak 8", took))
-        tally = Tally(texts, records)
+        tally = Tally(texts, records, stopping=True)
         tallies.append(tally)
-        took, code, line = asyncio.run(sigterm_under_load(server, tally))
+        took, code, line, pending = asyncio.run(sigterm_under_load(server, tally))
     finally:
         if server.process.poll() is None:
             server.stop()
     found = re.search(r"([\d,]+) prediction requests accepted, ([\d,]+) answered", line)
     accepted = int(found.group(1).replace(",", "")) if found else None
     received = sum(len(t.latencies) for t in tallies)
-    shutdown = {**tally.summary("sigterm 32", took), "refused_after_signal": tally.refused,
+    shutdown = {**tally.summary("sigterm 32", took), "in_flight_at_signal": pending,
+                "refused_after_signal": tally.refused,
                 "disconnected": tally.disconnected, "server_accepted": accepted, "client_received": received,
                 "lost": accepted - received if accepted is not None else None, "exit_code": code, "closing_line": line}
     growth = (rss[-1][1] - rss[0][1]) / rss[0][1] if len(rss) > 1 else None
@@ -318,8 +326,9 @@ def report(result: dict) -> None:
               f"{phase['errors']}  mixed {phase['mixed_records']}  batch {phase['mean_batch']}  same as offline "
               f"{phase['same_as_offline']:.1%}")
     term = result["sigterm"]
-    print(f"  SIGTERM under load: the server accepted {term['server_accepted']} requests in all, the clients received "
-          f"{term['client_received']} answers: {term['lost']} lost; {term['disconnected']} cut off, "
+    print(f"  SIGTERM under load ({term['in_flight_at_signal']} requests in flight): the server accepted "
+          f"{term['server_accepted']} requests in all, the clients received "
+          f"{term['client_received']} answers: {term['lost']} lost; {term['disconnected']} closed before being read, "
           f"{term['refused_after_signal']} refused after the signal; exit {term['exit_code']}: {term['closing_line']}")
     if result["rss_mib"]:
         print(f"  soak RSS: {result['rss_mib'][0][1]:,.1f} → {result['rss_mib'][-1][1]:,.1f} MiB "

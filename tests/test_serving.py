@@ -5,13 +5,9 @@ queue answers 429, a request that waits too long 504; SIGTERM under load answers
 
 import asyncio
 import json
-import os
 import random
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -286,54 +282,30 @@ def test_serve_refuses_a_missing_model_a_busy_port_and_an_empty_key(ner, tmp_pat
         assert "--port" in capsys.readouterr().err
 
 
-def start_serve(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`biodistil serve MODEL --port 0` in a process of its own: the process and its URL, once ready."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen([sys.executable, "-m", "biodistil", "serve", str(model), "--port", "0", *extra],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    line = ""
-    while "http://" not in line:
-        line = process.stderr.readline()
-        assert line or process.poll() is None, "the server exited before it listened"
-    url = re.search(r"http://[\d.]+:\d+", line).group(0)
-    wait_ready(url)
-    return process, url
-
-
 @pytest.mark.slow
-def test_sigterm_under_load_answers_every_accepted_request(ner):
-    """SIGTERM while requests are queued and in the model: each is answered with its records, then the process exits
-    0 and no longer listens."""
-    process, url = start_serve(ner, "--threads", "1")
-    requests = [sentences(8, seed=1000 + i, words=(20, 40)) for i in range(48)]
-    done: list = []
+def test_the_serve_bench_runs_at_tiny_settings_and_sigterm_under_load_loses_nothing(ner, tmp_path, monkeypatch):
+    """bench/serve.py for a second a phase against `biodistil serve` in its own process: every phase answered without
+    errors or mixed records (each record fits the text sent), the soak's RSS sampled; SIGTERM with requests in flight:
+    every request the server accepted was answered to its client, then it stopped listening and exited 0."""
+    import torch
 
-    async def load() -> list:
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
-            async def one(texts):
-                answer = await client.post(f"{url}/v1/predict", json={"texts": texts})
-                done.append(answer)
-                return answer
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import serve as serve_bench
 
-            return await asyncio.gather(*[one(texts) for texts in requests])
-
-    answers: list = []
-    thread = threading.Thread(target=lambda: answers.extend(asyncio.run(load())))
-    thread.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not re.search(r"biodistil_queue_depth [1-9]",
-                                                        httpx.get(f"{url}/metrics").text):
-        time.sleep(0.005)
-    answered_before = len(done)
-    process.send_signal(signal.SIGTERM)
-    thread.join(60)
-    code = process.wait(30)
-    error = process.stderr.read()
-    assert answered_before < len(requests), "requests were in flight at SIGTERM"
-    assert [a.status_code for a in answers] == [200] * len(requests), error
-    assert [len(a.json()["records"]) for a in answers] == [8] * len(requests)
-    assert code == 0 and f"Stopped on SIGTERM: {len(requests)} prediction requests accepted, {len(requests)} " \
-        "answered" in process.stdout.read(), error
-    assert "Traceback" not in error
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/health/live")
+    (tmp_path / "texts.txt").write_text("\n".join(sentences(40, seed=7)), encoding="utf-8")
+    threads = torch.get_num_threads()
+    try:
+        result = serve_bench.main([str(ner), "--texts", str(tmp_path / "texts.txt"), "--threads", "1", "--seconds",
+                                   "1", "--clients", "1", "4", "--rate", "20", "--soak-seconds", "1.5",
+                                   "--rss-every", "0.5", "--out", str(tmp_path / "bench.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert [p["phase"] for p in result["phases"]] == ["closed 1", "closed 4", "open 20/s", "soak 8"]
+    for phase in [*result["phases"], result["sigterm"]]:
+        assert phase["errors"] == 0 and phase["mixed_records"] == 0 and phase["requests"] > 0, phase
+    term = result["sigterm"]
+    assert term["in_flight_at_signal"] > 0 and term["refused_after_signal"] > 0
+    assert term["lost"] == 0 and term["server_accepted"] == term["client_received"] and term["exit_code"] == 0
+    assert "Stopped on SIGTERM" in term["closing_line"]
+    assert len(result["rss_mib"]) >= 3 and result["offline"]["sentences_per_s"] > 0
+    assert json.loads((tmp_path / "bench.json").read_text())["sigterm"]["lost"] == 0
