@@ -7,7 +7,9 @@ graph's dynamic activation scales are computed per batch, so its near-ties may f
 
 from __future__ import annotations
 
+import copy
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +37,9 @@ class Service:
         torch.set_num_threads(threads)
         self.predictor = Predictor(settings.model, settings.runtime, settings.batch_size, settings.threshold,
                                    threads, settings.max_length, settings.device)
+        # a tokenizer of its own for counting on the event loop while the model thread encodes: a fast tokenizer
+        # shared by two threads can fail ("Already borrowed") when one sets its truncation as the other encodes
+        self.counter, self._counting = copy.deepcopy(self.predictor.tokenizer), threading.Lock()
         self.batch1_ms = self._warm_up()
 
     def __call__(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
@@ -44,7 +49,8 @@ class Service:
     def tokens(self, documents: Sequence[Document]) -> int:
         """Sub-words of `documents` with their special tokens: what they weigh against the batch's token budget."""
         texts = [d.text if d.text_pair is None else f"{d.text} {d.text_pair}" for d in documents]
-        encoded = self.predictor.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)
+        with self._counting:  # the event loop counts small requests, worker threads large ones
+            encoded = self.counter(texts, add_special_tokens=True, truncation=False, verbose=False)
         return sum(len(ids) for ids in encoded["input_ids"])
 
     def _warm_up(self) -> float:
