@@ -35,3 +35,17 @@ def test_import_biodistil_imports_no_torch_and_exposes_predictor():
     from biodistil import Predictor
 
     assert done.stdout.strip() == biodistil.__version__ and Predictor.__module__ == "biodistil.export.predict"
+
+
+def test_the_web_framework_is_imported_only_by_serving():
+    """FastAPI, uvicorn, Starlette and prometheus_client (the extra `serve`) are `serving/`'s alone; the CLI reaches
+    them only through it, when `serve` runs (imports inside functions count)."""
+    framework, found = {"fastapi", "uvicorn", "starlette", "prometheus_client", "httpx"}, []
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "serving":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(PACKAGE)}: {name}" for name in names if name.split(".")[0] in framework]
+    assert not found, f"the web framework imported outside serving/: {found}"
