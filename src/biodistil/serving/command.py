@@ -55,7 +55,7 @@ def run_serve(settings: ServeSettings) -> str:
     metrics = app.state.metrics
     accepted, answered = metrics.predict_counts()
     documents = int(metrics.registry.get_sample_value("biodistil_documents_total") or 0)
-    why = f" on {signal.Signals(heard[0]).name}" if heard else ""
+    why = f" on {signal.Signals(heard[-1]).name}" if heard else ""  # uvicorn raises them again last one first
     return (f"Stopped{why}: {accepted:,} prediction requests accepted, {answered:,} answered ({documents:,} documents "
             "predicted)")
 
