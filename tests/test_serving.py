@@ -185,6 +185,34 @@ def test_model_facts_and_openapi(server, ner):
     assert httpx.get(f"{server}/nowhere", headers=AUTH).status_code == 404
 
 
+def test_a_pair_classifier_answers_labels_and_probabilities(pair_task, teacher_dir, tmp_path):
+    """A pair classifier's documents carry their second text; the records are `Predictor`'s: label and every
+    class's probability."""
+    model = save_teacher(teacher_dir, pair_task, tmp_path / "qa-model", seed=4)
+    pairs = [("is protein binding", "the receptor binds the kinase in cells"), ("is dose therapy", "mice levels")]
+    expected = Predictor(model, threads=1)(pairs)
+    with live(ServeSettings(str(model), threads=1)) as url:
+        wait_ready(url)
+        documents = [{"id": str(i), "text": text, "text_pair": pair} for i, (text, pair) in enumerate(pairs)]
+        served = httpx.post(f"{url}/v1/predict", json={"documents": documents}).json()["records"]
+    assert served == expected and set(served[0]) == {"id", "label", "probabilities"}
+
+
+@pytest.mark.slow
+def test_an_int8_export_serves_predicts_records(ner, tmp_path):
+    """The export folder (its int8 graph, as `predict --runtime auto` picks): one request is one call on its documents,
+    so its records are `Predictor`'s exactly; the model's facts name the runtime and the export's source."""
+    assert main(["export", str(ner), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    texts = sentences(5, seed=11)
+    expected = Predictor(tmp_path / "onnx", threads=1)(texts)
+    with live(ServeSettings(str(tmp_path / "onnx"), threads=1)) as url:
+        wait_ready(url)
+        assert httpx.post(f"{url}/v1/predict", json={"texts": texts}).json() == {"records": expected}
+        facts = httpx.get(f"{url}/v1/model").json()
+    assert (facts["runtime"], facts["precision"]) == ("onnxruntime", "int8")
+    assert facts["provenance"]["export_of"] == str(ner)
+
+
 class Gated:
     """A loaded service whose model calls wait for `gate`, and fail on a text holding "poison"."""
 
