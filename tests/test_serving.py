@@ -104,9 +104,10 @@ def close(served: list[dict], expected: list[dict]) -> None:
 
 
 def test_records_are_predicts_records(server, ner):
-    """One request alone is one model call on its documents: exactly `Predictor`'s records, ids included."""
+    """One request alone is one `Predictor` call on its documents: exactly the records of a `Predictor` with the
+    server's settings (its --batch-size: 1 window a model call), ids included."""
     texts = [*sentences(6, seed=1), "  protein\tkinase — α-synuclein\n\nbinding  receptor gene "]
-    expected = Predictor(ner, threads=1)(texts)
+    expected = Predictor(ner, threads=1, batch_size=1)(texts)
     response = httpx.post(f"{server}/v1/predict", json={"texts": texts}, headers=AUTH)
     assert response.status_code == 200, response.text
     assert response.json() == {"records": expected}
@@ -190,7 +191,7 @@ def test_a_pair_classifier_answers_labels_and_probabilities(pair_task, teacher_d
     class's probability."""
     model = save_teacher(teacher_dir, pair_task, tmp_path / "qa-model", seed=4)
     pairs = [("is protein binding", "the receptor binds the kinase in cells"), ("is dose therapy", "mice levels")]
-    expected = Predictor(model, threads=1)(pairs)
+    expected = Predictor(model, threads=1, batch_size=1)(pairs)
     with live(ServeSettings(str(model), threads=1)) as url:
         wait_ready(url)
         documents = [{"id": str(i), "text": text, "text_pair": pair} for i, (text, pair) in enumerate(pairs)]
@@ -200,11 +201,12 @@ def test_a_pair_classifier_answers_labels_and_probabilities(pair_task, teacher_d
 
 @pytest.mark.slow
 def test_an_int8_export_serves_predicts_records(ner, tmp_path):
-    """The export folder (its int8 graph, as `predict --runtime auto` picks): one request is one call on its documents,
-    so its records are `Predictor`'s exactly; the model's facts name the runtime and the export's source."""
+    """The export folder (its int8 graph, as `predict --runtime auto` picks): its records are those of a `Predictor`
+    with the server's settings, exactly (an int8 graph's activation scales follow the batch); the model's facts name
+    the runtime and the export's source."""
     assert main(["export", str(ner), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
     texts = sentences(5, seed=11)
-    expected = Predictor(tmp_path / "onnx", threads=1)(texts)
+    expected = Predictor(tmp_path / "onnx", threads=1, batch_size=1)(texts)
     with live(ServeSettings(str(tmp_path / "onnx"), threads=1)) as url:
         wait_ready(url)
         assert httpx.post(f"{url}/v1/predict", json={"texts": texts}).json() == {"records": expected}

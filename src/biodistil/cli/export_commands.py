@@ -77,9 +77,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "cores; one call runs at a time)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where a PyTorch model runs (ONNX graphs run on the CPU)")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="windows per model call inside a gathered "
-                        "batch, grouped by length (8: a gathered batch mixes lengths, and on 2 AVX2 cores the padding "
-                        "of larger calls cost more than they saved; docs/deployment.md)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="windows per model call inside a gathered "
+                        "batch, grouped by length (1: a gathered batch mixes lengths, and on 2 AVX2 cores padding them "
+                        "cost more than larger calls saved; raise it on a GPU; docs/deployment.md)")
     parser.add_argument("--max-length", type=positive_int, help="sub-words per window (default: as predict)")
     parser.add_argument("--threshold", type=probability, default=0.5, help="multi-label: a label's probability to "
                         "keep it")

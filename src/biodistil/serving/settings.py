@@ -52,7 +52,7 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     threads: int | None = None
-    batch_size: int = 8
+    batch_size: int = 1  # windows per model call inside a gathered batch (docs/deployment.md: measured)
     max_length: int | None = None
     threshold: float = 0.5
     device: str = "auto"
