@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ def checked_span(document: SpanDocument, span: Span, stated: str | None, policy:
                 f"{document.where(span)}: offsets {start}-{end} of a {span.type} mention lie outside the text "
                 f"(0-{len(document.text)}) or end before they start; expected [start, end) character offsets")
     ordered = sorted(span.fragments)
-    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:], strict=False)):
+    if any(a[1] > b[0] for a, b in pairwise(ordered)):
         raise BiodistilError(f"{document.where(span)}: the fragments {span.fragments} of a {span.type} mention "
                              "overlap; expected separate pieces of text")
     given, span = span, Span(span.type, tuple(ordered), span.id, span.line, span.identifier)
@@ -203,13 +204,13 @@ def read_bioc(path: str | Path, offsets: OffsetUnit = "auto", mention_text: Ment
     """BioC XML (`.xml`) or JSON (`.json`), through the `bioc` package. A document's text is its passages placed at
     their offsets (gaps filled with spaces). `offsets="auto"` reads them as characters unless the mention texts match
     only when they are read as UTF-8 bytes (some BioC tools count bytes): then they are converted, and counted."""
-    import bioc
+    from bioc import biocjson, biocxml
 
     path = Path(path)
     raw = _text_file(path)
     try:
         is_json = path.suffix == ".json" or raw.lstrip().startswith("{")
-        collection = bioc.biocjson.loads(raw) if is_json else bioc.biocxml.loads(raw)
+        collection = biocjson.loads(raw) if is_json else biocxml.loads(raw)
     except Exception as err:  # the bioc package raises lxml, JSON and key errors alike
         raise BiodistilError(f"{path}: not a BioC {'JSON' if is_json else 'XML'} collection ({type(err).__name__}: "
                              f"{str(err)[:160]})") from None
