@@ -72,7 +72,7 @@ def _relocated(text: str, span: Span, stated: str) -> Span | None:
     return Span(span.type, ((start, start + len(stated)),), span.id, span.line, span.identifier)
 
 
-def _text_file(path: Path) -> str:
+def text_file(path: Path) -> str:
     """A whole UTF-8 text file as it is (newlines kept for offsets; a BOM dropped); bad bytes name their line."""
     data = path.read_bytes()
     try:
@@ -107,7 +107,7 @@ def _brat_document(ann: Path, policy: MentionPolicy) -> SpanDocument:
     if not txt.is_file():
         raise BiodistilError(f"{ann}:1: no {txt.name} beside this .ann file (brat keeps each document's text in "
                              "NAME.txt next to NAME.ann)")
-    document = SpanDocument(ann.stem, _text_file(txt), source=str(ann))
+    document = SpanDocument(ann.stem, text_file(txt), source=str(ann))
     entities: list[tuple[Span, str]] = []
     triggers: set[str] = set()
     for number, line in numbered_lines(ann):
@@ -207,7 +207,7 @@ def read_bioc(path: str | Path, offsets: OffsetUnit = "auto", mention_text: Ment
     from bioc import biocjson, biocxml
 
     path = Path(path)
-    raw = _text_file(path)
+    raw = text_file(path)
     try:
         is_json = path.suffix == ".json" or raw.lstrip().startswith("{")
         collection = biocjson.loads(raw) if is_json else biocxml.loads(raw)
@@ -364,3 +364,15 @@ def read_span_documents(format_name: str, path: str | Path, **options: Any) -> l
         raise BiodistilError(f"{path}: no such {'folder' if format_name == 'brat' else 'file'} ({format_name})")
     return SPAN_READERS[format_name](path, **options)
 
+
+
+def guess_format(path: str | Path) -> str:
+    """The span format a path is most likely in: a folder is brat; `.pubtator`, `.xml`/`.json` (BioC), `.jsonl`."""
+    path = Path(path)
+    if path.is_dir() or path.suffix == ".ann":
+        return "brat"
+    by_suffix = {".pubtator": "pubtator", ".xml": "bioc", ".json": "bioc", ".jsonl": "span_jsonl"}
+    if path.suffix.lower() in by_suffix:
+        return by_suffix[path.suffix.lower()]
+    raise BiodistilError(f"{path}: cannot tell its format from its name; give --format (brat, pubtator, bioc, "
+                         "span_jsonl)")

@@ -17,11 +17,12 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
+from biodistil.finetune.selection import print_span_record
 from biodistil.io import atomic_write_json, atomic_write_jsonl
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.tasks.scoring import Scored
+from biodistil.tasks.scoring import Scored, span_task_record
 from biodistil.tasks.splits import read_split
 from biodistil.training.run import JobFolder
 
@@ -85,12 +86,12 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)
     items = expand_models(specs)
-    examples = read_split(task, plan.split, task_data_root(plan.data_root, [item.path for item in items]), plan.fold,
-                          plan.max_examples)
+    root = task_data_root(plan.data_root, [item.path for item in items])
+    examples = read_split(task, plan.split, root, plan.fold, plan.max_examples)
     if not examples:
         raise BiodistilError(f"Task {task.name} has no {plan.split} split (splits: {sorted(task.files)})")
     threads = bench.threads if bench else None
-    records = [_score_cell(item, task, plan, examples, out, threads) for item in items]
+    records = [_score_cell(item, task, plan, examples, out, threads, root) for item in items]
     atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records))
     if bench is not None:
         from biodistil.evaluation.bench import run_bench, write_bench
@@ -103,13 +104,19 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
 
 
 def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Sequence[Any], out: Path,
-                threads: int | None) -> dict[str, Any]:
-    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score."""
+                threads: int | None, data_root: Any = None) -> dict[str, Any]:
+    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score. A span
+    task's cell also records its gold entities' counts and the character-level scores on the original documents."""
     scored, parameters = score_deployed(item, task, examples, threads, plan.device)
     cell = out / "cells" / item.label / task.name / "scored"
     rows = prediction_rows(task, examples, scored.predictions)
     atomic_write_jsonl(cell / "predictions.jsonl", rows)
     record = _record(item, task, plan, scored, len(examples), parameters)
+    if task.is_span_task:
+        spans = span_task_record(task, examples, scored.predictions.labels, plan.split, data_root, plan.fold)
+        print_span_record(spans)
+        record["test"] = {**record["test"], **spans.get("character_f1", {})}
+        record.update(spans)
     atomic_write_json(cell / "metrics.json", record)
     flag = f" (degenerate: {record['degenerate']})" if record["degenerate"] else ""
     print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {record['score']:.4f}{flag}",
