@@ -75,10 +75,12 @@ BIOC_BYTES = """<?xml version='1.0' encoding='utf-8'?>
 <collection><source>x</source><date>d</date><key>k</key>
 <document><id>9</id>
 <passage><offset>0</offset><text>Café and aspirin.</text>
-<annotation id="A1"><infon key="type">Chemical</infon><location offset="10" length="7"/><text>aspirin</text></annotation>
+<annotation id="A1"><infon key="type">Chemical</infon><location offset="10" length="7"/><text>aspirin</text>
+</annotation>
 </passage>
 <passage><offset>19</offset><text>Aspirin helps.</text>
-<annotation id="A2"><infon key="type">Chemical</infon><location offset="19" length="7"/><text>Aspirin</text></annotation>
+<annotation id="A2"><infon key="type">Chemical</infon><location offset="19" length="7"/><text>Aspirin</text>
+</annotation>
 </passage></document></collection>
 """
 
@@ -290,5 +292,5 @@ def test_a_span_task_reads_its_labels_from_the_data_and_splits_one_file_by_docum
                          for split in ("train", "dev", "test")}  # the same documents every time
     unsplit = write(tmp_path / "u.yaml", task_file.read_text().replace("spans: {split: {train: 0.6, dev: 0.2, "
                                                                        "test: 0.2}, seed: 3}\n", ""))
-    with pytest.raises(BiodistilError, match="name the same file; give `spans.split`"):
+    with pytest.raises(BiodistilError, match=r"name the same file; give `spans\.split`"):
         get_task(str(unsplit))
