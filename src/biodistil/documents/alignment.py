@@ -63,6 +63,7 @@ class Alignment:
     outcomes: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     joined: int = 0
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    read: Counter[str] = field(default_factory=Counter)  # what the readers repaired or left out (documents' notes)
 
     def count(self, span: Span, reason: str, document: SpanDocument) -> None:
         self.outcomes[span.type][reason] += 1
@@ -83,7 +84,7 @@ class Alignment:
         """The counts as a JSON-ready record (totals, per type, per reason, a few examples)."""
         return {"entities": self.total(), "kept": self.total(KEPT), "changed": self.total("changed"),
                 "dropped": self.total("dropped"), "sentences_joined": self.joined,
-                "by_reason": dict(sorted(self.reasons().items())),
+                "by_reason": dict(sorted(self.reasons().items())), "reading": dict(sorted(self.read.items())),
                 "by_type": {kind: {"kept": r[KEPT], "changed": sum(n for k, n in r.items() if k.startswith("changed")),
                                    "dropped": sum(n for k, n in r.items() if k.startswith("dropped"))}
                             for kind, r in sorted(self.outcomes.items())},
@@ -99,7 +100,9 @@ class Alignment:
         return (f"{what}{total:,} gold entities: {kept:,} kept exactly{share}, {self.total('changed'):,} changed, "
                 f"{self.total('dropped'):,} dropped" + (f" ({reasons})" if reasons else "")
                 + (f"; {self.joined:,} sentence boundaries joined" if self.joined else "")
-                + (f"; kept per type: {per_type}" if per_type else ""))
+                + (f"; kept per type: {per_type}" if per_type else "")
+                + ("; reading: " + ", ".join(f"{note} {n:,}" for note, n in sorted(self.read.items()))
+                   if self.read else ""))
 
 
 def tag_documents(documents: Sequence[SpanDocument], policy: SpanPolicy = SpanPolicy(),
@@ -109,6 +112,7 @@ def tag_documents(documents: Sequence[SpanDocument], policy: SpanPolicy = SpanPo
     examples: list[SentenceExample] = []
     for document in documents:
         examples.extend(_document_sentences(document, policy, alignment))
+        alignment.read.update(document.notes)
     return examples, alignment
 
 

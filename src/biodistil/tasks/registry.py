@@ -329,10 +329,10 @@ class TaskSpec(BaseModel):
         path = self._local_file(split, data_root, fold)
         types = types_of_tags(self.labels) if self.labels else None
         sharing = [name for name in self.files if self.files[name] == self.files[split]]  # type: ignore[index]
-        read = read_span_split(self.format, path, self.reader_options, self.spans, split, sharing, types)
+        read = read_span_split(self.format, path, self.reader_options, self.spans, split, sharing, types,
+                               f"Task {self.name} {split}: ")
         if not read.examples and split in ("train", "test"):
             raise BiodistilError(f"{path}: the {split} split of task '{self.name}' holds no documents")
-        _print_alignment_once(self.name, split, read)
         return read
 
     def _local_file(self, split: str, data_root: str | Path | None, fold: int | None) -> Path:
@@ -418,17 +418,6 @@ class TaskSpec(BaseModel):
     def example_targets(self, examples: Sequence[Example]) -> list[Any]:
         """Gold values in the form the metric expects: tag lists, labels, or 0/1 vectors."""
         return [e.tags if isinstance(e, TokenExample) else e.label for e in examples]
-
-
-_PRINTED: set[tuple[str, str, int]] = set()
-
-
-def _print_alignment_once(task: str, split: str, read: SpanSplit) -> None:
-    """The split's entity counts on stderr, the first time this process reads it."""
-    key = (task, split, id(read.alignment))
-    if key not in _PRINTED:
-        _PRINTED.add(key)
-        print(read.alignment.summary(f"Task {task} {split}: "), file=sys.stderr, flush=True)
 
 
 def _load_hub_rows(dataset: str, config: str | None, split: str) -> Sequence[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,17 +85,18 @@ def types_of_tags(labels: Sequence[str]) -> list[str]:
 
 
 def read_span_split(format_name: str, path: Path, options: dict[str, Any], settings: SpanSettings, split: str,
-                    sharing: Sequence[str] = (), types: Sequence[str] | None = None) -> SpanSplit:
+                    sharing: Sequence[str] = (), types: Sequence[str] | None = None, heading: str = "") -> SpanSplit:
     """The split's documents and tagged sentences; `sharing`: the splits that name the same file, which divide its
     documents by `settings.split` (a file one split names is read whole). A span of a type outside `types` (when
-    given) is an error naming its file and line."""
+    given) is an error naming its file and line. What became of the gold entities is printed on stderr, after
+    `heading`, the first time this process reads the split."""
     try:
         stamp = (path.stat().st_mtime_ns, path.stat().st_size)
     except OSError:
         stamp = (-1, -1)
     key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
     documents, examples, alignment = _tagged(format_name, path.resolve(), stamp, key, settings.policy,
-                                             _shares_key(settings, sharing), split)
+                                             _shares_key(settings, sharing), split, heading)
     if types is not None:
         _check_types(documents, set(types))
     return SpanSplit(list(documents), list(examples), alignment)
@@ -113,13 +115,14 @@ def _shares_key(settings: SpanSettings, sharing: Sequence[str]) -> tuple[tuple[s
 
 @functools.lru_cache(maxsize=8)
 def _tagged(format_name: str, path: Path, stamp: tuple[int, int], options: tuple[tuple[str, Any], ...],
-            policy: SpanPolicy, shares: tuple[tuple[str, float], ...] | None,
-            split: str) -> tuple[tuple[SpanDocument, ...], tuple[SentenceExample, ...], Alignment]:
+            policy: SpanPolicy, shares: tuple[tuple[str, float], ...] | None, split: str,
+            heading: str) -> tuple[tuple[SpanDocument, ...], tuple[SentenceExample, ...], Alignment]:
     """One read and tagging per file version, options and split (a study reads the same splits for every run)."""
     documents = read_span_documents(format_name, path, **dict(options))
     if shares is not None:
         documents = _share(documents, dict(shares), split)
     examples, alignment = tag_documents(documents, policy)
+    print(alignment.summary(heading), file=sys.stderr, flush=True)
     return tuple(documents), tuple(examples), alignment
 
 
