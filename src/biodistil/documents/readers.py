@@ -85,6 +85,9 @@ def text_file(path: Path) -> str:
 
 # ------------------------------------------------------------------------------------------------ brat
 
+BRAT_KINDS = {"R": "relations", "E": "events", "A": "attributes", "M": "attributes", "N": "normalisations",
+              "#": "notes", "*": "equivalences"}
+
 
 def read_brat(path: str | Path, mention_text: MentionPolicy = "relocate") -> list[SpanDocument]:
     """A brat standoff folder (or one .ann file): `NAME.txt` beside `NAME.ann`; text-bound `T` lines are entities
@@ -114,7 +117,7 @@ def _brat_document(ann: Path, policy: MentionPolicy) -> SpanDocument:
         if not line.strip():
             continue
         if line[0] != "T":
-            document.notes[f"brat {line[0]} lines (relations, events, attributes, notes: ignored)"] += 1
+            document.notes[f"brat {BRAT_KINDS.get(line[0], line[0] + ' lines')} (ignored)"] += 1
             if line[0] == "E":
                 triggers.add(line.split("\t")[1].split()[0].split(":")[-1] if "\t" in line else "")
             continue
