@@ -118,6 +118,19 @@ def test_predictions_written_as_brat_and_scored_give_the_f1_evaluate_finetuned_r
     assert scored["strict"]["micro"]["f1"] == pytest.approx(cell["test"]["char_strict_f1"])
     assert scored["overlap"]["micro"]["f1"] == pytest.approx(cell["test"]["char_overlap_f1"])
     assert scored["strict"] == cell["character"]["strict"]
+    # the Python API returns the spans the command wrote
+    from biodistil import Predictor
+
+    written = {d.id: keys(d) for d in read_span_documents("brat", tmp_path / "predicted")}
+    assert {d.id: keys(d) for d in Predictor(model).predict_documents(gold)} == written
+    # plain text in, span JSON lines out: the same entities at the same offsets
+    (tmp_path / "plain").mkdir()
+    for document in gold:
+        (tmp_path / "plain" / f"{document.id}.txt").write_text(document.text)
+    assert main(["predict", str(model), str(tmp_path / "plain"), "--whole-files", "--out-format", "span_jsonl",
+                 "--out", str(tmp_path / "plain.jsonl"), "--quiet"]) == 0
+    plain = {Path(d.id).stem: keys(d) for d in read_span_documents("span_jsonl", tmp_path / "plain.jsonl")}
+    assert plain == written
 
 
 @needs_data
