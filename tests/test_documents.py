@@ -294,3 +294,25 @@ def test_a_span_task_reads_its_labels_from_the_data_and_splits_one_file_by_docum
                                                                        "test: 0.2}, seed: 3}\n", ""))
     with pytest.raises(BiodistilError, match=r"name the same file; give `spans\.split`"):
         get_task(str(unsplit))
+
+
+def test_a_long_training_sentence_is_cut_into_windows_before_an_entity_never_inside(tokenizer):
+    from biodistil.data.formats import TokenExample
+    from biodistil.tasks.encoding import encode_split
+    from biodistil.tasks.registry import TaskSpec
+
+    task = TaskSpec(name="t", kind="token_classification", format="biobert_ner_tsv", files={"test": "x.tsv"},
+                    labels=["O", "B", "I"], metric="entity_f1", max_length=8, truncation="split")
+    # 1, 1, 1, 3, 1, ... sub-words; 6 fit a window: cut by sub-words alone, the second window starts at "cell"
+    words = ["the", "protein", "kinase", "gene", "cell", "tumour", "patients", "mutation", "the", "protein"]
+    tags = ["O", "O", "B", "I", "I", "O", "O", "O", "O", "O"]  # "kinase gene cell": one entity
+    example = TokenExample("0", words, tags)
+    plain = encode_split(task, [example], tokenizer)
+    whole = encode_split(task, [example], tokenizer, whole_entities=True)
+
+    def windows(encoded):
+        return [(start, start + max(w for w in ids if w is not None) + 1)
+                for (_, start), ids in zip(encoded.origins, encoded.word_ids, strict=True)]
+
+    assert windows(plain) == [(0, 4), (4, 10)]  # a window starts inside the entity
+    assert windows(whole) == [(0, 2), (2, 6), (6, 10)]  # training windows start before it instead
