@@ -316,3 +316,21 @@ def test_a_long_training_sentence_is_cut_into_windows_before_an_entity_never_ins
 
     assert windows(plain) == [(0, 4), (4, 10)]  # a window starts inside the entity
     assert windows(whole) == [(0, 2), (2, 6), (6, 10)]  # training windows start before it instead
+
+
+def test_score_compares_two_formats_and_predict_refuses_to_write_over_its_input_folder(tmp_path, capsys):
+    from biodistil.cli.main import main
+
+    documents = rich_documents()
+    write_span_documents("pubtator", documents, tmp_path / "gold.pubtator")
+    predicted = [documents[0].with_spans(documents[0].spans[:2]), documents[1]]  # 2 of the 4 entities found
+    write_span_documents("brat", predicted, tmp_path / "predicted")
+    assert main(["score", str(tmp_path / "gold.pubtator"), str(tmp_path / "predicted"), "--out",
+                 str(tmp_path / "s.json")]) == 0
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert scores["strict"]["micro"]["precision"] == 1.0 and scores["strict"]["micro"]["recall"] == 0.5
+    assert scores["strict"]["per_type"]["Chemical"]["f1"] == 0.0 and scores["strict"]["macro_f1"] == 0.5
+    assert "Disease" in capsys.readouterr().out
+    assert main(["predict", str(tmp_path / "no-model"), str(tmp_path / "predicted"), "--format", "brat", "--out",
+                 str(tmp_path / "predicted")]) == 2
+    assert "is the input folder" in capsys.readouterr().err
