@@ -21,12 +21,13 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
+from biodistil.finetune.selection import print_span_record
 from biodistil.io import atomic_write_json, atomic_write_jsonl
 from biodistil.tasks.bootstrap import ScoredRun, difference_interval, scored_run
 from biodistil.tasks.metrics import summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows, scored_rows
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.tasks.scoring import Scored, positive_index
+from biodistil.tasks.scoring import Scored, positive_index, span_task_record
 from biodistil.tasks.splits import read_split
 from biodistil.training.run import JobFolder
 
@@ -105,12 +106,12 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)
     items = expand_models(specs)
-    examples = read_split(task, plan.split, task_data_root(plan.data_root, [item.path for item in items]), plan.fold,
-                          plan.max_examples)
+    root = task_data_root(plan.data_root, [item.path for item in items])
+    examples = read_split(task, plan.split, root, plan.fold, plan.max_examples)
     if not examples:
         raise BiodistilError(f"Task {task.name} has no {plan.split} split (splits: {sorted(task.files)})")
     threads = bench.threads if bench else None
-    cells = [_score_cell(item, task, plan, examples, out, threads) for item in items]
+    cells = [_score_cell(item, task, plan, examples, out, threads, root) for item in items]
     records, runs = [record for record, _ in cells], [run for _, run in cells]
     atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records, _differences(items, runs, task)))
     if bench is not None:
@@ -124,14 +125,20 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
 
 
 def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Sequence[Any], out: Path,
-                threads: int | None) -> tuple[dict[str, Any], ScoredRun]:
-    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score. Returns its
-    record and its predictions as a bootstrap reads them."""
+                threads: int | None, data_root: Any = None) -> tuple[dict[str, Any], ScoredRun]:
+    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score. A span
+    task's cell also records its gold entities' counts and the character-level scores on the original documents.
+    Returns its record and its predictions as a bootstrap reads them."""
     scored, parameters = score_deployed(item, task, examples, threads, plan.device)
     cell = out / "cells" / item.label / task.name / "scored"
     rows = prediction_rows(task, examples, scored.predictions)
     atomic_write_jsonl(cell / "predictions.jsonl", rows)
     record = _record(item, task, plan, scored, len(examples), parameters)
+    if task.is_span_task:
+        spans = span_task_record(task, examples, scored.predictions.labels, plan.split, data_root, plan.fold)
+        print_span_record(spans)
+        record["test"] = {**record["test"], **spans.get("character_f1", {})}
+        record.update(spans)
     atomic_write_json(cell / "metrics.json", record)
     flag = f" (degenerate: {record['degenerate']})" if record["degenerate"] else ""
     print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {record['score']:.4f}{flag}",
