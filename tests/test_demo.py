@@ -58,8 +58,11 @@ def test_every_student_arm_of_the_real_demo_trains_the_same_number_of_steps(tmp_
     assert distilled["kd"]["beta"] > 0 and label_free["kd"]["beta"] == 0.0
     assert label_free["transfer"]["keep_labels"] is False
     teacher = recipe.tasks[0].teacher_overrides
-    assert teacher["task"]["train_examples"] is None and teacher["finetune"]["epochs"] == PLAN.teacher_epochs, \
-        "the teacher learns from the whole training set"
+    assert teacher["task"]["train_examples"] is None, "the teacher learns from the whole training set"
+    assert teacher["finetune"]["epochs"] is None and teacher["train"]["max_steps"] == PLAN.student_steps, \
+        "the teacher trains as long as each student"
+    assert teacher["train"]["eval_every"] == defaults["finetune"]["train"]["eval_every"], "dev-selected like them"
+    assert len(PLAN.seeds) >= 3
 
 
 def test_the_same_labels_option_gives_the_teacher_the_students_budget(tmp_path):

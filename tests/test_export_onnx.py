@@ -428,6 +428,15 @@ def test_evaluate_scores_pytorch_and_onnx_side_by_side(token_dir, token_export, 
     assert len(rows) == 12 and set(json.loads(rows[0])) == {"id", "tokens", "gold", "prediction"}
     report = (out / "report.md").read_text()
     assert "tiny-onnx-int8" in report and "Scored without training" in report
+    # each graph against the PyTorch model, paired over the same 12 sentences
+    differences = {d["model"]: d for d in results["differences"]}
+    assert set(differences) == {"tiny-onnx", "tiny-onnx-int8"} and differences["tiny-onnx"]["reference"] == "tiny"
+    assert differences["tiny-onnx"]["estimate"] == 0 and differences["tiny-onnx"]["low"] == 0 == \
+        differences["tiny-onnx"]["high"], "the same predictions on every resample"
+    int8 = differences["tiny-onnx-int8"]
+    assert int8["estimate"] == pytest.approx(cells["tiny-onnx-int8"]["score"] - cells["tiny"]["score"], abs=1e-12)
+    assert int8["low"] <= int8["estimate"] <= int8["high"] and int8["examples"] == 12
+    assert "tiny-onnx-int8 − tiny on ncbi_disease" in report and "paired bootstrap over the 12 examples" in report
 
 
 @needs_onnx

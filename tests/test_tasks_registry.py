@@ -27,6 +27,7 @@ needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared 
 EXPECTED_TASKS = {
     "ncbi_disease", "bc5cdr_chem", "bc5cdr_disease", "bc2gm", "jnlpba", "linnaeus", "species800",
     "gad", "gad_cv", "euadr_cv", "chemprot", "ddi", "hoc", "pubmedqa", "bioasq", "pico",
+    "bc5cdr_pubtator", "dimb_brat",
 }
 
 

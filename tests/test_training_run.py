@@ -94,3 +94,16 @@ def test_a_study_folder_is_continued_not_emptied(tmp_path):
     (tmp_path / "study" / "task" / "arm" / "config.yaml").write_text("run: {}\n")  # a stage that began
     again = RunFolder(recipe.run.output_dir, recipe, stages=True)
     assert again.resume and (tmp_path / "study" / "task" / "arm").is_dir()
+
+
+def test_a_stage_puts_accelerates_process_state_back(tmp_path):
+    """A stage trained under bf16 leaves the process's Accelerate state as it found it (float32 here), so that the
+    next stage or the caller's own Accelerator is not refused or changed by it."""
+    from accelerate.state import AcceleratorState
+
+    from biodistil.training.engine import make_accelerator
+
+    make_accelerator("no")
+    inside = []
+    run_stage(tmp_path / "stage", lambda resume: inside.append(make_accelerator("bf16").mixed_precision))
+    assert inside == ["bf16"] and AcceleratorState().mixed_precision == "no"

@@ -147,8 +147,43 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_bench)
 
 
+def _score(args: argparse.Namespace) -> object:
+    from biodistil.documents.readers import guess_format, read_span_documents
+    from biodistil.documents.scoring import character_scores, score_table
+    from biodistil.io import atomic_write_json
+
+    gold_format = args.gold_format or args.format or guess_format(args.gold)
+    pred_format = args.pred_format or args.format or guess_format(args.predicted)
+    gold = read_span_documents(gold_format, args.gold)
+    predicted = read_span_documents(pred_format, args.predicted)
+    scores = character_scores(gold, predicted, args.types)
+    if args.out:
+        atomic_write_json(Path(args.out), {"gold": str(args.gold), "predicted": str(args.predicted), **scores})
+    return score_table(scores)
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    text = ("Entity scores at the character level of predicted documents against gold ones (brat folders, PubTator, "
+            "BioC or span JSON-lines files): strict (same span and type) and overlap (same type, a shared "
+            "character), per type, micro and macro")
+    parser = sub.add_parser("score", help=text, description=text + ". Example: biodistil score gold/ predicted/ "
+                            "(two brat folders). Documents are matched by id; their texts must be the same.")
+    parser.add_argument("gold", help="gold documents: a brat folder or a PubTator / BioC / span JSON-lines file")
+    parser.add_argument("predicted", help="predicted documents, in the same or another span format")
+    parser.add_argument("--format", choices=["bioc", "brat", "pubtator", "span_jsonl"],
+                        help="the format of both (default: from each path: a folder is brat, .pubtator, .xml/.json "
+                        "BioC, .jsonl span JSON lines)")
+    parser.add_argument("--gold-format", choices=["bioc", "brat", "pubtator", "span_jsonl"])
+    parser.add_argument("--pred-format", choices=["bioc", "brat", "pubtator", "span_jsonl"])
+    parser.add_argument("--types", nargs="+", help="score these entity types only (default: every type either side "
+                        "uses)")
+    parser.add_argument("--out", help="also write the scores as JSON here")
+    parser.set_defaults(run=_score)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's subcommands to the `biodistil` parser."""
     _add_evaluate(sub)
+    _add_score(sub)
     _add_report(sub)
     _add_bench(sub)

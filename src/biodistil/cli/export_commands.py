@@ -7,6 +7,9 @@ from pathlib import Path
 from biodistil.cli.common import positive_int, probability
 from biodistil.data.formats import READERS
 
+# biodistil.documents.readers.SPAN_FORMATS, named here so that the command line imports little
+SPAN_FORMATS = ("bioc", "brat", "pubtator", "span_jsonl")
+
 
 def _export(args: argparse.Namespace) -> object:
     from biodistil.export.command import ExportOptions, format_export, run_export
@@ -30,11 +33,39 @@ def _predict(args: argparse.Namespace) -> object:
     from biodistil.export.predict import Predictor, read_documents, write_predictions
 
     refuse_output_among_inputs(args.out, args.inputs)  # before anything is read: the output would replace an input
+    out_format = args.out_format or (args.format if args.format in SPAN_FORMATS else "jsonl")
     predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length,
                           args.device, args.int8_fallback)
+    if out_format != "jsonl" or args.format in SPAN_FORMATS:
+        return _predict_spans(args, predictor, out_format)
+    task_format = None if args.format in (None, "jsonl") else args.format
     documents = read_documents(args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files,
-                               task_format=args.format)
+                               task_format=task_format)
     print(write_predictions(predictor, documents, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
+    return None
+
+
+def _predict_spans(args: argparse.Namespace, predictor: object, out_format: str) -> None:
+    """Annotated documents in and/or out (`biodistil.export.span_predict`)."""
+    import sys
+
+    from biodistil.documents.model import SpanDocument
+    from biodistil.export.predict import read_documents
+    from biodistil.export.span_predict import read_span_inputs, write_span_predictions
+
+    if args.format in SPAN_FORMATS:
+        documents = read_span_inputs(args.inputs, args.format)
+    else:
+        task_format = None if args.format in (None, "jsonl") else args.format
+        documents = [SpanDocument(d.id, d.text) for d in read_documents(
+            args.inputs, args.text_field, args.pair_field, args.id_field, args.whole_files, task_format=task_format)]
+    if out_format == "jsonl":
+        from biodistil.export.predict import Document, write_predictions
+
+        inputs = (Document(d.id, d.text) for d in documents)
+        print(write_predictions(predictor, inputs, args.out, progress=not args.quiet), file=sys.stderr, flush=True)
+        return None
+    print(write_span_predictions(predictor, documents, args.out, out_format), file=sys.stderr, flush=True)
     return None
 
 
@@ -115,6 +146,9 @@ def refuse_output_among_inputs(out: str, inputs: list[str]) -> None:
             raise BiodistilError(f"--out {out} is inside the input folder {given}, among its .txt documents: it "
                                  "would add to or replace them; write the predictions elsewhere (e.g. --out "
                                  "predictions.jsonl)")
+        if source.is_dir() and target == source.resolve():
+            raise BiodistilError(f"--out {out} is the input folder {given}: the predictions would replace it; write "
+                                 "them to another folder (e.g. --out predicted/)")
         if source.is_file() and (target == source.resolve() or (target.exists() and target.samefile(source))):
             raise BiodistilError(f"--out {out} is the input {given}: the predictions would replace it; choose another "
                                  "output file (e.g. --out predictions.jsonl)")
@@ -133,7 +167,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "standard output.")
     parser.add_argument("model", help="model folder (a run's model/), ONNX export folder, or one .onnx file of one")
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="text file, folder of .txt files, .jsonl, or -")
-    parser.add_argument("--out", required=True, help="JSON-lines output file, or - for standard output")
+    parser.add_argument("--out", required=True, help="JSON-lines output file, or - for standard output; a folder "
+                        "for brat, a file for the other span formats")
     parser.add_argument("--runtime", choices=["auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8"],
                         default="auto", help="auto (default): the fastest the folder holds (int8, then fp32 ONNX, "
                         "then PyTorch float32); pytorch-bf16: a model folder under bf16 autocast, for a GPU or a CPU "
@@ -142,8 +177,16 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--pair-field", help="JSON lines: the field holding a pair classifier's second text")
     parser.add_argument("--id-field", default="id", help="JSON lines: the field holding the record's id (id)")
     parser.add_argument("--whole-files", action="store_true", help="one document per text file, not per line")
-    parser.add_argument("--format", choices=sorted(READERS), help="the inputs are task files of this format (their "
-                        "sentences; pre-tokenised ones keep their words; labels unused)")
+    parser.add_argument("--format", choices=["jsonl", *sorted(READERS), *SPAN_FORMATS], help="jsonl (default): plain "
+                        "inputs, JSON lines out; brat, pubtator, bioc, span_jsonl: annotated documents of that format "
+                        "in (brat: a folder of .txt, .ann not needed; their spans unused) and the predicted ones out in"
+                        " "
+                        "the same format, character offsets into the original text (brat: one .ann beside each .txt); "
+                        "a task format (biobert_ner_tsv, ...): the inputs are task files (their sentences; labels "
+                        "unused)")
+    parser.add_argument("--out-format", choices=["jsonl", *SPAN_FORMATS], help="write the predictions in this format "
+                        "instead (default: --format when it is a span format, else jsonl); e.g. plain .txt inputs "
+                        "--out-format pubtator")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="windows per batch (64, as evaluation "
                         "scores), grouped by length")
     parser.add_argument("--threshold", type=probability, default=0.5,

@@ -123,7 +123,7 @@ def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
 def _run(args: argparse.Namespace) -> Any:
     """The command, with torch's CPU threads decided for it (`training.threads`; a training stage decides again for
     itself) and put back after it."""
-    if args.command in ("report", "export", "card", "models", "serve"):  # serve: its own threads (serving.service)
+    if args.command in ("report", "export", "card", "models", "score", "serve"):  # serve: its own (serving.service)
         return args.run(args)
     from biodistil.training.threads import StageThreads, announce
 

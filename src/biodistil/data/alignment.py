@@ -122,11 +122,14 @@ def count_truncated_words(word_ids: Sequence[int | None], num_words: int) -> int
     return num_words - len({w for w in word_ids if w is not None})
 
 
-def chunk_words(pieces_per_word: Sequence[int], max_pieces: int) -> list[tuple[int, int]]:
+def chunk_words(pieces_per_word: Sequence[int], max_pieces: int,
+                continues: Sequence[bool] | None = None) -> list[tuple[int, int]]:
     """Split words into consecutive [start, end) windows of at most `max_pieces` sub-word pieces.
 
     For the "split" policy: tokenize each window separately (max_pieces = max_length minus special tokens),
     so no word is lost. A single word longer than `max_pieces` gets a window of its own (and is truncated).
+    `continues[i]` (a word tagged I-…: it continues an entity) keeps word i in the window of the word before it:
+    a window ends before the entity that would not fit instead, unless the entity alone is longer than a window.
     """
     if max_pieces < 1:
         raise ValueError(f"max_pieces must be at least 1, not {max_pieces}")
@@ -134,8 +137,12 @@ def chunk_words(pieces_per_word: Sequence[int], max_pieces: int) -> list[tuple[i
     start, used = 0, 0
     for index, pieces in enumerate(pieces_per_word):
         if index > start and used + pieces > max_pieces:
-            windows.append((start, index))
-            start, used = index, 0
+            cut = index
+            while continues is not None and cut > start + 1 and continues[cut]:
+                cut -= 1  # back to the word that starts the entity
+            cut = cut if continues is None or not continues[cut] else index
+            windows.append((start, cut))
+            start, used = cut, sum(max(p, 0) for p in pieces_per_word[cut:index])
         used += max(pieces, 0)
     if start < len(pieces_per_word):
         windows.append((start, len(pieces_per_word)))

@@ -95,6 +95,10 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, obj
 
 
+numbered_lines = _lines  # for the span readers of `biodistil.documents`
+numbered_json_lines = _json_lines
+
+
 def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], path: Path, line: int) -> Any:
     """obj[name], checked to be of `kind`."""
     if name not in obj:

@@ -4,6 +4,10 @@
 
     DIR/cells/<model>/<task>/scored/predictions.jsonl, metrics.json
     DIR/results.json, DIR/bench.json (with --bench), DIR/report.md, report.html, *.png
+
+Each model after the first is compared with the first (the reference: a PyTorch model before its ONNX graphs, as
+`expand_models` lists them) on the same examples: its headline score minus the reference's with a 95% interval of a
+paired bootstrap over the examples (`tasks.bootstrap`), in results.json's `differences` and the report's notes.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
+from biodistil.finetune.selection import print_span_record
 from biodistil.io import atomic_write_json, atomic_write_jsonl
+from biodistil.tasks.bootstrap import ScoredRun, difference_interval, scored_run
 from biodistil.tasks.metrics import summarize_seeds
-from biodistil.tasks.prediction import degenerate, prediction_rows
+from biodistil.tasks.prediction import degenerate, prediction_rows, scored_rows
 from biodistil.tasks.registry import TaskSpec, get_task
-from biodistil.tasks.scoring import Scored
+from biodistil.tasks.scoring import Scored, positive_index, span_task_record
 from biodistil.tasks.splits import read_split
 from biodistil.training.run import JobFolder
 
@@ -56,8 +62,8 @@ def _summary(record: dict[str, Any], family: str) -> dict[str, Any]:
             "test_examples": record["test_examples"]}
 
 
-def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
-                   records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan, records: Sequence[dict[str, Any]],
+                   differences: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """results.json of a scoring run, in the format of `biodistil evaluate` (read by `biodistil report`)."""
     family = METRIC_FAMILY[task.metric]
     untrained = dict.fromkeys(("learning_rate", "batch_size", "epochs", "early_stopping_patience", "n_folds"))
@@ -72,8 +78,23 @@ def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
         "cells": list(records),
         "notes": [f"Scored without training on the {plan.split} split"
                   f"{f' (fold {plan.fold})' if plan.fold else ''}: already fine-tuned models and their ONNX exports "
-                  "(one deterministic score each, no seeds)."],
+                  "(one deterministic score each, no seeds).", *map(_difference_line, differences)],
+        "differences": list(differences),
     }
+
+
+def _differences(items: Sequence[Deployed], runs: Sequence[ScoredRun], task: TaskSpec) -> list[dict[str, Any]]:
+    """Each model after the first minus the first, on the same examples, with its paired bootstrap interval."""
+    return [{"model": item.label, "reference": items[0].label, "task": task.name, "metric": task.headline_key,
+             "examples": len(run.ids), **difference_interval([run], [runs[0]]).as_record()}
+            for item, run in zip(items[1:], runs[1:], strict=True)]
+
+
+def _difference_line(difference: dict[str, Any]) -> str:
+    return (f"{difference['model']} − {difference['reference']} on {difference['task']}: "
+            f"{100 * difference['estimate']:+.2f} {difference['metric']} ×100 (95% interval "
+            f"{100 * difference['low']:+.2f} to {100 * difference['high']:+.2f}; paired bootstrap over the "
+            f"{difference['examples']} examples, {difference['resamples']} resamples).")
 
 
 def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out: Path,
@@ -85,13 +106,14 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
         raise BiodistilError(f"{out} holds a `biodistil evaluate` recipe run; score into another --out folder")
     task = get_task(plan.task)
     items = expand_models(specs)
-    examples = read_split(task, plan.split, task_data_root(plan.data_root, [item.path for item in items]), plan.fold,
-                          plan.max_examples)
+    root = task_data_root(plan.data_root, [item.path for item in items])
+    examples = read_split(task, plan.split, root, plan.fold, plan.max_examples)
     if not examples:
         raise BiodistilError(f"Task {task.name} has no {plan.split} split (splits: {sorted(task.files)})")
     threads = bench.threads if bench else None
-    records = [_score_cell(item, task, plan, examples, out, threads) for item in items]
-    atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records))
+    cells = [_score_cell(item, task, plan, examples, out, threads, root) for item in items]
+    records, runs = [record for record, _ in cells], [run for _, run in cells]
+    atomic_write_json(out / RESULTS_FILE, scored_results(items, task, plan, records, _differences(items, runs, task)))
     if bench is not None:
         from biodistil.evaluation.bench import run_bench, write_bench
 
@@ -103,15 +125,24 @@ def run_scoring(specs: Sequence[tuple[str | None, str]], plan: ScoringPlan, out:
 
 
 def _score_cell(item: Deployed, task: TaskSpec, plan: ScoringPlan, examples: Sequence[Any], out: Path,
-                threads: int | None) -> dict[str, Any]:
-    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score."""
+                threads: int | None, data_root: Any = None) -> tuple[dict[str, Any], ScoredRun]:
+    """Score one deployed variant; write its cell (predictions.jsonl, metrics.json) and print its score. A span
+    task's cell also records its gold entities' counts and the character-level scores on the original documents.
+    Returns its record and its predictions as a bootstrap reads them."""
     scored, parameters = score_deployed(item, task, examples, threads, plan.device)
     cell = out / "cells" / item.label / task.name / "scored"
     rows = prediction_rows(task, examples, scored.predictions)
     atomic_write_jsonl(cell / "predictions.jsonl", rows)
     record = _record(item, task, plan, scored, len(examples), parameters)
+    if task.is_span_task:
+        spans = span_task_record(task, examples, scored.predictions.labels, plan.split, data_root, plan.fold)
+        print_span_record(spans)
+        record["test"] = {**record["test"], **spans.get("character_f1", {})}
+        record.update(spans)
     atomic_write_json(cell / "metrics.json", record)
     flag = f" (degenerate: {record['degenerate']})" if record["degenerate"] else ""
     print(f"{item.describe()}: {task.name} {plan.split} {task.headline_key} = {record['score']:.4f}{flag}",
           flush=True)
-    return record
+    positive_at = positive_index(task) if task.kind != "token_classification" else None
+    return record, scored_run(scored_rows(examples, scored.predictions), task.metric, task.headline_key, positive_at,
+                              str(cell), **task.metric_options)

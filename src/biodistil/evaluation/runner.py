@@ -57,6 +57,7 @@ from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.metrics import aggregate_folds, summarize_seeds
 from biodistil.tasks.prediction import degenerate, prediction_rows
 from biodistil.tasks.registry import TaskSpec, get_task
+from biodistil.tasks.scoring import span_task_record
 from biodistil.tasks.splits import read_split
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch, assign
@@ -271,6 +272,11 @@ def run_cell(cell: Cell, out: Path, recipe: EvaluateRecipe, settings: dict[str, 
                   "tokens_per_second": round(outcome.train.tokens_per_second, 1)},
         "settings": settings, "wall_seconds": round(time.perf_counter() - started, 1),
     }
+    if task.spec.is_span_task:  # its gold entities' counts and the character-level scores beside the token-level ones
+        spans = span_task_record(task.spec, outcome.test_examples, outcome.test_predictions.labels, "test",
+                                 recipe.data.root, cell.fold)
+        record["test"] = {**record["test"], **spans.get("character_f1", {})}
+        record.update(spans)
     atomic_write_json(folder / CELL_RECORD, record)
     return record
 

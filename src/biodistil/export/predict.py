@@ -10,7 +10,10 @@ sub-word) and `tasks.prediction.predict`, batched by length; the model's head an
 (`tasks.encoding.EncodingSpec`). Token classifiers return entities with character offsets into the original text
 (seqeval's strict IOB2: an entity is a B tag and the I tags of its type that follow; its score is the mean of its
 words' tag probabilities); classifiers return the label and every class's probability (multi-label: the
-labels over the threshold).
+labels over the threshold). Annotated documents (`biodistil.documents`: brat, PubTator, BioC, span JSON lines) go
+through `Predictor.predict_documents`: split into sentences and words as a span task's training data is
+(`documents.alignment.tag_documents`), and back to spans with character offsets into each document's text;
+`write_span_predictions` writes them in the format they came in.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from pathlib import Path
 from typing import Any, get_args
 
 import torch
-from seqeval.scheme import IOB2, Entities
 
 from biodistil.data.formats import Example, TextExample, TokenExample
+from biodistil.documents.alignment import documents_from_tags, entity_spans, tag_documents
+from biodistil.documents.model import SpanDocument
 from biodistil.errors import BiodistilError
 from biodistil.export.deployed import Deployed, expand_models, load_deployed
 from biodistil.models.families import position_limit
@@ -37,7 +41,7 @@ from biodistil.training.machine import BF16_FLAGS, bf16_fast
 
 WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)  # a word: a run of letters/digits, or one other visible character
 RUNTIMES = ("auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8")
-UNTYPED = "_"  # seqeval's type of a bare B / I tag
+__all__ = ["Document", "Predictor", "entity_spans", "read_documents", "write_predictions"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,17 @@ class Predictor:
             records.append({"id": document.id, "entities": entities})
         return records
 
+    def predict_documents(self, documents: Sequence[SpanDocument]) -> list[SpanDocument]:
+        """Each document with the entities the model finds (its own spans are not read): sentences and words as a
+        span task's training data has them, tags back to [start, end) character offsets into the document's text."""
+        if self.encoding.kind != "token_classification":
+            raise BiodistilError(f"{self.variant.path} is a {self.encoding.kind.replace('_', ' ')} model; annotated "
+                                 "documents are predicted by a token classifier")
+        bare = [document.with_spans([]) for document in documents]
+        examples, _ = tag_documents(bare)
+        tags = self._predict(examples).labels if examples else []
+        return documents_from_tags(bare, examples, tags)
+
     def _labels(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
         examples: list[Example] = [TextExample(d.id, d.text, d.text_pair, None) for d in documents]
         predictions = self._predict(examples)
@@ -206,16 +221,6 @@ def recorded_max_length(model: Path) -> int | None:
         return get_task(task["name"]).max_length if task.get("name") else None
     except BiodistilError:
         return None
-
-
-def entity_spans(tags: Sequence[str]) -> list[tuple[int, int, str]]:
-    """(first word, last word, type) of each entity, read by seqeval's strict IOB2 parser: a B starts one, the I tags
-    of its type that follow continue it, an I with no B before it starts none. Untyped tags (`B`, `I`) give the type
-    "entity"."""
-    if not any(tag[:1] == "B" for tag in tags):  # no entity starts: seqeval's parse (about 0.2 ms) is not needed
-        return []
-    entities = Entities([list(tags)], IOB2).entities[0]
-    return [(e.start, e.end - 1, "entity" if e.tag == UNTYPED else e.tag) for e in entities]
 
 
 def _document(default_id: str, value: str | tuple[str, str] | Document) -> Document:

@@ -15,7 +15,7 @@ from biodistil.config import ExportConfig, ModelConfig, RunConfig, Section, Trai
 from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import FinetuneOutcome, finetune_on_task
-from biodistil.finetune.selection import write_test_results
+from biodistil.finetune.selection import SPAN_RECORD, write_test_results
 from biodistil.io import jsonable
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
@@ -67,8 +67,10 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
         return run.model_dir
     seconds = round(time.perf_counter() - started, 1)
     written = write_test_results(run.path, task, outcome.test_examples, outcome.test_predictions, outcome.truncated,
-                                 outcome.markers_cut)
+                                 outcome.markers_cut, recipe.task.data_dir, recipe.task.fold)
     metrics = _metrics(task, outcome, init, written["degenerate"], seconds)
+    metrics["test"].update(written.get("character_f1", {}))  # a span task: beside the token-level entity F1
+    metrics.update({key: written[key] for key in SPAN_RECORD if key in written})
     save_model = None
     if recipe.export.enabled:
         save_model = lambda folder: export_model(outcome.model, outcome.tokenizer, folder)  # noqa: E731

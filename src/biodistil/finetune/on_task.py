@@ -111,7 +111,8 @@ def finetune_on_task(
     tokenizer = load_tokenizer(str(model_name_or_path))
     task = fit_length_to_model(task, model_name_or_path)
     splits = _read_splits(task, data_root, fold, max_examples, train_examples)
-    scoring = {name: ScoringSplit.encode(task, examples, tokenizer) for name, examples in splits.items() if examples}
+    scoring = {name: ScoringSplit.encode(task, examples, tokenizer, whole_entities=name == "train")
+               for name, examples in splits.items() if examples}
     train = scoring["train"]
     processes = accelerator.num_processes
     if epochs is not None:

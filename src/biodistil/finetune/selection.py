@@ -26,12 +26,13 @@ from biodistil.io import atomic_write_jsonl
 from biodistil.tasks.encoding import EncodedSplit, FeatureCollator, collator_for, encode_split
 from biodistil.tasks.prediction import Predictions, degenerate, predict, prediction_notes, scored_rows
 from biodistil.tasks.registry import TaskSpec
-from biodistil.tasks.scoring import Scored, score
+from biodistil.tasks.scoring import Scored, score, span_task_record
 from biodistil.training.engine import Selection
 from biodistil.training.processes import computed_on_main
 
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 TEST_PREDICTIONS = "test_predictions.jsonl"
+SPAN_RECORD = ("entity_alignment", "character", "character_f1", "character_note")  # a span task's extra record keys
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,12 @@ class ScoringSplit:
     collate: FeatureCollator
 
     @classmethod
-    def encode(cls, task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> ScoringSplit:
-        return cls(task, examples, encode_split(task, examples, tokenizer), collator_for(task, tokenizer))
+    def encode(cls, task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
+               whole_entities: bool = False) -> ScoringSplit:
+        """`whole_entities`: a long sentence's windows never cut a gold entity (training data only: scored splits
+        are cut as predictions are, without looking at their tags)."""
+        encoded = encode_split(task, examples, tokenizer, whole_entities)
+        return cls(task, examples, encoded, collator_for(task, tokenizer))
 
     def scored(self, model: Any, batch_size: int) -> Scored:
         """`model`'s predictions on the split and their scores with the task's official metric."""
@@ -88,12 +93,33 @@ def select_on_dev(dev: ScoringSplit | None, cfg: TrainConfig, num_features: int,
 
 
 def write_test_results(run_dir: Path, task: TaskSpec, test: Sequence[Example], predictions: Predictions,
-                       truncated: dict[str, int], markers_cut: dict[str, int] | None = None) -> dict[str, Any]:
+                       truncated: dict[str, int], markers_cut: dict[str, int] | None = None,
+                       data_root: Any = None, fold: int | None = None) -> dict[str, Any]:
     """Write `<run>/test_predictions.jsonl`, print the notes on the scores (truncation, words without prediction,
-    degenerate predictions) as warnings; returns the record's `degenerate` and `notes`."""
+    degenerate predictions) as warnings; returns the record's `degenerate` and `notes`, and for a span task what
+    became of its gold entities and its character-level scores (`span_task_record`, printed too)."""
     atomic_write_jsonl(run_dir / TEST_PREDICTIONS, scored_rows(test, predictions))
     words = sum(len(e.tokens) for e in test) if task.kind == "token_classification" else None
     notes = prediction_notes(task, predictions, truncated, words, markers_cut)
     for note in notes:
         print(f"Warning: {note}", file=sys.stderr, flush=True)
-    return {"degenerate": degenerate(task, predictions), "notes": notes}
+    written: dict[str, Any] = {"degenerate": degenerate(task, predictions), "notes": notes}
+    if task.is_span_task:
+        written.update(span_task_record(task, test, predictions.labels, "test", data_root, fold))
+        print_span_record(written)
+    return written
+
+
+def print_span_record(record: dict[str, Any]) -> None:
+    """The gold entities' counts per split and the character-level scores, on stderr."""
+    from biodistil.documents.scoring import score_table
+
+    for split, counts in record.get("entity_alignment", {}).items():
+        reasons = ", ".join(f"{r} {n}" for r, n in counts["by_reason"].items() if not r.startswith("kept"))
+        print(f"Gold entities ({split}): {counts['entities']:,}: {counts['kept']:,} kept exactly, {counts['changed']:,}"
+              f" changed, {counts['dropped']:,} dropped{f' ({reasons})' if reasons else ''}", file=sys.stderr)
+    if "character" in record:
+        print("Character-level entity scores (original documents):\n" + score_table(record["character"]),
+              file=sys.stderr, flush=True)
+    elif "character_note" in record:
+        print(f"Note: {record['character_note']}", file=sys.stderr, flush=True)

@@ -338,8 +338,9 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
     if not test:
         return {}
     scored = ScoringSplit.encode(task, test, tokenizer).scored(student, recipe.train.batch_size * 2)
-    written = write_test_results(run_dir, task, test, scored.predictions, {"test": scored.truncated_examples})
-    scores = scored.scores
+    written = write_test_results(run_dir, task, test, scored.predictions, {"test": scored.truncated_examples},
+                                 data_root=recipe.task.data_dir, fold=recipe.task.fold)
+    scores = {**scored.scores, **written.get("character_f1", {})}
     teachers = [teacher_test_scores(entry.name_or_path, task, test, recipe.kd.cache_dir, recipe.train.batch_size * 2)
                 for entry in recipe.teacher_entries()]
     teacher = max(teachers, key=lambda found: found.get(task.headline_key, -math.inf))  # the best one, with several

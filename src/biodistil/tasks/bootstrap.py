@@ -62,16 +62,21 @@ def read_scored_run(path: Path, metric: str, key: str | None = None, positive_at
     """A run's `test_predictions.jsonl` (id, gold, predicted and any class scores per example) scored by `metric` (a
     name of `tasks.metrics.METRICS`, with its `options`) at `key` (default its headline); `positive_at`: the index of
     the positive class in the class scores, for a metric that also reads them (AUROC)."""
-    rows = read_jsonl(path)
+    return scored_run(read_jsonl(path), metric, key, positive_at, str(path), **options)
+
+
+def scored_run(rows: Sequence[dict[str, Any]], metric: str, key: str | None = None, positive_at: int | None = None,
+               source: str = "predictions", **options: Any) -> ScoredRun:
+    """`read_scored_run` on records already read (`tasks.prediction.scored_rows`); `source` names them in errors."""
     if not rows or any(not {"id", "gold", "predicted"} <= set(row) for row in rows):
-        raise BiodistilError(f"{path}: expected one JSON record per test example with id, gold and predicted")
+        raise BiodistilError(f"{source}: expected one JSON record per test example with id, gold and predicted")
     gold, predicted = [row["gold"] for row in rows], [row["predicted"] for row in rows]
     ids = tuple(str(row["id"]) for row in rows)
     spec = get_metric(metric)
     key = key or spec.headline
     if "positive_scores" in spec.inputs:
         if positive_at is None or any("scores" not in row for row in rows):
-            raise BiodistilError(f"{path}: {metric} also reads the positive class's score; these predictions have "
+            raise BiodistilError(f"{source}: {metric} also reads the positive class's score; these predictions have "
                                  "no class scores (or no positive class was named)")
         options["positive_scores"] = np.array([row["scores"][positive_at] for row in rows])
     quick = _quick_score(metric, key, gold, predicted, {**_defaults(spec.function), **options})

@@ -1,16 +1,16 @@
 """Encoding a task's examples into model features, and padding features into batches.
 
-Token classification (NER, PICO) encodes each sentence as words, labels its sub-words by the task's policy
-("first" or "all", `biodistil.data.alignment`) and, with `truncation: split`, cuts long sentences into windows
-of whole words; sequence and multi-label tasks encode one text (or a pair) with its target. `encode_inputs` does the
-same without targets, from an `EncodingSpec` (kind, labels, length, truncation: what a fine-tuned model's head
-and labels say) or a task: unlabelled texts to predict need no task and no invented labels. Truncation is
-counted per split (`EncodedSplit.truncated_examples`), never silent; a long relation example keeps the window
-around its entity markers (`window_around_markers`; those that cannot are counted in `markers_cut`). `origins`
-and `word_ids` keep the way back from features to examples and words (`biodistil.tasks.prediction`).
-`teacher_encoding` gives each feature the same text in another tokenizer's tokens (an online teacher across
-tokenizers): the same example (sequence tasks), or the same window of words with each word's first teacher token
-(token tasks).
+Token classification (NER, PICO) encodes each sentence as words, labels its sub-words by the task's policy ("first"
+or "all", `biodistil.data.alignment`) and, with `truncation: split`, cuts long sentences into windows of whole words
+(training data: never inside a gold entity); sequence and multi-label tasks encode one text (or a pair) with its
+target. `encode_inputs` does the same without targets, from an `EncodingSpec` (kind, labels, length, truncation:
+what a fine-tuned model's head and labels say) or a task: unlabelled texts to predict need no task and no invented
+labels. Truncation is counted per split (`EncodedSplit.truncated_examples`), never silent; a long relation example
+keeps the window around its entity markers (`window_around_markers`; those that cannot are counted in
+`markers_cut`). `origins` and `word_ids` keep the way back from features to examples and words
+(`biodistil.tasks.prediction`). `teacher_encoding` gives each feature the same text in another tokenizer's tokens
+(an online teacher across tokenizers): the same example (sequence tasks), or the same window of words with each
+word's first teacher token (token tasks).
 """
 
 import inspect
@@ -64,9 +64,11 @@ class EncodingSpec:
     truncation: Literal["truncate", "split"] = "truncate"
 
 
-def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
-    """The examples of a split as model features with their targets (windows of words for token tasks)."""
-    encoded = encode_inputs(task, examples, tokenizer)
+def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
+                 whole_entities: bool = False) -> EncodedSplit:
+    """The examples of a split as model features with their targets (windows of words for token tasks; with
+    `whole_entities`, training data, a window never ends inside a gold entity)."""
+    encoded = encode_inputs(task, examples, tokenizer, whole_entities)
     if task.kind == "token_classification":
         ids, b_to_i = task.label_to_id, task.b_to_i if task.label_policy == "all" else None
         for feature, (index, start), word_ids in zip(encoded.features, encoded.origins, encoded.word_ids, strict=True):
@@ -80,14 +82,16 @@ def encode_split(task: TaskSpec, examples: Sequence[Example], tokenizer: PreTrai
 
 
 def encode_inputs(spec: EncodingSpec | TaskSpec, examples: Sequence[Example],
-                  tokenizer: PreTrainedTokenizerBase) -> EncodedSplit:
-    """The examples as model inputs, without targets (their labels, if any, are not read)."""
+                  tokenizer: PreTrainedTokenizerBase, whole_entities: bool = False) -> EncodedSplit:
+    """The examples as model inputs, without targets (their labels are read only with `whole_entities`: where a
+    long sentence's windows may end)."""
     if spec.kind == "token_classification":
-        return _encode_tokens(spec, examples, tokenizer)
+        return _encode_tokens(spec, examples, tokenizer, whole_entities)
     return _encode_texts(spec, examples, tokenizer)
 
 
-def _encode_tokens(spec: EncodingSpec | TaskSpec, examples: Sequence[TokenExample], tokenizer) -> EncodedSplit:
+def _encode_tokens(spec: EncodingSpec | TaskSpec, examples: Sequence[TokenExample], tokenizer,
+                   whole_entities: bool = False) -> EncodedSplit:
     encoded = EncodedSplit([], [])
     room = spec.max_length - tokenizer.num_special_tokens_to_add(pair=False)
     # every sentence tokenized whole in one batched call: most fit in one window and are used as they are
@@ -100,7 +104,8 @@ def _encode_tokens(spec: EncodingSpec | TaskSpec, examples: Sequence[TokenExampl
             encoded.origins.append((index, 0))
             encoded.word_ids.append(whole.word_ids(index))
             continue
-        windows = chunk_words(pieces, room) if spec.truncation == "split" else [(0, len(example.tokens))]
+        continues = [tag.startswith("I") for tag in example.tags] if whole_entities else None
+        windows = chunk_words(pieces, room, continues) if spec.truncation == "split" else [(0, len(example.tokens))]
         if sum(pieces) > room and spec.truncation != "split":  # split keeps every word, in windows
             encoded.truncated_examples += 1
         for start, end in windows:

@@ -39,6 +39,16 @@ from biodistil.data.paths import require_file, resolve_data_root
 from biodistil.errors import BiodistilError
 from biodistil.io import load_yaml
 from biodistil.tasks.metrics import METRICS, Metrics
+from biodistil.tasks.spans import (
+    SPAN_FORMATS,
+    SpanSettings,
+    SpanSplit,
+    labels_from_documents,
+    read_span_split,
+    span_reader_options,
+    tags_for_types,
+    types_of_tags,
+)
 
 BUILTIN_TASKS_FILE = Path(__file__).with_name("builtin_tasks.yaml")
 
@@ -74,7 +84,9 @@ class TaskSpec(BaseModel):
     `truncation` says what to do with token sequences longer than `max_length` sub-words: "truncate" (the
     cut words are predicted as O and counted; callers must report the count) or "split" (the sentence is cut
     into windows of whole words, see `biodistil.data.alignment.chunk_words`). `label_policy` is the NER
-    sub-word labelling policy ("first" or "all").
+    sub-word labelling policy ("first" or "all"). A task of a span format (brat, pubtator, bioc, span_jsonl:
+    documents with character-offset entities, `biodistil.tasks.spans`) may give its labels as entity types, or
+    none (read from the train split's documents), and says in `spans` how its documents become tagged sentences.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,7 +97,7 @@ class TaskSpec(BaseModel):
     format: str
     files: dict[Split, str]
     cv_folds: int | None = Field(None, ge=2)
-    labels: list[str] = Field(min_length=1)
+    labels: list[str] = Field(default_factory=list)
     metric: str
     metric_options: dict[str, Any] = Field(default_factory=dict)
     reader_options: dict[str, Any] = Field(default_factory=dict)
@@ -95,6 +107,7 @@ class TaskSpec(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     hub_dataset: str | None = None
     hub_config: str | None = None
+    spans: SpanSettings = Field(default_factory=SpanSettings)
 
     # ------------------------------------------------------------------------------- validation
 
@@ -116,6 +129,16 @@ class TaskSpec(BaseModel):
                 )
         return labels
 
+    @model_validator(mode="before")
+    @classmethod
+    def _types_as_tags(cls, fields: Any) -> Any:
+        """A span task's labels given as entity types ([Chemical, Disease]) become O, B-Chemical, I-Chemical, ..."""
+        if isinstance(fields, dict) and fields.get("format") in SPAN_FORMATS:
+            labels = fields.get("labels")
+            if isinstance(labels, list) and labels and "O" not in labels and all(isinstance(v, str) for v in labels):
+                return {**fields, "labels": tags_for_types(labels)}
+        return fields
+
     @model_validator(mode="after")
     def _consistent(self) -> "TaskSpec":
         self._check_format()
@@ -125,17 +148,15 @@ class TaskSpec(BaseModel):
         return self
 
     def _check_format(self) -> None:
-        if self.format not in READERS:
-            raise ValueError(f"format '{self.format}' is unknown; known formats: {sorted(READERS)}")
+        if self.format not in READERS and self.format not in SPAN_FORMATS:
+            raise ValueError(f"format '{self.format}' is unknown; known formats: {sorted(READERS | SPAN_FORMATS)}")
         is_token = self.kind == "token_classification"
-        if is_token != (self.format in TOKEN_FORMATS):
+        if is_token != (self.format in TOKEN_FORMATS | SPAN_FORMATS):
             raise ValueError(f"format '{self.format}' does not suit a {self.kind} task")
-        unknown = set(self.reader_options) - set(reader_options(self.format))
+        accepted = span_reader_options(self.format) if self.is_span_task else reader_options(self.format)
+        unknown = set(self.reader_options) - set(accepted)
         if unknown:
-            raise ValueError(
-                f"reader_options {sorted(unknown)} unknown to '{self.format}' "
-                f"(accepted: {reader_options(self.format)})"
-            )
+            raise ValueError(f"reader_options {sorted(unknown)} unknown to '{self.format}' (accepted: {accepted})")
         if self.truncation == "split" and not is_token:
             raise ValueError("truncation 'split' is only for token_classification tasks; use 'truncate'")
 
@@ -175,12 +196,19 @@ class TaskSpec(BaseModel):
                 )
 
     def _check_labels(self) -> None:
+        if not self.labels and not self.is_span_task:
+            raise ValueError("labels must name at least one label (a span task may leave them out)")
         if len(set(self.labels)) != len(self.labels):
             raise ValueError(f"labels contain duplicates: {self.labels}")
-        if self.kind == "token_classification" and "O" not in self.labels:
+        if self.kind == "token_classification" and self.labels and "O" not in self.labels:
             raise ValueError("a token_classification task needs the outside tag 'O' among its labels")
 
     # ------------------------------------------------------------------------------ properties
+
+    @property
+    def is_span_task(self) -> bool:
+        """True when the task's files are span-annotated documents (brat, pubtator, bioc, span_jsonl)."""
+        return self.format in SPAN_FORMATS
 
     @property
     def label_to_id(self) -> dict[str, int]:
@@ -258,7 +286,7 @@ class TaskSpec(BaseModel):
                     path: Path | None = relative
                 else:
                     path = root / relative if root is not None else None
-                if path is None or not path.is_file():
+                if path is None or not (path.is_file() or (self.format == "brat" and path.is_dir())):
                     missing.append(str(path or relative))
         return missing
 
@@ -277,6 +305,8 @@ class TaskSpec(BaseModel):
         offline, that gives an error saying so and asking for a local path.
         """
         self._relative_path(split, fold)  # a bad split or fold is an error, never a reason to try the hub
+        if self.is_span_task:
+            return list(self.span_split(split, data_root, fold).examples)
         try:
             path = self._local_file(split, data_root, fold)
         except BiodistilError as err:
@@ -293,10 +323,28 @@ class TaskSpec(BaseModel):
         self.check_labels(examples, path)
         return examples
 
+    def span_split(self, split: str, data_root: str | Path | None = None, fold: int | None = None) -> SpanSplit:
+        """A span task's split: its gold documents, their tagged sentences and what became of each gold entity
+        (printed once per split and process)."""
+        path = self._local_file(split, data_root, fold)
+        types = types_of_tags(self.labels) if self.labels else None
+        sharing = [name for name in self.files if self.files[name] == self.files[split]]  # type: ignore[index]
+        read = read_span_split(self.format, path, self.reader_options, self.spans, split, sharing, types,
+                               f"Task {self.name} {split}: ")
+        if not read.examples and split in ("train", "test"):
+            raise BiodistilError(f"{path}: the {split} split of task '{self.name}' holds no documents")
+        return read
+
     def _local_file(self, split: str, data_root: str | Path | None, fold: int | None) -> Path:
         relative = self._relative_path(split, fold)
+        if self.format == "brat" and not Path(relative).is_absolute():
+            folder = resolve_data_root(data_root) / relative
+            if folder.is_dir():
+                return folder
         if not Path(relative).is_absolute():
             return require_file(resolve_data_root(data_root), relative)
+        if self.format == "brat" and Path(relative).is_dir():
+            return Path(relative)
         if not Path(relative).is_file():
             raise BiodistilError(f"Expected data file {relative} (absolute path in task '{self.name}').")
         return Path(relative)
@@ -459,17 +507,30 @@ def _one_task(fields: dict[str, Any], path: Path) -> dict[str, Any]:
                          "entity_f1\nor `tasks: {my_task: {...}}` holding that one task (one file per task).")
 
 
+def with_labels(task: TaskSpec, data_root: str | Path | None = None) -> TaskSpec:
+    """A span task without labels, with the BIO tags of the types its train split's documents use."""
+    if task.labels or not task.is_span_task:
+        return task
+    split = "train" if "train" in task.files else next(iter(task.files))
+    try:
+        documents = task.span_split(split, data_root).documents
+    except BiodistilError as err:
+        raise BiodistilError(f"Task '{task.name}' names no labels, and its {split} documents to read them from cannot "
+                             f"be read ({err}); give `labels:` (the entity types) in the task") from None
+    return task.model_copy(update={"labels": labels_from_documents(documents)})
+
+
 def get_task(name_or_yaml_path: str | Path) -> TaskSpec:
     """A built-in task by name, or a task from a YAML file; unknown names list the known tasks."""
     builtin = _builtin_tasks()
     key = str(name_or_yaml_path)
     if key in builtin:
-        return builtin[key].model_copy(deep=True)
+        return with_labels(builtin[key].model_copy(deep=True))
     path = Path(key).expanduser()
     if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise BiodistilError(f"Task file {path} not found (expected a YAML task definition)")
-        return load_task_file(path)
+        return with_labels(load_task_file(path))
     raise BiodistilError(
         f"Unknown task '{key}'; built-in tasks: {', '.join(sorted(builtin))} "
         "(or pass the path of a task YAML file)"

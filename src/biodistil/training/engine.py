@@ -27,14 +27,14 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import gather_object
 from safetensors.torch import load_model, save_model
 from torch import nn
@@ -162,6 +162,21 @@ def _allow_precision(precision: str) -> None:
     current = AcceleratorState._shared_state.get("_mixed_precision")
     if current is not None and current != precision:
         AcceleratorState._reset_state(reset_partial_state=False)
+
+
+@contextmanager
+def accelerate_state_kept() -> Iterator[None]:
+    """Accelerate's process-wide state (`AcceleratorState`: device and mixed precision; `GradientState`: the
+    dataloaders it follows) put back as it was once a stage that made its own Accelerator ends, so that the next
+    stage, or the caller's own code in the same process, starts from the state it had. The process group
+    (`PartialState`) stays."""
+    kept = {state: dict(state._shared_state) for state in (AcceleratorState, GradientState)}
+    try:
+        yield
+    finally:
+        for state, before in kept.items():  # the same dict object: every instance shares it
+            state._shared_state.clear()
+            state._shared_state.update(before)
 
 
 class Engine:

@@ -27,7 +27,7 @@ from biodistil.io import (
     read_text,
 )
 from biodistil.training.checkpoint import latest_checkpoint
-from biodistil.training.engine import TrainResult, make_accelerator
+from biodistil.training.engine import TrainResult, accelerate_state_kept, make_accelerator
 from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
@@ -346,7 +346,7 @@ def run_stage(folder: Path, run: Callable[[bool], object], resumable: bool = Tru
     `check(record)`, which may refuse a finished stage run with other settings); resume it (`run(True)`) when it was
     interrupted after a checkpoint and `resumable`; otherwise start it (`run(False)`) in an emptied folder. Returns
     whether it ran. A stage that cannot resume (`resumable=False`) always restarts from scratch. `quiet`: see
-    `finished`."""
+    `finished`. Accelerate's process-wide state is put back after the stage (`engine.accelerate_state_kept`)."""
     record = finished(folder, marker, needs, quiet)
     if record is not None:
         if check is not None:
@@ -355,5 +355,6 @@ def run_stage(folder: Path, run: Callable[[bool], object], resumable: bool = Tru
     resume = resumable and latest_checkpoint(folder) is not None
     if folder.exists() and not resume:
         shutil.rmtree(folder)
-    run(resume)
+    with accelerate_state_kept():
+        run(resume)
     return True
