@@ -215,6 +215,39 @@ def test_an_int8_export_serves_predicts_records(ner, tmp_path):
     assert facts["provenance"]["export_of"] == str(ner)
 
 
+def test_the_batcher_keeps_to_the_token_budget_and_answers_what_is_left_over():
+    """Five requests of 4 sub-words queued behind a model call, a budget of 10: batches of two requests at most
+    (8 sub-words), one model call at a time, every request answered with its own records though nothing else
+    arrives."""
+    from biodistil.serving.batching import Batcher
+
+    calls, running = [], []
+
+    def run(documents):
+        running.append(1)
+        assert len(running) == 1, "one model call at a time"
+        time.sleep(0.05)
+        calls.append(list(documents))
+        running.pop()
+        return [{"id": d} for d in documents]
+
+    async def main() -> list:
+        batcher = Batcher(run, BatchSettings(max_batch_tokens=10, max_wait_ms=0))
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(["first"], 4))
+        await asyncio.sleep(0.01)  # the first is in the model call; the others queue behind it
+        rest = [asyncio.ensure_future(batcher.submit([f"r{i}a", f"r{i}b"], 4)) for i in range(4)]
+        answers = await asyncio.gather(first, *rest)
+        await batcher.stop()
+        return answers
+
+    answers = asyncio.run(main())
+    assert [a.records for a in answers] == [[{"id": "first"}], *[[{"id": f"r{i}a"}, {"id": f"r{i}b"}]
+                                                                   for i in range(4)]]
+    assert [len(call) for call in calls] == [1, 4, 4], "two requests (8 sub-words) a batch under a budget of 10"
+    assert [a.batch_documents for a in answers] == [1, 4, 4, 4, 4]
+
+
 class Gated:
     """A loaded service whose model calls wait for `gate`, and fail on a text holding "poison"."""
 

@@ -111,9 +111,9 @@ class Batcher:
 
     async def _loop(self) -> None:
         while True:
-            await self._arrived.wait()
-            if not self._queue:
+            if not self._queue:  # nothing between this check and the wait can run: no arrival is missed
                 self._arrived.clear()
+                await self._arrived.wait()
                 continue
             await self._gather()
             jobs = self._take()
