@@ -1,7 +1,8 @@
 """Records/s of `biodistil predict` writing annotated documents (brat, PubTator, BioC, span JSON lines) against
 writing JSON lines, on the same documents with the same model.
 
-    python bench/research/predict_formats.py runs/kd-bc5cdr-pubtator/onnx ../shared/data/ner/bc5cdr_pubtator/devel.pubtator
+    python bench/research/predict_formats.py runs/kd-bc5cdr-pubtator/onnx \
+        ../shared/data/ner/bc5cdr_pubtator/devel.pubtator
 
 Reads the PubTator file's documents (`--documents N`, default all), then for each output runs the command's writer
 (`write_predictions` for JSON lines, fed the documents' texts; `write_span_predictions` for a span format, fed the
