@@ -31,11 +31,13 @@ def corpus_lines() -> list[str]:
 @pytest.fixture(scope="module")
 def real_text_models(tmp_path_factory):
     """Tiny models with a WordPiece vocabulary of the data folder's corpora (so that real questions stay short):
-    a 4-layer encoder (teacher initialisation), "fine-tuned" teachers for BioASQ and GAD, a 2-layer student."""
+    a 4-layer encoder (teacher initialisation), "fine-tuned" teachers for BioASQ, GAD and BC5CDR (PubTator), a
+    2-layer student."""
     root = tmp_path_factory.mktemp("recipe_models")
     tokenizer = train_wordpiece(corpus_lines(), vocab_size=1500, min_frequency=2)
     init = save_student(tokenizer, root / "init", layers=4, positions=128)
-    teachers = {name: save_teacher(init, get_task(name), root / f"teacher-{name}") for name in ("bioasq", "gad")}
+    teachers = {name: save_teacher(init, get_task(name), root / f"teacher-{name}")
+                for name in ("bioasq", "gad", "bc5cdr_pubtator")}
     return init, teachers, save_student(tokenizer, root / "student", positions=128)
 
 
@@ -50,7 +52,7 @@ def tiny_mpnet(tmp_path_factory) -> Path:
 
 
 def kd_overrides(recipe: str, teachers: dict[str, Path], student: Path, tmp_path: Path) -> list[str]:
-    task = "bioasq" if "bioasq" in recipe else "gad"
+    task = next((name for name in ("bioasq", "bc5cdr_pubtator") if name.replace("_", "-") in recipe), "gad")
     extra = ["transfer.random.size=24"] if "random" in recipe else []
     several = "teachers" in yaml.safe_load((RECIPES / recipe).read_text())
     teacher = (f"teachers=[{{name_or_path: {teachers[task]}}}, {{name_or_path: {teachers[task]}, weight: 2}}]"
