@@ -3,8 +3,10 @@ task with a teacher fine-tuned on it and a student, all offline. Helper function
 `numerics`."""
 
 import os
+import random
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 # Every cache the project or its libraries read points into one empty folder of this test session (made by the first
@@ -135,6 +137,35 @@ def pytest_addoption(parser):
     parser.addoption("--fetched-models", metavar="DIR", default=None,
                      help="a folder of fetched models (e.g. ~/.cache/biodistil/models, filled by `biodistil models "
                      "fetch NAME`) for the tests that need one; without it they are skipped")
+    parser.addoption("--mixed-threads", action="store_true",
+                     help="run each test that computes in its own process (not `slow`, not `pinned_threads`) at 1 or "
+                     "2 torch threads, drawn per test from the random-order seed (.ci/run: one pass checks both "
+                     "counts; the same seed draws the same counts)")
+
+
+def drawn_threads(item: pytest.Item) -> int:
+    """The torch threads of a test under --mixed-threads: 1 for the slow and pinned ones (their work runs commands
+    and processes at 1 thread), else 1 or 2, drawn from the random-order seed and the test's id."""
+    if item.get_closest_marker("slow") or item.get_closest_marker("pinned_threads"):
+        return 1
+    seed = item.config.getoption("randomly_seed", default=None)
+    return 1 + random.Random(f"{seed}:{item.nodeid}").randrange(2)
+
+
+@pytest.fixture(autouse=True)
+def _mixed_threads(request):
+    if not request.config.getoption("mixed_threads"):
+        yield
+        return
+    threads, before = drawn_threads(request.node), (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+    request.node.user_properties.append(("torch_threads", threads))  # reaches the controller's summary
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the test's own commands and subprocesses read it
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        os.environ["OMP_NUM_THREADS"] = before[1] or str(before[0])
 
 
 def pytest_configure(config):
@@ -186,9 +217,16 @@ class SlowFirst:
 
 def pytest_terminal_summary(terminalreporter, config):
     seed = config.getoption("randomly_seed", default=None)
+    mixed = " --mixed-threads" if config.getoption("mixed_threads") else ""
     if seed is not None and config.pluginmanager.has_plugin("randomly"):
         terminalreporter.write_line(f"Tests ran in a random order (pytest-randomly); replay it with: python -m pytest "
-                                    f"--randomly-seed={seed}")
+                                    f"--randomly-seed={seed}{mixed}")
+    if mixed:
+        counts = Counter(dict(report.user_properties).get("torch_threads") for reports in
+                         terminalreporter.stats.values() for report in reports
+                         if getattr(report, "when", None) == "call")
+        terminalreporter.write_line(f"Torch threads per test (--mixed-threads): {counts[1]} tests at 1, {counts[2]} "
+                                    "at 2")
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -37,3 +37,13 @@ def test_a_command_the_tests_start_inherits_them():
     code = "from biodistil.embedded import cache_root; print(cache_root())"
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert inside_session(printed.strip())
+
+
+def test_a_test_computes_at_the_torch_threads_drawn_for_it(request):
+    """Under --mixed-threads (.ci/run) a test that computes in its own process runs at the 1 or 2 threads drawn for it
+    from the seed, and its commands and subprocesses are told the same; otherwise at OMP_NUM_THREADS."""
+    import torch
+    from conftest import drawn_threads, torch_threads
+
+    expected = drawn_threads(request.node) if request.config.getoption("mixed_threads") else torch_threads()
+    assert torch.get_num_threads() == expected and os.environ["OMP_NUM_THREADS"] == str(expected)
