@@ -334,3 +334,21 @@ def test_score_compares_two_formats_and_predict_refuses_to_write_over_its_input_
     assert main(["predict", str(tmp_path / "no-model"), str(tmp_path / "predicted"), "--format", "brat", "--out",
                  str(tmp_path / "predicted")]) == 2
     assert "is the input folder" in capsys.readouterr().err
+
+
+def test_kd_transfer_windows_never_cut_a_gold_entity(tokenizer):
+    """The kd student's features of a long labelled transfer sentence: windows start before the entity (as
+    fine-tuning's), and an unlabelled sentence (placeholder tags) is cut by sub-words alone."""
+    from biodistil.data.formats import TokenExample
+    from biodistil.kd.module import kd_features
+    from biodistil.tasks.registry import TaskSpec
+
+    task = TaskSpec(name="t", kind="token_classification", format="biobert_ner_tsv", files={"test": "x.tsv"},
+                    labels=["O", "B", "I"], metric="entity_f1", max_length=8, truncation="split")
+    words = ["the", "protein", "kinase", "gene", "cell", "tumour", "patients", "mutation", "the", "protein"]
+    labelled = TokenExample("0", words, ["O", "O", "B", "I", "I", "O", "O", "O", "O", "O"])
+    unlabelled = TokenExample("1", words, [])
+    features = kd_features(task, [labelled, unlabelled], tokenizer)
+    starts = [tuple(feature["origin"]) for feature in features]
+    assert starts == [(0, 0), (0, 2), (0, 6), (1, 0), (1, 4)]
+    assert features[1]["labels"][1] == task.label_to_id["B"], "the second window opens on the entity's first word"

@@ -170,11 +170,13 @@ def kd_features(task: TaskSpec, examples: list[Example], tokenizer: PreTrainedTo
     """The student's features of the transfer examples: labels when some example has one (-100, no target, for the
     others: a labelled budget within unlabelled text); token tasks get `kd_mask` (the sub-word positions a word's
     label would sit at, 1 at each word's first sub-word); every feature its `origin` (example, first word) and
-    `word_ids` (-1 off words), which a cached teacher matches its outputs by. With `teacher_tokenizer` (an online
-    teacher across tokenizers) each feature also carries the teacher's own tokens of the same text under `teacher`
-    (`teacher_encoding`) and, token tasks, `kd_mask` keeps only the words the teacher's side holds."""
+    `word_ids` (-1 off words), which a cached teacher matches its outputs by (word by word: the student's windows
+    need not be the teacher's, and a long labelled sentence's windows end before an entity, never inside it). With
+    `teacher_tokenizer` (an online teacher across tokenizers) each feature also carries the teacher's own tokens of
+    the same text under `teacher` (`teacher_encoding`) and, token tasks, `kd_mask` keeps only the words the teacher's
+    side holds."""
     placeheld = with_placeholder_labels(examples, task)
-    encoded = encode_split(task, placeheld, tokenizer)
+    encoded = encode_split(task, placeheld, tokenizer, whole_entities=True)  # a labelled window never cuts an entity
     teacher = teacher_encoding(task, placeheld, encoded, teacher_tokenizer) if teacher_tokenizer is not None \
         else [{}] * len(encoded)
     token_task = task.kind == "token_classification"
