@@ -1,5 +1,6 @@
-"""A pipeline's `study` and `deploy` stages, through the seeds-scale study (recipes/studies/seeds-scale.yaml) run on a
-slice: the tiny teacher in mpnet-base's place, a tiny 3-layer student in minilm-l6's, a tiny NER task."""
+"""A pipeline's `study` and `deploy` stages, through Study 6 at its claims' strength
+(recipes/studies/seeds-scale-converged.yaml) run on a slice: the tiny teacher in mpnet-base's place, a tiny 3-layer
+student in minilm-l6's, a tiny NER task; three distillation seeds, two teacher seeds, an arm with three starts."""
 
 import json
 
@@ -14,19 +15,21 @@ QUIET = {"progress_bar": False, "tensorboard": False}
 
 
 def sliced(out, teacher_dir, small, task_file, corpus_file):
-    recipe = load_pipeline(RECIPES / "studies" / "seeds-scale.yaml",
+    recipe = load_pipeline(RECIPES / "studies" / "seeds-scale-converged.yaml",
                            [f"vars.teacher={teacher_dir}", f"vars.small={small}", f"run.output_dir={out}"])
-    distill, study, deploy = (stage.settings for stage in recipe.stages)
+    *_, study, deploy = (stage.settings for stage in recipe.stages)
+    distill = recipe.stages[0].settings  # the three distillation stages share these settings (one YAML anchor)
     distill["student"]["layers"], distill["data"]["train"] = [0, 2], [str(corpus_file)]
     distill["data"]["block_size"] = 32
     distill["train"].update(max_steps=2, batch_size=4, eval_every=0, save_every=0, **QUIET)
     study.update(seeds=[1], student_layers=[0, 2])
     study["tasks"][0].update(name=str(task_file))
-    study["tasks"][0]["teacher_overrides"]["train"].update(batch_size=8, **QUIET)
     for command in ("finetune", "kd"):
         study["defaults"][command]["task"]["max_length"] = 32
         study["defaults"][command]["train"] = {**study["defaults"][command]["train"], "batch_size": 8,
                                                "eval_every": 0}
+        study["defaults"][command][command]["epochs"] = 1
+    next(arm for arm in study["arms"] if arm.get("starts"))["seeds"] = [1, 2]  # two levels: starts, then seeds
     # the 6 x 768 arms' code paths are the 3 x 384 ones' (and the distilled arm's finetune): two arms less to run
     study["arms"] = [arm for arm in study["arms"] if arm["name"] not in ("ft-6x768", "kd-6x768")]
     for arm in study["arms"]:
@@ -35,8 +38,8 @@ def sliced(out, teacher_dir, small, task_file, corpus_file):
                 arm["overrides"][section]["layers"] = [0, 2]
     deploy["task"] = str(task_file)
     deploy["models"] = [{**model, "path": model["path"].replace("ncbi_disease", "tiny_ner"),
-                         "export": model["name"] == "kd-3x384"}
-                        for model in deploy["models"] if model["name"] in ("teacher", "kd-3x384")]
+                         "export": model["name"] == "kd-3x384-s1"}
+                        for model in deploy["models"] if model["name"] in ("teacher", "teacher-seed-2", "kd-3x384-s1")]
     deploy["bench"] = {"lengths": [16], "warmup": 0, "repeats": 1, "threads": 1, "memory": "off"}
     return recipe
 
@@ -49,19 +52,31 @@ def test_the_seeds_scale_pipeline_runs_its_study_and_deploy_stages_on_a_slice(
     out = tmp_path / "run"
     run_pipeline(sliced(out, teacher_dir, small, task_file, corpus_file))
     record = json.loads((out / "pipeline.json").read_text())
-    assert [stage["name"] for stage in record["stages"]] == ["distilled", "study", "deploy"]
-    summary = record["stages"][1]["summary"]
+    assert [stage["name"] for stage in record["stages"]] == ["distilled-1", "distilled-2", "distilled-3", "study",
+                                                              "deploy"]
+    summary = record["stages"][3]["summary"]
     assert [row["arm"] for row in summary["rows"]] == ["ft-6x768-distilled", "ft-3x384", "kd-3x384"]
-    config = (out / "study" / "tiny_ner" / "ft-6x768-distilled" / "seed-1" / "config.yaml").read_text()
-    assert str(out / "distilled" / "model") in config, "the arm fine-tunes the distilled stage's student"
-    deployed = record["stages"][2]["deploy"]
-    assert set(deployed["exports"]) == {"kd-3x384"} and deployed["exports"]["kd-3x384"]["accuracy"]
+    for start in (1, 2, 3):
+        config = (out / "study" / "tiny_ner" / "ft-6x768-distilled" / f"start-{start}" / "seed-1" / "config.yaml")
+        assert str(out / f"distilled-{start}" / "model") in config.read_text(), "each start is its distillation seed's"
+    distilled = summary["rows"][0]
+    assert distilled["starts"] == 3 and distilled["seeds"] == 6 and len(distilled["start_scores"]) == 3
+    assert distilled["share"]["groups"] == [3, 2] and distilled["share"]["runs"] == [6, 2]
+    assert all("estimate" in row["share_dev"] for row in summary["rows"]), \
+        "the share on dev beside test, from the finetune and kd runs' dev predictions"
+    teacher = summary["teachers"]["tiny_ner"]
+    seeds = [teacher["teacher_seeds"][seed]["test"]["f1"] for seed in ("1", "2")]
+    assert teacher["test"]["f1"] == pytest.approx(sum(seeds) / 2) and distilled["teacher"] == teacher["test"]["f1"]
+    deployed = record["stages"][4]["deploy"]
+    assert set(deployed["exports"]) == {"kd-3x384-s1"} and deployed["exports"]["kd-3x384-s1"]["accuracy"]
     timed = {row["label"] for row in deployed["bench"]["models"]}
-    assert timed == {"teacher", "kd-3x384", "kd-3x384-onnx-int8"}, "PyTorch and int8 timed; the fp32 graph is not"
+    assert timed == {"teacher", "kd-3x384-s1", "kd-3x384-s1-onnx-int8"}, \
+        "PyTorch and int8 timed; the fp32 graph and the second teacher seed (time: false) are not"
     scored = {cell["model"] for cell in deployed["results"]["cells"]}
-    assert scored == timed | {"kd-3x384-onnx"}, "every model and graph is scored on the test split"
-    exported = (out / "deploy" / "onnx" / "kd-3x384" / "export.json").stat().st_mtime_ns
+    assert scored == timed | {"kd-3x384-s1-onnx", "teacher-seed-2"}, "every model and graph is scored"
+    exported = (out / "deploy" / "onnx" / "kd-3x384-s1" / "export.json").stat().st_mtime_ns
     scored = (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns
     run_pipeline(sliced(out, teacher_dir, small, task_file, corpus_file))
-    assert (out / "deploy" / "onnx" / "kd-3x384" / "export.json").stat().st_mtime_ns == exported, "exports are kept"
+    assert (out / "deploy" / "onnx" / "kd-3x384-s1" / "export.json").stat().st_mtime_ns == exported, \
+        "exports are kept"
     assert (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns == scored, "so are the scores"

@@ -84,7 +84,7 @@ def test_a_study_counts_a_look_for_each_summary_it_grew_past():
 
     from biodistil.kd.study import looks
 
-    run = lambda arm, seed: SimpleNamespace(task="gad", arm=arm, seed=seed)  # noqa: E731
+    run = lambda arm, seed, start=None: SimpleNamespace(task="gad", arm=arm, seed=seed, start=start)  # noqa: E731
     recipe = SimpleNamespace(earlier_looks=0)
     first = [run("kd", 1), run("kd", 2)]
     summary = {"runs": [{"task": "gad", "arm": "kd", "seed": s} for s in (1, 2)], "looks": 1}
@@ -92,6 +92,7 @@ def test_a_study_counts_a_look_for_each_summary_it_grew_past():
     assert looks(recipe, [*first, run("kd", 3)], summary) == 2, "a seed added after the summary was read"
     assert looks(recipe, [*first, run("kd", 3)], {**summary, "looks": 2}) == 3
     assert looks(SimpleNamespace(earlier_looks=1), first, None) == 2, "a schedule changed after an earlier look"
+    assert looks(recipe, [*first, run("kd", 1, start=2)], summary) == 2, "a start (distillation run) added"
 
 
 def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():

@@ -138,3 +138,37 @@ def test_a_resample_scores_what_the_metric_function_scores_on_the_drawn_examples
         expected = spec([gold[i] for i in drawn], [predicted[i] for i in drawn],
                         **{name: value[drawn] for name, value in extra.items()}, **options)[key]
         assert run.score(drawn) == pytest.approx(expected, abs=1e-12)
+
+
+def test_groups_of_runs_draw_the_groups_first_and_keep_their_spread(tmp_path):
+    """Two distillation seeds (hit rates 0.6 and 0.9), each fine-tuned with three seeds close to their own rate: the
+    two-level draw keeps the spread between the two groups, which six runs drawn flat mostly average away
+    (sd of the mean ≈ 0.15/√2 against 0.15/√6 by hand)."""
+    gold = [["O", "B"] for _ in range(400)]
+    groups = []
+    for group, rate in enumerate((0.6, 0.9)):
+        runs = []
+        for seed in range(3):
+            hit = np.random.default_rng(10 * group + seed).random(400) < rate + 0.01 * seed
+            runs.append(read_scored_run(write_run(tmp_path / f"g{group}s{seed}.jsonl", gold,
+                                                  [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
+        groups.append(runs)
+    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    flat = share_interval([run for group in groups for run in group], teacher, resamples=800)
+    grouped = share_interval(groups, teacher, resamples=800)
+    assert grouped.estimate == pytest.approx(flat.estimate, abs=1e-12), "the estimate is the mean over every run"
+    assert grouped.high - grouped.low > 1.4 * (flat.high - flat.low)
+    assert grouped.runs == (6, 1) and grouped.groups == (2, 1)
+    assert grouped.as_record()["groups"] == [2, 1] and "two-level" in grouped.as_record()["method"]
+
+
+def test_groups_of_one_run_draw_as_the_flat_bootstrap(tmp_path):
+    gold = [["O", "B"] for _ in range(50)]
+    runs = [read_scored_run(write_run(tmp_path / f"s{seed}.jsonl", gold,
+                                      [["O", "B"] if h else ["O", "O"] for h in np.random.default_rng(seed).random(50)
+                                       < 0.7]), "entity_f1") for seed in range(3)]
+    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    flat, one_each = share_interval(runs, teacher, resamples=300), share_interval([[r] for r in runs], teacher,
+                                                                                  resamples=300)
+    assert (one_each.low, one_each.high) == (flat.low, flat.high)
+    assert flat.groups is None and one_each.groups == (3, 1)

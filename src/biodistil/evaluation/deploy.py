@@ -34,6 +34,8 @@ class DeployModel(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     path: LocalPath
     export: bool = Field(True, description="export to ONNX fp32 and int8 and score and time the exports too")
+    time: bool = Field(True, description="time it and its int8 graph; false: scored only (e.g. an arm's further "
+                                         "seeds, as fast as its first)")
 
 
 class DeployRecipe(Section):
@@ -61,8 +63,9 @@ def run_deploy(recipe: DeployRecipe, resume: bool = False) -> Path:
     if not ((scored / "results.json").is_file() and (scored / "bench.json").is_file()):
         specs = [(model.name, str(model.path)) for model in recipe.models]
         specs += [(f"{name}-onnx", str(out / "onnx" / name)) for name in exports]
+        untimed = {label for model in recipe.models if not model.time for label in (model.name, f"{model.name}-onnx")}
         run_scoring(specs, ScoringPlan(recipe.task, recipe.split, data_root=_root(recipe)), scored, recipe.bench,
-                    timed=_shipped)
+                    timed=lambda model: _shipped(model) and _source(model.label) not in untimed)
     record = {"exports": exports, "results": read_json(scored / "results.json"),
               "bench": read_json(scored / "bench.json")}
     atomic_write_json(out / "deploy.json", record)
@@ -80,6 +83,11 @@ def _export(recipe: DeployRecipe, model: DeployModel, folder: Path) -> dict[str,
 def _shipped(model: Deployed) -> bool:
     """What the stage times: PyTorch models and int8 graphs (an export's fp32 graph is only scored)."""
     return model.runtime == "pytorch" or model.precision == "int8"
+
+
+def _source(label: str) -> str:
+    """The stage's name of the model a deployed variant comes from (an int8 graph's label ends in -int8)."""
+    return label.removesuffix("-int8")
 
 
 def _root(recipe: DeployRecipe) -> str | None:

@@ -15,7 +15,7 @@ from biodistil.config import ExportConfig, ModelConfig, RunConfig, Section, Trai
 from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import FinetuneOutcome, finetune_on_task
-from biodistil.finetune.selection import SPAN_RECORD, write_test_results
+from biodistil.finetune.selection import SPAN_RECORD, write_dev_predictions, write_test_results
 from biodistil.io import jsonable
 from biodistil.paths import recorded
 from biodistil.tasks.classifier import build_classifier
@@ -68,6 +68,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     seconds = round(time.perf_counter() - started, 1)
     written = write_test_results(run.path, task, outcome.test_examples, outcome.test_predictions, outcome.truncated,
                                  outcome.markers_cut, recipe.task.data_dir, recipe.task.fold)
+    write_dev_predictions(run.path, outcome.dev_examples, outcome.dev_predictions)
     metrics = _metrics(task, outcome, init, written["degenerate"], seconds)
     metrics["test"].update(written.get("character_f1", {}))  # a span task: beside the token-level entity F1
     metrics.update({key: written[key] for key in SPAN_RECORD if key in written})

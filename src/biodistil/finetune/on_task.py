@@ -62,7 +62,8 @@ def steps_for_epochs(num_examples: int, batch_size: int, epochs: float) -> int:
 
 @dataclass
 class FinetuneOutcome:
-    """A fine-tuned model and its scores; `test_predictions` are per example, in file order."""
+    """A fine-tuned model and its scores; `test_predictions` (and `dev_predictions`, with a dev split) are per
+    example, in file order."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -73,6 +74,8 @@ class FinetuneOutcome:
     test_examples: list[Example]
     truncated: dict[str, int]
     markers_cut: dict[str, int] = field(default_factory=dict)  # relation examples whose markers did not all fit
+    dev_predictions: Predictions | None = None
+    dev_examples: list[Example] = field(default_factory=list)
 
 
 def finetune_on_task(
@@ -125,18 +128,19 @@ def finetune_on_task(
     trained = engine.fit(ClassifierModule(model), TrainData(train.encoded, AsBatch(train.collate)),
                          HeldOut(chosen.evaluate_fn, chosen.selection), resume=resume)
     model.to(accelerator.device)
-    dev_scores, test = computed_on_main(lambda: _final_scores(scoring, model, chosen.cfg.batch_size * 2))
+    dev, test = computed_on_main(lambda: _final_scores(scoring, model, chosen.cfg.batch_size * 2))
     truncated = {name: split.encoded.truncated_examples for name, split in scoring.items()}
     markers_cut = {name: split.encoded.markers_cut for name, split in scoring.items() if split.encoded.markers_cut}
-    return FinetuneOutcome(model, tokenizer, trained, dev_scores, test.scores, test.predictions, splits["test"],
-                           truncated, markers_cut)
+    return FinetuneOutcome(model, tokenizer, trained, dev.scores if dev else {}, test.scores, test.predictions,
+                           splits["test"], truncated, markers_cut, dev.predictions if dev else None,
+                           splits.get("dev") or [])
 
 
 def _final_scores(scoring: dict[str, ScoringSplit], model: PreTrainedModel,
-                  batch_size: int) -> tuple[dict[str, float], Scored]:
-    """The trained model's dev scores (when there is a dev split) and its scored test split."""
-    dev_scores = scoring["dev"].scored(model, batch_size).scores if "dev" in scoring else {}
-    return dev_scores, scoring["test"].scored(model, batch_size)
+                  batch_size: int) -> tuple[Scored | None, Scored]:
+    """The trained model's scored dev split (None without one) and its scored test split."""
+    dev = scoring["dev"].scored(model, batch_size) if "dev" in scoring else None
+    return dev, scoring["test"].scored(model, batch_size)
 
 
 def _read_splits(task: TaskSpec, data_root: str | Path | None, fold: int | None, max_examples: int | None,

@@ -3,7 +3,8 @@
 
 A `ScoringSplit` is a labelled split encoded once and scored as often as asked with the task's official metric;
 `select_on_dev` gives the engine what it needs to keep the best weights on dev; `write_test_results` writes the
-test predictions of a finished run and the warnings that belong beside its scores.
+test predictions of a finished run and the warnings that belong beside its scores; `write_dev_predictions` the
+final model's dev predictions (a study's shares of the teacher on dev beside test).
 
 Under several processes training together (DDP), the dev split is scored once, on the main process, and its scores
 handed to the others (`computed_on_main`): every process selects the same weights, as one process would.
@@ -32,6 +33,7 @@ from biodistil.training.processes import computed_on_main
 
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 TEST_PREDICTIONS = "test_predictions.jsonl"
+DEV_PREDICTIONS = "dev_predictions.jsonl"  # the final model's, beside the test ones: a share on dev as on test
 SPAN_RECORD = ("entity_alignment", "character", "character_f1", "character_note")  # a span task's extra record keys
 
 
@@ -108,6 +110,12 @@ def write_test_results(run_dir: Path, task: TaskSpec, test: Sequence[Example], p
         written.update(span_task_record(task, test, predictions.labels, "test", data_root, fold))
         print_span_record(written)
     return written
+
+
+def write_dev_predictions(run_dir: Path, dev: Sequence[Example], predictions: Predictions | None) -> None:
+    """Write `<run>/dev_predictions.jsonl`: the final (selected) model's predictions on the dev split, if it has one."""
+    if predictions is not None and dev:
+        atomic_write_jsonl(run_dir / DEV_PREDICTIONS, scored_rows(dev, predictions))
 
 
 def print_span_record(record: dict[str, Any]) -> None:

@@ -23,7 +23,13 @@ from biodistil.data.formats import Example, TextExample
 from biodistil.errors import BiodistilError
 from biodistil.finetune.init_model import init_model_path
 from biodistil.finetune.on_task import steps_for_epochs
-from biodistil.finetune.selection import DevSelection, ScoringSplit, select_on_dev, write_test_results
+from biodistil.finetune.selection import (
+    DevSelection,
+    ScoringSplit,
+    select_on_dev,
+    write_dev_predictions,
+    write_test_results,
+)
 from biodistil.io import atomic_write_json, jsonable, number, read_record
 from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
@@ -341,12 +347,22 @@ def _final_scores(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, to
     written = write_test_results(run_dir, task, test, scored.predictions, {"test": scored.truncated_examples},
                                  data_root=recipe.task.data_dir, fold=recipe.task.fold)
     scores = {**scored.scores, **written.get("character_f1", {})}
+    _dev_predictions(recipe, task, student, tokenizer, run_dir)
     teachers = [teacher_test_scores(entry.name_or_path, task, test, recipe.kd.cache_dir, recipe.train.batch_size * 2)
                 for entry in recipe.teacher_entries()]
     teacher = max(teachers, key=lambda found: found.get(task.headline_key, -math.inf))  # the best one, with several
     several = {"teachers_test": teachers} if len(teachers) > 1 else {}
     return {"test": scores, "init": init_scores, "teacher": teacher,
             "gap_closed": gap_closed(scores, init_scores, teacher), **several, **written}
+
+
+def _dev_predictions(recipe: KDRecipe, task: TaskSpec, student: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                     run_dir: Path) -> None:
+    """The final student's dev predictions beside its test ones (a study's share of the teacher on dev)."""
+    dev = load_task_split(task, recipe.task, "dev")
+    if dev:
+        scored = ScoringSplit.encode(task, dev, tokenizer).scored(student, recipe.train.batch_size * 2)
+        write_dev_predictions(run_dir, dev, scored.predictions)
 
 
 def _report_rows(report: dict[str, Any]) -> dict[str, object]:

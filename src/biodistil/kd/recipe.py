@@ -274,6 +274,11 @@ class StudyTask(Section):
     teacher_init: ModelRef | None = Field(None, description="else: the encoder the study fine-tunes into the teacher "
                                                        "(default: the study's teacher_init)")
     teacher_overrides: dict[str, Any] = Field(default_factory=dict, description="finetune recipe values")
+    teacher_seeds: list[int] | None = Field(
+        None, min_length=1, description="the seeds the study fine-tunes the teacher with (default: the study's first "
+        "seed): the first is the teacher the kd arms learn from (<task>/teacher), the others are written to "
+        "<task>/teacher-seed-<S>; T, the denominator of the share and the gap closed, is their mean, and the share's "
+        "interval draws them")
     more_teachers: dict[str, StudyTeacher] = Field(
         default_factory=dict, description="more teachers fine-tuned by the study into <task>/teacher-<name>; an arm "
         "names them in its overrides as teacher: {name_or_path: '@<name>'} or in teachers: [...]; the summary scores "
@@ -291,6 +296,10 @@ class StudyArm(Section):
     overrides: dict[str, Any] = Field(default_factory=dict)
     seeds: list[int] | None = Field(None, min_length=1, description="this arm's seeds, e.g. more where a "
                                                                     "comparison needs them; default the study's")
+    starts: list[ModelRef] | None = Field(
+        None, min_length=1, description="several models the arm starts from (e.g. the student of each distillation "
+        "seed), each run with every seed in <arm>/start-<k>/seed-<S>; the row's interval draws the starts, then the "
+        "seeds within each, and its t-test compares the starts' mean scores (the distillation runs are the units)")
 
 
 class StudyRecipe(Section):

@@ -25,7 +25,7 @@ from biodistil.data.formats import Example
 from biodistil.errors import BiodistilError
 from biodistil.finetune.command import FinetuneRecipe, run_finetune
 from biodistil.finetune.init_model import init_model_path
-from biodistil.finetune.selection import TEST_PREDICTIONS
+from biodistil.finetune.selection import DEV_PREDICTIONS, TEST_PREDICTIONS
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
@@ -79,8 +79,8 @@ def looks(recipe: StudyRecipe, runs: list["StudyRun"], before: dict[str, Any] | 
     Each comparison is tested at α/looks (`tasks.significance`)."""
     if before is None:
         return 1 + recipe.earlier_looks
-    seen = {(run["task"], run["arm"], run["seed"]) for run in before.get("runs", [])}
-    grown = seen != {(run.task, run.arm, run.seed) for run in runs}
+    seen = {(run["task"], run["arm"], run.get("start"), run["seed"]) for run in before.get("runs", [])}
+    grown = seen != {(run.task, run.arm, run.start, run.seed) for run in runs}
     return int(before.get("looks", 1 + recipe.earlier_looks)) + grown
 
 
@@ -98,7 +98,8 @@ def _run_all(runs: list["StudyRun"], processes: int | Literal["auto"], root: Pat
         if run.command == "kd":  # each cache entry built once, with every core, before the runs share them
             prepare_teacher_outputs(validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}"))
     run_in_workers([run.run for run in runs], [run.name for run in runs],
-                   [root / "logs" / f"{run.task}-{run.arm}-seed-{run.seed}.log" for run in runs], plan)
+                   [root / "logs" / f"{run.task}-{run.arm}{run.start_part('-')}-seed-{run.seed}.log" for run in runs],
+                   plan)
     return {"runs": len(runs), "processes": plan.processes, "threads": plan.threads, "why": plan.why,
             "elapsed_seconds": round(time.monotonic() - began, 1)}
 
@@ -110,7 +111,8 @@ def _study_folder(recipe: StudyRecipe, resume: bool) -> Path:
 
 @dataclass(frozen=True)
 class StudyRun:
-    """One arm × seed of a task: a `finetune` or `kd` run in `folder`, from its raw recipe."""
+    """One arm × (start ×) seed of a task: a `finetune` or `kd` run in `folder`, from its raw recipe; `start`: which
+    of the arm's `starts` it began from (None when the arm has one start)."""
 
     task: str
     arm: str
@@ -118,29 +120,45 @@ class StudyRun:
     seed: int
     folder: Path
     raw: dict[str, Any]
+    start: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.task} · {self.arm} · seed {self.seed}"
+        return f"{self.task} · {self.arm}{self.start_part(' · ')} · seed {self.seed}"
+
+    def start_part(self, separator: str) -> str:
+        return f"{separator}start-{self.start}" if self.start is not None else ""
 
     def run(self) -> None:
         _stage(self.command, self.raw, self.folder, quiet=True)  # a damaged record was named when it was counted
 
 
 def _study_runs(recipe: StudyRecipe, root: Path) -> list[StudyRun]:
-    """Every arm × seed of every task, in the order of the summary."""
+    """Every arm × (start ×) seed of every task, in the order of the summary."""
     runs = []
     for study_task in recipe.tasks:
         name = get_task(study_task.name).name  # a built-in name or a task file: its folders take the task's name
         teacher = _teacher_model(study_task, root)
         for arm in recipe.arms:
-            for seed in arm.seeds or recipe.seeds:
-                folder = root / name / arm.name / f"seed-{seed}"
-                overrides = _named_teachers(deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides),
-                                            _teachers(study_task, root))
-                raw = _arm_recipe(recipe, study_task.name, arm.command, overrides, teacher, folder, seed, root)
-                runs.append(StudyRun(name, arm.name, arm.command, seed, folder, raw))
+            overrides = _named_teachers(deep_merge(study_task.overrides.get(arm.command, {}), arm.overrides),
+                                        _teachers(study_task, root))
+            for start, start_overrides in _starts(arm.command, arm.starts, overrides):
+                for seed in arm.seeds or recipe.seeds:
+                    arm_dir = root / name / arm.name / (f"start-{start}" if start is not None else "")
+                    folder = arm_dir / f"seed-{seed}"
+                    raw = _arm_recipe(recipe, study_task.name, arm.command, start_overrides, teacher, folder, seed,
+                                      root)
+                    runs.append(StudyRun(name, arm.name, arm.command, seed, folder, raw, start))
     return runs
+
+
+def _starts(command: str, starts: list[str] | None, overrides: dict[str, Any]
+            ) -> list[tuple[int | None, dict[str, Any]]]:
+    """The arm's overrides for each of its starts (numbered from 1), or once, unnumbered, without `starts`."""
+    if not starts:
+        return [(None, overrides)]
+    section = "student" if command == "kd" else "model"
+    return [(k, deep_merge(overrides, {section: {"name_or_path": start}})) for k, start in enumerate(starts, 1)]
 
 
 def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> None:
@@ -148,12 +166,29 @@ def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> None:
     (T, kept in the store)."""
     task_dir = root / get_task(study_task.name).name
     if study_task.teacher is None:
-        _teacher_stage(recipe, study_task.name, study_task.teacher_init or recipe.teacher_init,
-                       study_task.teacher_overrides, task_dir / "teacher")
+        for seed, model in zip(_teacher_seeds(recipe, study_task), _teacher_models(study_task, recipe, root),
+                               strict=True):
+            _teacher_stage(recipe, study_task.name, study_task.teacher_init or recipe.teacher_init,
+                           study_task.teacher_overrides, Path(model).parent, seed)
     for name, more in study_task.more_teachers.items():
-        _teacher_stage(recipe, study_task.name, more.teacher_init, more.teacher_overrides, task_dir / f"teacher-{name}")
-    for teacher in _teachers(study_task, root).values():
+        _teacher_stage(recipe, study_task.name, more.teacher_init, more.teacher_overrides, task_dir / f"teacher-{name}",
+                       recipe.seeds[0])
+    for teacher in [*_teachers(study_task, root).values(), *_teacher_models(study_task, recipe, root)[1:]]:
         _teacher_scores(recipe, study_task, teacher, root)
+
+
+def _teacher_seeds(recipe: StudyRecipe, study_task: StudyTask) -> list[int]:
+    return study_task.teacher_seeds or [recipe.seeds[0]]
+
+
+def _teacher_models(study_task: StudyTask, recipe: StudyRecipe, root: Path) -> list[str]:
+    """The task's teacher of each teacher seed, the one the kd arms learn from first (a given teacher: itself)."""
+    first = _teacher_model(study_task, root)
+    if study_task.teacher is not None:
+        return [first]
+    task_dir = Path(first).parent.parent
+    return [first, *(str(task_dir / f"teacher-seed-{seed}" / "model")
+                     for seed in _teacher_seeds(recipe, study_task)[1:])]
 
 
 def _teachers(study_task: StudyTask, root: Path) -> dict[str, str]:
@@ -192,7 +227,8 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
         teacher = _teacher_model(study_task, root)
         teachers[spec.name] = {"model": recorded(teacher, root), "headline": spec.headline_key,
                                "test": _teacher_scores(recipe, study_task, teacher, root),
-                               **_teacher_record(study_task, teacher), **_more_teachers(recipe, study_task, root)}
+                               **_teacher_record(study_task, teacher), **_more_teachers(recipe, study_task, root),
+                               **_teacher_seed_records(recipe, study_task, root)}
     records = [_run_record(run, root) for run in runs]
     rows = summarise(records, teachers, recipe.metric)
     _add_share_intervals(recipe, runs, rows, root)
@@ -208,22 +244,41 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
 
 def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[dict[str, Any]], root: Path) -> None:
     """Each row's share of the teacher with its 95% interval over seeds and test sentences (`tasks.bootstrap`: runs
-    drawn per side, sentences paired), from the runs' test predictions and the teacher's; a row whose predictions
-    cannot be paired with the teacher's (another test set, another metric) says why instead."""
+    drawn per side — an arm's starts, then its seeds within each; every teacher seed — sentences paired), from the
+    runs' predictions and the teachers'; `share` on the test split, `share_dev` on the dev split (the final models'
+    dev predictions). A row whose predictions cannot be paired with the teachers' (another split, another metric,
+    runs from before dev predictions were written) says why instead."""
     for study_task in recipe.tasks:
-        model = _teacher_model(study_task, root)
-        task, test = _test_split(recipe, study_task, [model])
-        teacher = teacher_test_predictions(model, task, test, _cache(recipe, root))
-        positive_at = positive_index(task) if task.kind != "token_classification" else None
-        for row in (row for row in rows if row["task"] == task.name):
-            folders = [run.folder for run in runs if run.task == row["task"] and run.arm == row["arm"]]
-            scored = partial(read_scored_run, metric=task.metric, key=row["metric"], positive_at=positive_at,
-                             **task.metric_options)
-            try:
-                students = [scored(folder / TEST_PREDICTIONS) for folder in folders]
-                row["share"] = share_interval(students, [scored(teacher)]).as_record()
-            except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
-                row["share"] = {"why_none": str(err).replace(str(root), ".")}
+        models = _teacher_models(study_task, recipe, root)
+        for split, key, file in (("test", "share", TEST_PREDICTIONS), ("dev", "share_dev", DEV_PREDICTIONS)):
+            task, examples = _split(recipe, study_task, models, split)
+            for row in (row for row in rows if row["task"] == task.name):
+                row[key] = _share(task, row["metric"], examples, models, _row_runs(runs, row), file, recipe, root)
+
+
+def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]:
+    """A row's runs grouped by start (one group per run when the arm has one start: the one-level draw)."""
+    mine = [run for run in runs if run.task == row["task"] and run.arm == row["arm"]]
+    if all(run.start is None for run in mine):
+        return [[run] for run in mine]
+    return [[run for run in mine if run.start == start] for start in dict.fromkeys(run.start for run in mine)]
+
+
+def _share(task: TaskSpec, metric: str, examples: list[Example], teachers: list[str], groups: list[list[StudyRun]],
+           file: str, recipe: StudyRecipe, root: Path) -> dict[str, Any]:
+    positive_at = positive_index(task) if task.kind != "token_classification" else None
+    scored = partial(read_scored_run, metric=task.metric, key=metric, positive_at=positive_at, **task.metric_options)
+    try:
+        if not examples:
+            raise BiodistilError(f"task {task.name} has no such split")
+        teacher_runs = [scored(teacher_test_predictions(model, task, examples, _cache(recipe, root)))
+                        for model in teachers]
+        students: list[Any] = [[scored(run.folder / file) for run in group] for group in groups]
+        if all(len(group) == 1 for group in students):  # one run per group: the one-level draw
+            students = [group[0] for group in students]
+        return share_interval(students, teacher_runs).as_record()
+    except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
+        return {"why_none": str(err).replace(str(root), ".")}
 
 
 def side_by_side_line(record: dict[str, Any]) -> str:
@@ -235,8 +290,10 @@ def side_by_side_line(record: dict[str, Any]) -> str:
 
 def teacher_seconds(teachers: dict[str, dict[str, Any]]) -> float:
     """The wall time of the teachers a study fine-tuned, its more teachers' included."""
-    return sum((record.get("wall_seconds") or 0) + sum(more.get("wall_seconds") or 0
-                                                       for more in record.get("more_teachers", {}).values())
+    extra = ("more_teachers", "teacher_seeds")
+    return sum((record.get("wall_seconds") or 0) + sum(other.get("wall_seconds") or 0 for key in extra
+                                                       for name, other in record.get(key, {}).items()
+                                                       if other.get("model") != record.get("model"))
                for record in teachers.values())
 
 
@@ -245,7 +302,8 @@ def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
     predictions (one class for every example)."""
     metrics = read_json(run.folder / "metrics.json")
     train = metrics.get("train") or {}
-    return {"task": run.task, "arm": run.arm, "command": run.command, "seed": run.seed,
+    start = {"start": run.start} if run.start is not None else {}
+    return {"task": run.task, "arm": run.arm, "command": run.command, **start, "seed": run.seed,
             "folder": recorded(run.folder, root), "test": metrics.get("test", {}), "init": metrics.get("init", {}),
             "steps": metrics.get("steps", train.get("steps")), "wall_seconds": metrics.get("wall_seconds"),
             "degenerate": metrics.get("degenerate") or ""}
@@ -264,6 +322,20 @@ def _more_teachers(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> di
     return {"more_teachers": more, "ensemble": {"teachers": list(teachers), "test": ensemble}}
 
 
+def _teacher_seed_records(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> dict[str, Any]:
+    """With several teacher seeds: each seed's test scores, steps and wall time, and `test` their mean (T)."""
+    models = _teacher_models(study_task, recipe, root)
+    if len(models) == 1:
+        return {}
+    seeds = {str(seed): {"model": recorded(model, root), "test": _teacher_scores(recipe, study_task, model, root),
+                         **_teacher_record(study_task, model)}
+             for seed, model in zip(_teacher_seeds(recipe, study_task), models, strict=True)}
+    tests = [seed["test"] for seed in seeds.values()]
+    mean = {key: statistics.fmean(number(test[key]) for test in tests) for key in tests[0]
+            if all(isinstance(test.get(key), int | float) for test in tests)}
+    return {"test": mean, "teacher_seeds": seeds, "first_seed_test": tests[0]}
+
+
 def _teacher_record(study_task: StudyTask, teacher: str) -> dict[str, Any]:
     """Wall time and steps of a teacher the study fine-tuned (nothing for a given teacher)."""
     if study_task.teacher is not None:
@@ -278,10 +350,10 @@ def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
 
 
 def _teacher_stage(recipe: StudyRecipe, task: str, init: str | None, overrides: dict[str, Any],
-                   folder: Path) -> None:
+                   folder: Path, seed: int) -> None:
     raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), overrides), {
         "model": {"name_or_path": init},
-        "run": {"output_dir": str(folder), "seed": recipe.seeds[0]},
+        "run": {"output_dir": str(folder), "seed": seed},
         "task": {"name": task, **_data_dir(recipe)}})
     raw.setdefault("export", {})["enabled"] = True
     _stage("finetune", raw, folder)
@@ -322,12 +394,17 @@ def _teacher_scores(recipe: StudyRecipe, study_task: StudyTask, teacher: str, ro
 
 def _test_split(recipe: StudyRecipe, study_task: StudyTask, teachers: list[str]) -> tuple[TaskSpec, list[Example]]:
     """The task as the kd defaults set it (its length fit to every teacher) and its test split."""
+    return _split(recipe, study_task, teachers, "test")
+
+
+def _split(recipe: StudyRecipe, study_task: StudyTask, teachers: list[str],
+           split: Literal["test", "dev"]) -> tuple[TaskSpec, list[Example]]:
     section = recipe.defaults.get("kd", recipe.defaults.get("finetune", {})).get("task", {})
     cfg = TaskConfig.model_validate({**section, "name": study_task.name, **_data_dir(recipe)})
     task = task_spec(cfg)
     for teacher in teachers:
         task = fit_length_to_model(task, teacher)
-    return task, load_task_split(task, cfg, "test")
+    return task, load_task_split(task, cfg, split)
 
 
 def _cache(recipe: StudyRecipe, root: Path) -> str:
@@ -350,13 +427,30 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
         mean, init = statistics.fmean(scores), statistics.fmean(inits)
         target = number(teacher[key])
         per_seed = [gap_closed({key: s}, {key: i}, {key: target})[key] for s, i in zip(scores, inits, strict=True)]
+        starts = _start_scores(group, scores)
         rows.append({"task": task, "arm": arm, "command": group[0]["command"], "metric": key, "seeds": len(group),
+                     **starts,
                      "mean": mean, "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "scores": scores,
                      "init": init, "teacher": target,
                      "degenerate_seeds": [r["seed"] for r in group if r.get("degenerate")],
                      "gap_closed": gap_closed({key: mean}, {key: init}, {key: target})[key],
                      "gap_closed_per_seed": per_seed})
     return rows
+
+
+def _start_scores(group: list[dict[str, Any]], scores: list[float]) -> dict[str, Any]:
+    """With several starts: each start's mean score over its seeds (the units its t-test compares)."""
+    if all("start" not in run for run in group):
+        return {}
+    starts = list(dict.fromkeys(run["start"] for run in group))
+    means = [statistics.fmean(s for run, s in zip(group, scores, strict=True) if run["start"] == start)
+             for start in starts]
+    return {"starts": len(starts), "start_scores": means}
+
+
+def compared_scores(row: dict[str, Any]) -> list[float]:
+    """What a row's t-test compares: its starts' means when it has several starts, else its per-seed scores."""
+    return row.get("start_scores") or row["scores"]
 
 
 def _headline(task: str) -> str:
@@ -372,15 +466,17 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     lines = ["# Study", "", f"Folder `{root}`; {seeds}. Scores are test-set means over seeds; "
              "gap closed = (S − S_init)/(T − S_init) with S the trained student, S_init its initialisation scored "
              "with no training, T the teacher.", "",
-             "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed | share of T (95% CI over "
-             "seeds and test sentences) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| task | arm | command | metric | mean ± sd | S_init | teacher T | gap closed | share of T on test "
+             "(95% CI over seeds and test sentences) | share of T on dev |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         flag = ""
         if row.get("degenerate_seeds"):
             flag = " (one class)" if row["metric"] in RANKING_METRICS else " (degenerate)"
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} | "
-                     f"{_share_cell(row.get('share'))} |")
+                     f"{_share_cell(row.get('share'))} | {_share_cell(row.get('share_dev'))} |")
+    lines += _units_notes(summary)
     lines += _differences(summary["rows"], summary.get("looks", 1))
     notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
     notes += [f"- teacher of {task}: degenerate test predictions ({teacher['degenerate']})."
@@ -396,6 +492,20 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _units_notes(summary: dict[str, Any]) -> list[str]:
+    """What the teacher T and the rows with several starts stand for."""
+    notes = [f"- {task}: T is the mean of {len(record['teacher_seeds'])} teacher seeds ("
+             + ", ".join(f"seed {seed} {number(seed_record['test'][record['headline']]):.4f}"
+                         for seed, seed_record in record["teacher_seeds"].items())
+             + "); the share's interval draws them."
+             for task, record in summary["teachers"].items() if record.get("teacher_seeds")]
+    notes += [f"- {row['task']} / {row['arm']}: {row['starts']} starts × their seeds ({row['seeds']} runs); the "
+              "interval draws starts, then seeds within each; its t-test compares the starts' means "
+              f"({', '.join(f'{score:.4f}' for score in row['start_scores'])})."
+              for row in summary["rows"] if row.get("starts")]
+    return ["", *notes] if notes else []
+
+
 def _share_cell(share: dict[str, Any] | None) -> str:
     if not share or "estimate" not in share:
         return "–"
@@ -409,7 +519,7 @@ def _differences(rows: list[dict[str, Any]], looked: int = 1) -> list[str]:
     lines = []
     for task in dict.fromkeys(row["task"] for row in rows):
         first, *others = [row for row in rows if row["task"] == task]
-        results = holm([compare_scores(row["scores"], first["scores"], looks=looked) for row in others])
+        results = holm([compare_scores(compared_scores(row), compared_scores(first), looks=looked) for row in others])
         for row, result in zip(others, results, strict=True):
             lines.append(f"| {task} | {row['arm']} − {first['arm']} | "
                          f"{result.describe(' ' + row['metric'], digits=4)} |")

@@ -6,7 +6,9 @@ resample draws, with replacement, the runs of each side (seed variance: of the s
 several were trained) and then the test examples, the same examples for every run (paired: a hard sentence is hard
 for both sides); the side's score is the mean over its drawn runs of the task's headline metric on the drawn examples.
 The interval is the percentile interval of the B statistics. With one run a side it is the plain paired bootstrap
-over examples.
+over examples. A side may also be given as groups of runs (e.g. the fine-tuning seeds of each distillation seed, or of
+each teacher seed): a resample then draws the groups, and within each drawn group its runs — the two-level bootstrap
+that keeps the variance between groups (distillation runs) as well as within them (fine-tuning seeds).
 
 A resample must cost little (a study forms B = 2,000 of them for each row), so the metrics that are ratios of sums are
 formed from per-example counts: entity F1 from correct, predicted and gold entities per sentence (strict IOB2 spans,
@@ -43,10 +45,15 @@ class Interval:
     high: float
     resamples: int
     runs: tuple[int, int]  # runs (seeds) on each side
+    groups: tuple[int, int] | None = None  # groups of runs on each side, when a side was given in groups
 
     def as_record(self) -> dict[str, Any]:
+        method = "paired bootstrap over test examples, runs drawn per side"
+        grouped = {"groups": list(self.groups)} if self.groups else {}
+        if self.groups:
+            method += " (two-level where a side has groups: groups drawn, then runs within each)"
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "resamples": self.resamples,
-                "runs": list(self.runs), "method": "paired bootstrap over test examples, runs drawn per side"}
+                "runs": list(self.runs), **grouped, "method": method}
 
 
 @dataclass(frozen=True)
@@ -151,37 +158,60 @@ def _defaults(function: Callable[..., Any]) -> dict[str, Any]:
             if parameter.default is not inspect.Parameter.empty}
 
 
-def share_interval(students: Sequence[ScoredRun], teachers: Sequence[ScoredRun], resamples: int = RESAMPLES,
-                   seed: int = 0) -> Interval:
+Side = Sequence[ScoredRun] | Sequence[Sequence[ScoredRun]]  # runs, or groups of runs (see the module docstring)
+
+
+def share_interval(students: Side, teachers: Side, resamples: int = RESAMPLES, seed: int = 0) -> Interval:
     """The share of the teacher, mean student score / mean teacher score, with its interval (resamples on which the
     teacher scores 0 have no share and are left out); a teacher that scores 0 on the whole test set has none."""
-    _check_aligned([*students, *teachers])
-    if _mean(teachers, np.arange(len(teachers[0].ids))) == 0:
+    teacher_groups = _groups(teachers)
+    _check_aligned([*_runs(_groups(students)), *_runs(teacher_groups)])
+    if _mean(_runs(teacher_groups), np.arange(len(teacher_groups[0][0].ids))) == 0:
         raise BiodistilError("the teacher scores 0 on the test set: there is no share of it to form")
     return _interval(students, teachers, lambda s, t: s / t if t else float("nan"), resamples, seed)
 
 
-def difference_interval(first: Sequence[ScoredRun], second: Sequence[ScoredRun], resamples: int = RESAMPLES,
-                        seed: int = 0) -> Interval:
+def difference_interval(first: Side, second: Side, resamples: int = RESAMPLES, seed: int = 0) -> Interval:
     """mean score of `first` − mean score of `second`, with its interval."""
     return _interval(first, second, lambda a, b: a - b, resamples, seed)
 
 
-def _interval(first: Sequence[ScoredRun], second: Sequence[ScoredRun], statistic: Callable[[float, float], float],
-              resamples: int, seed: int) -> Interval:
-    _check_aligned([*first, *second])
-    examples = len(first[0].ids)
+def _interval(first: Side, second: Side, statistic: Callable[[float, float], float], resamples: int,
+              seed: int) -> Interval:
+    sides = (_groups(first), _groups(second))
+    _check_aligned([*_runs(sides[0]), *_runs(sides[1])])
+    examples = len(sides[0][0][0].ids)
     everything = np.arange(examples)
-    estimate = statistic(_mean(first, everything), _mean(second, everything))
+    estimate = statistic(_mean(_runs(sides[0]), everything), _mean(_runs(sides[1]), everything))
     rng = np.random.default_rng(seed)
     values = np.empty(resamples)
     for b in range(resamples):
-        runs_a = rng.integers(len(first), size=len(first))
-        runs_b = rng.integers(len(second), size=len(second))
+        runs_a, runs_b = _draw(sides[0], rng), _draw(sides[1], rng)
         drawn = rng.integers(examples, size=examples)
-        values[b] = statistic(_mean([first[i] for i in runs_a], drawn), _mean([second[i] for i in runs_b], drawn))
+        values[b] = statistic(_mean(runs_a, drawn), _mean(runs_b, drawn))
     low, high = np.nanquantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return Interval(float(estimate), float(low), float(high), resamples, (len(first), len(second)))
+    grouped = any(not isinstance(item, ScoredRun) for side in (first, second) for item in side)
+    return Interval(float(estimate), float(low), float(high), resamples, (len(_runs(sides[0])), len(_runs(sides[1]))),
+                    (len(sides[0]), len(sides[1])) if grouped else None)
+
+
+def _groups(side: Side) -> list[list[ScoredRun]]:
+    """A side as groups of runs: a flat list of runs is one run per group (the one-level draw)."""
+    return [list(item) if not isinstance(item, ScoredRun) else [item] for item in side]
+
+
+def _runs(groups: list[list[ScoredRun]]) -> list[ScoredRun]:
+    return [run for group in groups for run in group]
+
+
+def _draw(groups: list[list[ScoredRun]], rng: np.random.Generator) -> list[ScoredRun]:
+    """Groups drawn with replacement, then runs within each drawn group (a group of one run draws nothing more: flat
+    runs are drawn exactly as the one-level bootstrap draws them)."""
+    drawn = []
+    for g in rng.integers(len(groups), size=len(groups)):
+        group = groups[g]
+        drawn += group if len(group) == 1 else [group[i] for i in rng.integers(len(group), size=len(group))]
+    return drawn
 
 
 def _mean(runs: Sequence[ScoredRun], indices: np.ndarray) -> float:
