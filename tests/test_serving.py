@@ -189,6 +189,9 @@ def test_model_facts_and_openapi(server, ner):
     assert route["parameters"][0]["name"] == "format" and "bioc" in route["parameters"][0]["schema"]["enum"]
     assert {"application/json", "text/plain; charset=utf-8", "application/xml; charset=utf-8",
             "application/x-ndjson; charset=utf-8"} <= set(route["responses"]["200"]["content"])
+    assert {"$ref": "#/components/schemas/BratResponse"} in \
+        route["responses"]["200"]["content"]["application/json"]["schema"]["oneOf"]
+    assert set(schema["components"]["schemas"]["BratFile"]["properties"]) == {"id", "name", "ann"}
     assert httpx.get(f"{server}/nowhere", headers=AUTH).status_code == 404
 
 

@@ -4,6 +4,7 @@ the same format, with character offsets into the original text — so a predicti
 Inputs are files of the format (their own spans are not read); a brat input is a folder of `.txt` files (with or
 without their `.ann`). The output is one file (PubTator, BioC XML — `.json`: BioC JSON —, span JSON lines) or, for
 brat, a folder with one `.txt` and one `.ann` per document; written atomically, once every document is predicted.
+`read_span_body` reads a text held in memory as `read_span_inputs` reads a file (`biodistil serve`'s request bodies).
 """
 
 from __future__ import annotations

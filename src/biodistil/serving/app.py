@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from biodistil.documents.model import SpanDocument
+from biodistil.documents.writers import brat_files
 from biodistil.errors import BiodistilError
 from biodistil.export.predict import Document
 from biodistil.export.span_predict import read_span_body, unique_ids
@@ -84,6 +85,20 @@ class PredictResponse(BaseModel):
     classifier, `{"id", "label" (or "labels"), "probabilities"}` for a classifier."""
 
     records: list[dict[str, Any]]
+
+
+class BratFile(BaseModel):
+    """One document of a brat answer: its id, its brat file NAME and the text of NAME.ann (NAME.txt: the text sent)."""
+
+    id: str
+    name: str
+    ann: str
+
+
+class BratResponse(BaseModel):
+    """?format=brat on JSON documents: each document's .ann, as `predict --format brat` writes the folder."""
+
+    documents: list[BratFile]
 
 
 class Refused(Exception):
@@ -242,11 +257,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def parse_request(body: bytes, limits: Limits, content_type: str | None = None, asked: str | None = None
                   ) -> Parsed:
-    """The documents of a request body and the answer's format (`asked`: the query's `?format=`). A JSON body (its
-    Content-Type JSON, or none asked but jsonl) is a request of texts or documents; any other body is a text in the
-    asked document format. 400 for bytes that are not UTF-8, text that is not JSON or a body not in its format (the
-    reader's message: line and field); 422 for JSON that is not a request or an unknown format; 413 over the limits
-    (documents per request, characters per document)."""
+    """The documents of a request body and the answer's format (`asked`: the query's `?format=`). The body is a JSON
+    request of texts or documents when its Content-Type is JSON or no document format is asked; otherwise it is a
+    text in the asked document format. 400 for bytes that are not UTF-8, text that is not JSON or a body not in its
+    format (the reader's message: line and field); 422 for JSON that is not a request or an unknown format; 413 over
+    the limits (documents per request, characters per document)."""
     if asked is not None:
         _check_format(asked)
     body_format = None if asked in (None, "jsonl") or _is_json(content_type) else asked
@@ -306,7 +321,7 @@ def _annotated(documents: list[Document], format_name: str) -> list[SpanDocument
     try:
         annotated = unique_ids(span_documents(documents))
         if format_name == "brat":
-            render("brat", annotated)  # two ids that make one brat file name are refused before the model runs
+            brat_files(annotated, "the request")  # two ids that make one file name: refused before the model runs
     except BiodistilError as err:
         raise Refused(422, "validation", str(err)) from None
     return annotated
@@ -401,18 +416,26 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     body = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components.update(body.pop("$defs", {}))
     components["PredictRequest"] = body
+    brat = BratResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(brat.pop("$defs", {}))
+    components["BratResponse"] = brat
     route = schema["paths"]["/v1/predict"]["post"]
-    text = {"schema": {"type": "string"}}
+    def text(description: str) -> dict[str, Any]:
+        return {"schema": {"type": "string", "description": description}}
+
     route["requestBody"] = {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}},
-        "text/plain": text | {"description": "with ?format=pubtator, span_jsonl or brat: a PubTator file, span JSON "
-                              "lines or one brat .txt, read as `predict --format` reads its input"},
-        "application/xml": text | {"description": "with ?format=bioc: a BioC XML collection"}}}
+        "text/plain": text("with ?format=pubtator, span_jsonl or brat: a PubTator file, span JSON lines or one brat "
+                           ".txt, read as `predict --format` reads its input"),
+        "application/xml": text("with ?format=bioc: a BioC XML collection")}}
     route["parameters"] = [{"name": "format", "in": "query", "required": False, "schema": {
         "type": "string", "enum": list(FORMATS), "default": "jsonl"}, "description": "the answer's format: jsonl "
         "(`{\"records\": [...]}`) or the text `predict --format` writes; a body that is not JSON is read in it"}]
-    answers = {media: text for name, media in MEDIA_TYPES.items() if name not in ("jsonl", "brat")}
-    route["responses"]["200"]["content"] |= answers | {BRAT_ANN_MEDIA_TYPE: text}
+    answers = {media: text(f"?format={name}") for name, media in MEDIA_TYPES.items() if name not in ("jsonl", "brat")}
+    answers[BRAT_ANN_MEDIA_TYPE] = text("?format=pubtator; or a brat body's .ann")
+    route["responses"]["200"]["content"] |= answers
+    route["responses"]["200"]["content"]["application/json"]["schema"] = {"oneOf": [
+        {"$ref": "#/components/schemas/PredictResponse"}, {"$ref": "#/components/schemas/BratResponse"}]}
     route["responses"]["200"]["description"] = (
         "jsonl: {\"records\": [...]}; brat: {\"documents\": [{\"id\", \"name\", \"ann\"}]} (a brat .txt body: its .ann "
         "text); pubtator (text/plain), bioc (application/xml), span_jsonl (application/x-ndjson): the file `biodistil "
