@@ -122,20 +122,30 @@ def test_records_are_predicts_records(server, ner):
 
 def test_concurrent_requests_each_get_their_own_records(server, ner):
     """Thirty requests at once, of one to three documents each, run in shared batches (one model call at a time);
-    each answer holds its own documents' records, in its order."""
+    each answer holds its own documents' records, in its order — every fifth asks for PubTator, and gets its own
+    documents' PubTator text amid the records of the others."""
+    from biodistil.documents.model import SpanDocument
+    from biodistil.documents.writers import pubtator_file_text
+
     requests = [sentences(1 + i % 3, seed=100 + i) for i in range(30)]
+    formats = ["pubtator" if i % 5 == 4 else "jsonl" for i in range(30)]
     predictor = Predictor(ner, threads=1)
-    expected = [predictor(texts) for texts in requests]
+    expected = [predictor(texts) if format_name == "jsonl" else pubtator_file_text(predictor.predict_documents(
+        [SpanDocument(f"r{i}-{j}", text) for j, text in enumerate(texts)]))
+        for i, (texts, format_name) in enumerate(zip(requests, formats, strict=True))]
 
     async def send() -> list:
         async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
-            return await asyncio.gather(*[client.post(f"{server}/v1/predict", json={"documents": [
-                {"id": f"r{i}-{j}", "text": text} for j, text in enumerate(texts)]})
-                for i, texts in enumerate(requests)])
+            return await asyncio.gather(*[client.post(f"{server}/v1/predict?format={format_name}", json={
+                "documents": [{"id": f"r{i}-{j}", "text": text} for j, text in enumerate(texts)]})
+                for i, (texts, format_name) in enumerate(zip(requests, formats, strict=True))])
 
     answers = asyncio.run(send())
     assert [a.status_code for a in answers] == [200] * len(requests)
     for i, (answer, records) in enumerate(zip(answers, expected, strict=True)):
+        if formats[i] == "pubtator":
+            assert answer.text == records and f"r{i}-0|t|" in records
+            continue
         close(answer.json()["records"], [{**r, "id": f"r{i}-{j}"} for j, r in enumerate(records)])
     batches = [int(a.headers["x-batch-size"]) for a in answers]
     assert max(batches) > 3, f"the requests were batched together: batch sizes {batches}"
