@@ -18,8 +18,7 @@ from biodistil.documents.model import SpanDocument
 from biodistil.documents.writers import SPAN_TEXTS, brat_files
 from biodistil.export.predict import Document
 
-FORMATS = ("jsonl", "brat", "pubtator", "bioc", "span_jsonl")
-DOCUMENT_FORMATS = FORMATS[1:]  # need a token classifier (`Predictor.predict_documents`)
+FORMATS = ("jsonl", "brat", "pubtator", "bioc", "span_jsonl")  # all but jsonl need a token classifier
 MEDIA_TYPES = {
     "jsonl": "application/json",  # {"records": [...]}
     "brat": "application/json",  # {"documents": [{"id", "name", "ann"}]}; a brat body (.txt) is answered its .ann

@@ -57,7 +57,7 @@ class Service:
 
     def formats(self) -> tuple[str, ...]:
         """The formats this model answers in: a token classifier every one, a classifier its records alone."""
-        return FORMATS if self.predictor.encoding.kind == "token_classification" else FORMATS[:1]
+        return FORMATS if self.predictor.encoding.kind == "token_classification" else ("jsonl",)
 
     def tokens(self, documents: Sequence[Document | SpanDocument]) -> int:
         """Sub-words of `documents` with their special tokens: what they weigh against the batch's token budget."""
