@@ -122,20 +122,30 @@ def test_records_are_predicts_records(server, ner):
 
 def test_concurrent_requests_each_get_their_own_records(server, ner):
     """Thirty requests at once, of one to three documents each, run in shared batches (one model call at a time);
-    each answer holds its own documents' records, in its order."""
+    each answer holds its own documents' records, in its order — every fifth asks for PubTator, and gets its own
+    documents' PubTator text amid the records of the others."""
+    from biodistil.documents.model import SpanDocument
+    from biodistil.documents.writers import pubtator_file_text
+
     requests = [sentences(1 + i % 3, seed=100 + i) for i in range(30)]
+    formats = ["pubtator" if i % 5 == 4 else "jsonl" for i in range(30)]
     predictor = Predictor(ner, threads=1)
-    expected = [predictor(texts) for texts in requests]
+    expected = [predictor(texts) if format_name == "jsonl" else pubtator_file_text(predictor.predict_documents(
+        [SpanDocument(f"r{i}-{j}", text) for j, text in enumerate(texts)]))
+        for i, (texts, format_name) in enumerate(zip(requests, formats, strict=True))]
 
     async def send() -> list:
         async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
-            return await asyncio.gather(*[client.post(f"{server}/v1/predict", json={"documents": [
-                {"id": f"r{i}-{j}", "text": text} for j, text in enumerate(texts)]})
-                for i, texts in enumerate(requests)])
+            return await asyncio.gather(*[client.post(f"{server}/v1/predict?format={format_name}", json={
+                "documents": [{"id": f"r{i}-{j}", "text": text} for j, text in enumerate(texts)]})
+                for i, (texts, format_name) in enumerate(zip(requests, formats, strict=True))])
 
     answers = asyncio.run(send())
     assert [a.status_code for a in answers] == [200] * len(requests)
     for i, (answer, records) in enumerate(zip(answers, expected, strict=True)):
+        if formats[i] == "pubtator":
+            assert answer.text == records and f"r{i}-0|t|" in records
+            continue
         close(answer.json()["records"], [{**r, "id": f"r{i}-{j}"} for j, r in enumerate(records)])
     batches = [int(a.headers["x-batch-size"]) for a in answers]
     assert max(batches) > 3, f"the requests were batched together: batch sizes {batches}"
@@ -153,7 +163,7 @@ def test_concurrent_requests_each_get_their_own_records(server, ner):
     (b'{"texts": "gene"}', 422, "texts"),
     (b'{"texts": ["a"], "documents": []}', 422, "not both"),
     (b'{"texts": ["a"], "colour": 1}', 422, "colour"),
-    (b'{"texts": ["a"], "format": "brat"}', 422, "formats: jsonl"),
+    (b'{"texts": ["a"], "format": "conll"}', 422, "formats: jsonl, brat, pubtator, bioc, span_jsonl"),
 ])
 def test_limits_and_bad_input_are_answered_by_name(server, body, status, named):
     response = httpx.post(f"{server}/v1/predict", content=body, headers={**AUTH, "Content-Type": "application/json"})
@@ -177,12 +187,21 @@ def test_the_api_key_is_asked_of_every_client_but_the_health_probes(server):
 def test_model_facts_and_openapi(server, ner):
     facts = httpx.get(f"{server}/v1/model", headers=AUTH).json()
     assert facts["task"]["kind"] == "token_classification" and sorted(facts["task"]["labels"]) == ["B", "I", "O"]
-    assert facts["runtime"] == "pytorch" and facts["model"] == str(ner) and facts["formats"] == ["jsonl"]
+    assert facts["runtime"] == "pytorch" and facts["model"] == str(ner)
+    assert facts["formats"] == ["jsonl", "brat", "pubtator", "bioc", "span_jsonl"]
     assert facts["limits"]["max_documents"] == 8 and facts["batching"]["max_wait_ms"] == 30 and facts["batch1_ms"] > 0
     schema = httpx.get(f"{server}/openapi.json", headers=AUTH).json()
     body = schema["paths"]["/v1/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/PredictRequest"}
     assert set(schema["components"]["schemas"]["PredictRequest"]["properties"]) == {"texts", "documents", "format"}
+    route = schema["paths"]["/v1/predict"]["post"]
+    assert set(route["requestBody"]["content"]) == {"application/json", "text/plain", "application/xml"}
+    assert route["parameters"][0]["name"] == "format" and "bioc" in route["parameters"][0]["schema"]["enum"]
+    assert {"application/json", "text/plain; charset=utf-8", "application/xml; charset=utf-8",
+            "application/x-ndjson; charset=utf-8"} <= set(route["responses"]["200"]["content"])
+    assert {"$ref": "#/components/schemas/BratResponse"} in \
+        route["responses"]["200"]["content"]["application/json"]["schema"]["oneOf"]
+    assert set(schema["components"]["schemas"]["BratFile"]["properties"]) == {"id", "name", "ann"}
     assert httpx.get(f"{server}/nowhere", headers=AUTH).status_code == 404
 
 
@@ -196,7 +215,104 @@ def test_a_pair_classifier_answers_labels_and_probabilities(pair_task, teacher_d
         wait_ready(url)
         documents = [{"id": str(i), "text": text, "text_pair": pair} for i, (text, pair) in enumerate(pairs)]
         served = httpx.post(f"{url}/v1/predict", json={"documents": documents}).json()["records"]
+        annotated = httpx.post(f"{url}/v1/predict?format=pubtator", json={"texts": ["protein"]})
     assert served == expected and set(served[0]) == {"id", "label", "probabilities"}
+    assert annotated.status_code == 422 and "answers in: jsonl" in annotated.json()["error"]
+
+
+PUBTATOR = """101|t|Protein kinase binding in mice
+101|a|The receptor gene binds the protein in tumour cells; kinase levels fall.
+101	0	14	Protein kinase	Gene	D001
+
+102|t|Receptor therapy
+102|a|gene dose and binding receptor levels in patients with cancer
+"""
+MEDIA = {"pubtator": "text/plain; charset=utf-8", "bioc": "application/xml; charset=utf-8",
+         "span_jsonl": "application/x-ndjson; charset=utf-8"}
+
+
+def predicted(ner: Path, source: Path, out: Path, *how: str) -> None:
+    """`biodistil predict` with the server's settings (one window a model call, one thread)."""
+    assert main(["predict", str(ner), str(source), *how, "--out", str(out), "--batch-size", "1", "--threads", "1",
+                 "--quiet"]) == 0
+
+
+def test_document_formats_are_what_predict_writes_for_the_same_documents(server, ner, tmp_path):
+    """JSON documents asked for as brat, PubTator, BioC and span JSON lines (?format= or "format"): the answer is, byte
+    for byte, the file `predict --out-format F` writes for the same documents as JSON lines (brat: each document's
+    .ann, under the file name brat gives it), with the format's media type."""
+    documents = [{"id": f"note/{i}", "text": text} for i, text in enumerate(sentences(3, seed=5))]
+    documents.append({"id": "note-3", "text": "protein kinase\nbinding  gene — α receptor"})
+    source = tmp_path / "notes.jsonl"
+    source.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents), encoding="utf-8")
+    for format_name, media in MEDIA.items():
+        predicted(ner, source, tmp_path / f"out.{format_name}", "--out-format", format_name)
+        answer = httpx.post(f"{server}/v1/predict?format={format_name}", json={"documents": documents}, headers=AUTH)
+        assert answer.status_code == 200 and answer.headers["content-type"] == media, answer.text
+        assert answer.content == (tmp_path / f"out.{format_name}").read_bytes(), format_name
+    assert "\tprotein\t" in (tmp_path / "out.pubtator").read_text(), "the random head tags some words"
+    predicted(ner, source, tmp_path / "brat", "--out-format", "brat")
+    answer = httpx.post(f"{server}/v1/predict", json={"documents": documents, "format": "brat"}, headers=AUTH)
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["documents"] == [
+        {"id": d["id"], "name": name, "ann": (tmp_path / "brat" / f"{name}.ann").read_text(encoding="utf-8")}
+        for d, name in zip(documents, ["note_0", "note_1", "note_2", "note-3"], strict=True)]
+    assert sorted(p.name for p in (tmp_path / "brat").iterdir()) == sorted(
+        f"{name}.{suffix}" for name in ("note_0", "note_1", "note_2", "note-3") for suffix in ("ann", "txt"))
+
+
+def test_a_body_in_a_document_format_is_answered_in_it_as_predict_answers_its_file(server, ner, tmp_path):
+    """A PubTator file, a BioC XML collection, span JSON lines (sent with their own Content-Type and ?format=) and a
+    brat .txt: read as `predict --format F` reads the file (title and abstract kept as passages, the gold spans checked
+    and left out) and answered with the bytes it writes (a brat .txt: the .ann beside it)."""
+    from biodistil.documents.readers import read_pubtator
+    from biodistil.documents.writers import write_bioc, write_span_jsonl
+
+    (tmp_path / "in.pubtator").write_text(PUBTATOR, encoding="utf-8")
+    write_bioc(read_pubtator(tmp_path / "in.pubtator"), tmp_path / "in.bioc")
+    write_span_jsonl(read_pubtator(tmp_path / "in.pubtator"), tmp_path / "in.span_jsonl")
+    sent = {"pubtator": "text/plain", "bioc": "application/xml", "span_jsonl": "application/x-ndjson"}
+    for format_name, content_type in sent.items():
+        body = (tmp_path / f"in.{format_name}").read_bytes()
+        predicted(ner, tmp_path / f"in.{format_name}", tmp_path / f"out.{format_name}", "--format", format_name)
+        answer = httpx.post(f"{server}/v1/predict?format={format_name}", content=body,
+                            headers={**AUTH, "Content-Type": content_type})
+        assert answer.status_code == 200 and answer.headers["content-type"] == MEDIA[format_name], answer.text
+        assert answer.content == (tmp_path / f"out.{format_name}").read_bytes(), format_name
+    written = (tmp_path / "out.pubtator").read_text()
+    assert "102|a|gene dose" in written and "D001" not in written, "passages kept, gold spans left out"
+    (tmp_path / "txt").mkdir()
+    (tmp_path / "txt" / "n1.txt").write_text("Protein kinase binding\nin mice: gene dose.\n", encoding="utf-8")
+    predicted(ner, tmp_path / "txt", tmp_path / "brat", "--format", "brat")
+    answer = httpx.post(f"{server}/v1/predict?format=brat", content=(tmp_path / "txt" / "n1.txt").read_bytes(),
+                        headers={**AUTH, "Content-Type": "text/plain"})
+    assert answer.headers["content-type"] == "text/plain; charset=utf-8"
+    assert answer.content == (tmp_path / "brat" / "n1.ann").read_bytes() and answer.text.startswith("T1\t")
+
+
+@pytest.mark.parametrize(("query", "body", "content_type", "status", "named"), [
+    ("?format=conll", b'{"texts": ["gene"]}', "application/json", 422, "formats: jsonl, brat, pubtator, bioc"),
+    ("?format=pubtator", b'{"texts": ["gene"], "format": "bioc"}', "application/json", 422, "two formats"),
+    ("?format=pubtator", b'{"documents": [{"text": "a", "text_pair": "b"}]}', "application/json", 422,
+     "documents.0.text_pair"),
+    ("?format=brat", b'{"documents": [{"id": "a/b", "text": "x"}, {"id": "a_b", "text": "y"}]}', "application/json",
+     422, "share a brat file name"),
+    ("?format=pubtator", b"101|t|A title\n101\t0\tx\n", "text/plain", 400, "body:2: expected ID<TAB>start"),
+    ("?format=pubtator", b"101|t|Protein kinase\n101\t0\t7\tenzyme\tGene\n", "text/plain", 400,
+     "body:2: the Gene mention text 'enzyme' does not match"),
+    ("?format=pubtator", "101|t|caf\u00e9".encode("latin-1"), "text/plain", 400, "send pubtator in UTF-8"),
+    ("?format=span_jsonl", b'{"id": "1", "text": "gene"}\n{"id": 2, \n', "application/x-ndjson", 400,
+     "body:2: invalid JSON"),
+    ("?format=span_jsonl", b'{"id": "1", "text": "gene"}\n{"id": "1", "text": "dose"}\n', "text/plain", 400,
+     "share an id"),
+    ("?format=bioc", b"<collection><document><id>1</id>", "application/xml", 400, "not a BioC XML collection"),
+])
+def test_bad_formats_and_bodies_are_answered_by_name(server, query, body, content_type, status, named):
+    """An unknown or doubly given format, or a request the format cannot hold, is 422; a body that is not in its
+    format is 400 with the reader's message (the line, or the field); never a stack trace."""
+    response = httpx.post(f"{server}/v1/predict{query}", content=body, headers={**AUTH, "Content-Type": content_type})
+    assert response.status_code == status and named in response.json()["error"], response.text
+    assert "Traceback" not in response.text and set(response.json()) == {"error", "type"}
 
 
 @pytest.mark.slow

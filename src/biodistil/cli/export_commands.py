@@ -92,7 +92,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "serve", help=text,
         description=text + " (docs/deployment.md). POST /v1/predict {\"texts\": [...]} or {\"documents\": [{\"id\", "
-        "\"text\"}]} answers {\"records\": [...]}, each record what `biodistil predict` writes for that text; GET "
+        "\"text\"}]} answers {\"records\": [...]}, each record what `biodistil predict` writes for that text "
+        "(?format=brat|pubtator|bioc|span_jsonl: the file `predict --format` writes; a body in that format is read "
+        "as its input); GET "
         "/health (ready once the model is loaded and warmed up), /health/live, /v1/model, /metrics (Prometheus), "
         "/docs. Concurrent requests run together, one model call at a time: a batch takes the queued requests while "
         "their sub-words fit --max-batch-tokens. SIGTERM or Ctrl-C stops accepting, answers the requests in flight, "

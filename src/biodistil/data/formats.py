@@ -56,7 +56,7 @@ Example = TokenExample | TextExample
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _error(path: Path, line: int | None, message: str) -> BiodistilError:
+def _error(path: Path | str, line: int | None, message: str) -> BiodistilError:
     where = f"{path}:{line}" if line is not None else str(path)
     return BiodistilError(f"{where}: {message}")
 
@@ -79,9 +79,24 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield number, text.rstrip("\n").removesuffix("\r")
 
 
+def text_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) pairs of a text held in memory (a request's body), as `_lines` reads a file's: only '\\n'
+    ends a line, a trailing '\\r' and a BOM are dropped."""
+    lines = text.removeprefix("\ufeff").split("\n")
+    if lines[-1] == "":  # a final newline ends the last line; it starts none
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
+        yield number, line.removesuffix("\r")
+
+
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a JSON-lines file."""
-    for number, line in _lines(path):
+    return json_objects(_lines(path), path)
+
+
+def json_objects(lines: Iterator[tuple[int, str]], path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of `lines`, a JSON-lines text that `path` names in errors."""
+    for number, line in lines:
         if not line.strip():
             continue
         try:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
-from biodistil.data.formats import numbered_json_lines, numbered_lines
+from biodistil.data.formats import json_objects, numbered_json_lines, numbered_lines, text_lines
 from biodistil.documents.model import Passage, Span, SpanDocument
 from biodistil.errors import BiodistilError
 
@@ -153,11 +153,16 @@ def read_pubtator(path: str | Path, mention_text: MentionPolicy = "relocate") ->
     """PubTator: `ID|t|title`, `ID|a|abstract`, then `ID<TAB>start<TAB>end<TAB>text<TAB>type[<TAB>identifier...]`
     lines (offsets into title + " " + abstract), a blank line between documents; relation lines
     (`ID<TAB>CID<TAB>...`) are left out and counted."""
-    path = Path(path)
+    return pubtator_documents(numbered_lines(Path(path)), str(path), mention_text)
+
+
+def pubtator_documents(lines: Iterable[tuple[int, str]], path: str, mention_text: MentionPolicy = "relocate"
+                       ) -> list[SpanDocument]:
+    """The documents of PubTator `lines` ((number, text) pairs); `path` names their source in errors."""
     documents: list[SpanDocument] = []
     parts: dict[str, str] = {}
     pending: list[tuple[int, list[str]]] = []
-    for number, line in [*numbered_lines(path), (-1, "")]:
+    for number, line in [*lines, (-1, "")]:
         if not line.strip():
             if parts:
                 documents.append(_pubtator_document(parts, pending, path, mention_text))
@@ -177,7 +182,7 @@ def read_pubtator(path: str | Path, mention_text: MentionPolicy = "relocate") ->
     return documents
 
 
-def _pubtator_document(parts: dict[str, str], pending: list[tuple[int, list[str]]], path: Path,
+def _pubtator_document(parts: dict[str, str], pending: list[tuple[int, list[str]]], path: str,
                        policy: MentionPolicy) -> SpanDocument:
     title, abstract = parts.get("t", ""), parts.get("a", "")
     text = f"{title} {abstract}" if abstract else title
@@ -207,12 +212,17 @@ def read_bioc(path: str | Path, offsets: OffsetUnit = "auto", mention_text: Ment
     """BioC XML (`.xml`) or JSON (`.json`), through the `bioc` package. A document's text is its passages placed at
     their offsets (gaps filled with spaces). `offsets="auto"` reads them as characters unless the mention texts match
     only when they are read as UTF-8 bytes (some BioC tools count bytes): then they are converted, and counted."""
+    return bioc_documents(text_file(Path(path)), str(path), offsets, mention_text, Path(path).suffix == ".json")
+
+
+def bioc_documents(raw: str, path: str, offsets: OffsetUnit = "auto", mention_text: MentionPolicy = "relocate",
+                   json_file: bool = False) -> list[SpanDocument]:
+    """The documents of a BioC collection's text (XML, or JSON when `json_file` or it starts with `{`); `path` names
+    its source in errors."""
     from bioc import biocjson, biocxml
 
-    path = Path(path)
-    raw = text_file(path)
     try:
-        is_json = path.suffix == ".json" or raw.lstrip().startswith("{")
+        is_json = json_file or raw.lstrip().startswith("{")
         collection = biocjson.loads(raw) if is_json else biocxml.loads(raw)
     except Exception as err:  # the bioc package raises lxml, JSON and key errors alike
         raise BiodistilError(f"{path}: not a BioC {'JSON' if is_json else 'XML'} collection ({type(err).__name__}: "
@@ -220,7 +230,7 @@ def read_bioc(path: str | Path, offsets: OffsetUnit = "auto", mention_text: Ment
     return [_bioc_document(document, path, offsets, mention_text) for document in collection.documents]
 
 
-def _bioc_document(item: Any, path: Path, offsets: OffsetUnit, policy: MentionPolicy) -> SpanDocument:
+def _bioc_document(item: Any, path: str, offsets: OffsetUnit, policy: MentionPolicy) -> SpanDocument:
     unit = offsets if offsets != "auto" else _bioc_unit(item)
     places = [(p.offset, p.text or "", p.infons.get("type", "")) for p in item.passages]
     if unit == "bytes":
@@ -314,13 +324,22 @@ def read_span_jsonl(path: str | Path, text_field: str = "text", spans_field: str
     `spans_field="entities", start_field="start_offset", end_field="end_offset"`, or spans as `[start, end, label]`
     triples with `spans_field="label"`; Label Studio's JSON-MIN: `spans_field="label", label_field="labels"`). A span
     with `fragments` ([[start, end], ...]) is discontinuous; one with `text` has it checked."""
-    path = Path(path)
+    fields = (text_field, spans_field, start_field, end_field, label_field, id_field)
+    return span_jsonl_documents(numbered_json_lines(Path(path)), str(path), fields, mention_text)
+
+
+def span_jsonl_documents(records: Iterable[tuple[int, dict[str, Any]]], path: str,
+                         fields: tuple[str, str, str, str, str, str] = ("text", "spans", "start", "end", "label", "id"),
+                         mention_text: MentionPolicy = "relocate") -> list[SpanDocument]:
+    """The documents of span JSON `records` ((line number, object) pairs); `fields`: the text, spans, start, end,
+    label and id fields' names; `path` names their source in errors."""
+    text_field, spans_field, start_field, end_field, label_field, id_field = fields
     documents = []
-    for number, record in numbered_json_lines(path):
+    for number, record in records:
         text = record.get(text_field)
         if not isinstance(text, str):
             raise BiodistilError(f"{path}:{number}: no text field '{text_field}' (a string); fields: {sorted(record)}")
-        document = SpanDocument(str(record.get(id_field, f"{path.stem}:{number}")), text, source=str(path))
+        document = SpanDocument(str(record.get(id_field, f"{Path(path).stem}:{number}")), text, source=path)
         spans = record.get(spans_field) or []
         if not isinstance(spans, list):
             raise BiodistilError(f"{path}:{number}: field '{spans_field}' should be a list of spans")
@@ -331,7 +350,7 @@ def read_span_jsonl(path: str | Path, text_field: str = "text", spans_field: str
     return documents
 
 
-def _json_span(value: Any, fields: tuple[str, str, str], path: Path, number: int) -> tuple[Span, str | None]:
+def _json_span(value: Any, fields: tuple[str, str, str], path: str, number: int) -> tuple[Span, str | None]:
     start_field, end_field, label_field = fields
     if isinstance(value, list) and len(value) == 3:
         value = dict(zip(fields, value, strict=True))
@@ -367,6 +386,19 @@ def read_span_documents(format_name: str, path: str | Path, **options: Any) -> l
         raise BiodistilError(f"{path}: no such {'folder' if format_name == 'brat' else 'file'} ({format_name})")
     return SPAN_READERS[format_name](path, **options)
 
+
+def read_span_text(format_name: str, text: str, source: str) -> list[SpanDocument]:
+    """The documents of a text in a span format held in memory (a request's body: PubTator, BioC XML or JSON, span
+    JSON lines), read as its file would be; `source` names it in errors (`source:line: ...`). brat has no such text
+    (a brat document is a `.txt` and an `.ann`)."""
+    readers: dict[str, Callable[[], list[SpanDocument]]] = {
+        "pubtator": lambda: pubtator_documents(text_lines(text), source),
+        "bioc": lambda: bioc_documents(text, source),
+        "span_jsonl": lambda: span_jsonl_documents(json_objects(text_lines(text), source), source),
+    }
+    if format_name not in readers:
+        raise BiodistilError(f"Unknown span format '{format_name}'; known: {', '.join(sorted(readers))}")
+    return readers[format_name]()
 
 
 def guess_format(path: str | Path) -> str:

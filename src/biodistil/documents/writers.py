@@ -3,7 +3,8 @@
 Every writer reads the same `SpanDocument`s and writes character offsets into the original text, atomically (a file
 through a temporary file and a rename; a brat folder built aside and renamed into place). What a format cannot hold
 is said in the writer's docstring: PubTator and span JSON lines hold one line of text per field (a newline is
-written as a space, the offsets are unchanged); PubTator holds no discontinuous span (its extent is written).
+written as a space, the offsets are unchanged); PubTator holds no discontinuous span (its extent is written). The
+text of each file comes from one function (`SPAN_TEXTS`, `brat_files`), which `biodistil serve` answers with too.
 """
 
 from __future__ import annotations
@@ -28,17 +29,25 @@ def _one_line(text: str) -> str:
 def write_brat(documents: Sequence[SpanDocument], folder: str | Path) -> None:
     """One `NAME.txt` (the text) beside one `NAME.ann` per document (`T<n><TAB>Type start end[;start end]<TAB>text`);
     NAME is the document's id with characters outside letters, digits, `.`, `-` and `_` replaced by `_`."""
-    names = [SAFE_NAME.sub("_", document.id) or "document" for document in documents]
-    if len(set(names)) != len(names):
-        raise BiodistilError(f"{folder}: two documents would share a brat file name (ids "
-                             f"{sorted(n for n in names if names.count(n) > 1)[:3]}); give the documents unique ids")
+    files = brat_files(documents, str(folder))
 
     def fill(target: Path) -> None:
-        for name, document in zip(names, documents, strict=True):
-            (target / f"{name}.txt").write_text(document.text, encoding="utf-8", newline="")
-            (target / f"{name}.ann").write_text(brat_annotations(document), encoding="utf-8", newline="")
+        for name, text, ann in files:
+            (target / f"{name}.txt").write_text(text, encoding="utf-8", newline="")
+            (target / f"{name}.ann").write_text(ann, encoding="utf-8", newline="")
 
     atomic_directory(Path(folder), fill)
+
+
+def brat_files(documents: Sequence[SpanDocument], where: str) -> list[tuple[str, str, str]]:
+    """(NAME, .txt text, .ann text) of each document, as `write_brat` writes them; two documents whose ids make the
+    same NAME are an error (`where`: the folder, or the request, for the message)."""
+    names = [SAFE_NAME.sub("_", document.id) or "document" for document in documents]
+    if len(set(names)) != len(names):
+        raise BiodistilError(f"{where}: two documents would share a brat file name (ids "
+                             f"{sorted(n for n in names if names.count(n) > 1)[:3]}); give the documents unique ids")
+    return [(name, document.text, brat_annotations(document)) for name, document in zip(names, documents,
+                                                                                          strict=True)]
 
 
 def brat_annotations(document: SpanDocument) -> str:
@@ -72,7 +81,12 @@ def _title_and_abstract(document: SpanDocument) -> tuple[str, str]:
 
 def write_pubtator(documents: Sequence[SpanDocument], path: str | Path) -> None:
     """A PubTator file of the documents (discontinuous spans written as their extent)."""
-    atomic_write_text(Path(path), "".join(pubtator_text(document) for document in documents))
+    atomic_write_text(Path(path), pubtator_file_text(documents))
+
+
+def pubtator_file_text(documents: Sequence[SpanDocument]) -> str:
+    """The text of a PubTator file of the documents."""
+    return "".join(pubtator_text(document) for document in documents)
 
 
 def span_records(documents: Sequence[SpanDocument], text_field: str = "text", spans_field: str = "spans",
@@ -94,8 +108,12 @@ def _span_record(span: Span, text: str, start: str, end: str, label: str) -> dic
 
 def write_span_jsonl(documents: Sequence[SpanDocument], path: str | Path, **fields: str) -> None:
     """Span JSON lines, one document a line (`span_records`' field names)."""
-    records = span_records(documents, **fields)
-    atomic_write_text(Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    atomic_write_text(Path(path), span_jsonl_text(documents, **fields))
+
+
+def span_jsonl_text(documents: Sequence[SpanDocument], **fields: str) -> str:
+    """The text of a span JSON-lines file of the documents."""
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in span_records(documents, **fields))
 
 
 def bioc_collection(documents: Sequence[SpanDocument]) -> Any:
@@ -138,14 +156,22 @@ def _bioc_annotation(span: Span, text: str, number: int) -> Any:
 
 def write_bioc(documents: Sequence[SpanDocument], path: str | Path) -> None:
     """BioC XML, or BioC JSON when `path` ends in `.json`."""
+    atomic_write_text(Path(path), bioc_text(documents, json_file=Path(path).suffix == ".json"))
+
+
+def bioc_text(documents: Sequence[SpanDocument], json_file: bool = False) -> str:
+    """The text of a BioC XML file of the documents (BioC JSON with `json_file`)."""
     from bioc import biocjson, biocxml
 
-    path = Path(path)
     collection = bioc_collection(documents)
-    text = biocjson.dumps(collection, indent=1) if path.suffix == ".json" else biocxml.dumps(collection)
-    atomic_write_text(path, text)
+    return biocjson.dumps(collection, indent=1) if json_file else biocxml.dumps(collection)
 
 
+SPAN_TEXTS: dict[str, Callable[[Sequence[SpanDocument]], str]] = {  # the formats that are one text
+    "pubtator": pubtator_file_text,
+    "bioc": bioc_text,
+    "span_jsonl": span_jsonl_text,
+}
 SPAN_WRITERS: dict[str, Callable[..., None]] = {
     "brat": write_brat,
     "pubtator": write_pubtator,

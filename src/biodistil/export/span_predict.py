@@ -4,6 +4,7 @@ the same format, with character offsets into the original text — so a predicti
 Inputs are files of the format (their own spans are not read); a brat input is a folder of `.txt` files (with or
 without their `.ann`). The output is one file (PubTator, BioC XML — `.json`: BioC JSON —, span JSON lines) or, for
 brat, a folder with one `.txt` and one `.ann` per document; written atomically, once every document is predicted.
+`read_span_body` reads a text held in memory as `read_span_inputs` reads a file (`biodistil serve`'s request bodies).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from itertools import islice
 from pathlib import Path
 
 from biodistil.documents.model import SpanDocument
-from biodistil.documents.readers import SPAN_FORMATS, read_span_documents
+from biodistil.documents.readers import SPAN_FORMATS, read_span_documents, read_span_text
 from biodistil.documents.writers import write_span_documents
 from biodistil.errors import BiodistilError
 from biodistil.export.predict import Predictor
@@ -32,6 +33,20 @@ def read_span_inputs(sources: Sequence[str], format_name: str) -> list[SpanDocum
             documents.extend(_brat_texts(path))
         else:
             documents.extend(document.with_spans([]) for document in read_span_documents(format_name, path))
+    return unique_ids(documents)
+
+
+def read_span_body(text: str, format_name: str, source: str = "body") -> list[SpanDocument]:
+    """The documents of a text in a span format held in memory (`biodistil serve`'s request body), read as
+    `read_span_inputs` reads a file of it (their spans checked, then left out); a brat body is one document's `.txt`.
+    Errors name `source` and the line (BioC: the document and annotation)."""
+    if format_name == "brat":
+        return [SpanDocument("0", text, source=source)]
+    return unique_ids([document.with_spans([]) for document in read_span_text(format_name, text, source)])
+
+
+def unique_ids(documents: list[SpanDocument]) -> list[SpanDocument]:
+    """The documents, refused when two share an id (predicted documents are written by id)."""
     ids = [document.id for document in documents]
     if len(set(ids)) != len(ids):
         raise BiodistilError(f"two input documents share an id ({sorted({i for i in ids if ids.count(i) > 1})[:3]}); "

@@ -2,6 +2,8 @@
 
     POST /v1/predict     {"texts": [...]} or {"documents": [{"id", "text"}, ...]} -> {"records": [...]}, one record per
                          document as `biodistil predict` writes it; timing headers x-queue-time, x-inference-time, ...
+                         ?format= (or "format") brat, pubtator, bioc, span_jsonl: the text `predict --format` writes
+                         (formats.py); a body in that format (not JSON) is read as `predict --format` reads its input
     GET  /health         readiness: 200 once the model is loaded and warmed up, 503 before (also /health/ready)
     GET  /health/live    liveness: 200 while the process answers
     GET  /v1/model       the model's facts: task, labels, card, provenance, runtime, batching and limits
@@ -30,15 +32,18 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from biodistil.documents.model import SpanDocument
+from biodistil.documents.writers import brat_files
 from biodistil.errors import BiodistilError
 from biodistil.export.predict import Document
+from biodistil.export.span_predict import read_span_body, unique_ids
 from biodistil.serving.batching import Batcher, Overloaded
+from biodistil.serving.formats import BRAT_ANN_MEDIA_TYPE, FORMATS, MEDIA_TYPES, render, span_documents
 from biodistil.serving.metrics import ServerMetrics
 from biodistil.serving.settings import Limits, ServeSettings
 from biodistil.version import __version__
 
 LOG = logging.getLogger("biodistil.serve")
-FORMATS = ("jsonl",)  # the records as `predict` writes them; document formats (brat, PubTator, BioC) plug in here
 ROUTES = ("/v1/predict", "/v1/model", "/health", "/health/ready", "/health/live", "/metrics", "/docs",
           "/openapi.json")
 OPEN_ROUTES = ("/health", "/health/ready", "/health/live")  # probes of load balancers: no key, nothing to read
@@ -55,12 +60,24 @@ class DocumentIn(BaseModel):
 
 
 class PredictRequest(BaseModel):
-    """Texts, or documents with ids; `format`: how the records come back (jsonl: `predict`'s JSON records)."""
+    """Texts, or documents with ids; `format`: how the answer comes (jsonl: `predict`'s JSON records; brat, pubtator,
+    bioc, span_jsonl: the text `predict --format` writes)."""
 
     model_config = ConfigDict(extra="forbid")
     texts: list[str] | None = Field(None, description="texts; their records get ids 0, 1, ...")
     documents: list[DocumentIn] | None = Field(None, description="documents with ids (and pair texts)")
-    format: str = Field("jsonl", description="records as `biodistil predict` writes them: " + ", ".join(FORMATS))
+    format: str | None = Field(None, description="the answer's format (default jsonl; or the query's ?format=): "
+                               + ", ".join(FORMATS))
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A request's documents (`Document`s for records, `SpanDocument`s for a document format), the answer's format,
+    and whether the body was one brat `.txt` (answered with its `.ann` text)."""
+
+    documents: list[Document] | list[SpanDocument]
+    format: str = "jsonl"
+    brat_body: bool = False
 
 
 class PredictResponse(BaseModel):
@@ -68,6 +85,20 @@ class PredictResponse(BaseModel):
     classifier, `{"id", "label" (or "labels"), "probabilities"}` for a classifier."""
 
     records: list[dict[str, Any]]
+
+
+class BratFile(BaseModel):
+    """One document of a brat answer: its id, its brat file NAME and the text of NAME.ann (NAME.txt: the text sent)."""
+
+    id: str
+    name: str
+    ann: str
+
+
+class BratResponse(BaseModel):
+    """?format=brat on JSON documents: each document's .ann, as `predict --format brat` writes the folder."""
+
+    documents: list[BratFile]
 
 
 class Refused(Exception):
@@ -165,11 +196,16 @@ async def _predict(request: Request, limits: Limits, state: _State, batcher: Bat
     if state.service is None:
         raise Refused(503, "loading", "the model is still loading; retry shortly (GET /health says when it is "
                       "ready)", {"Retry-After": "1"})
-    documents = parse_request(await read_body(request, limits.max_body_bytes), limits)
+    parsed = parse_request(await read_body(request, limits.max_body_bytes), limits,
+                           request.headers.get("content-type"), request.query_params.get("format"))
+    if parsed.format not in state.service.formats():
+        raise Refused(422, "validation", f"format {parsed.format!r} needs a token classifier (annotated documents); "
+                      f"this model answers in: {', '.join(state.service.formats())}")
+    documents = parsed.documents
     if not documents:
-        return JSONResponse({"records": []})
+        return _respond(parsed, [], {})
     counted = time.perf_counter()
-    if sum(len(d.text) + len(d.text_pair or "") for d in documents) > TOKENIZE_IN_THREAD_CHARS:
+    if sum(map(characters, documents)) > TOKENIZE_IN_THREAD_CHARS:
         tokens = await asyncio.to_thread(state.service.tokens, documents)
     else:
         tokens = state.service.tokens(documents)
@@ -188,7 +224,15 @@ async def _predict(request: Request, limits: Limits, state: _State, batcher: Bat
     headers = {"x-total-time": _ms(total), "x-tokenization-time": _ms(tokenized - counted),
                "x-queue-time": _ms(answer.queue_seconds), "x-inference-time": _ms(answer.inference_seconds),
                "x-batch-size": str(answer.batch_documents), "x-compute-tokens": str(tokens)}
-    return JSONResponse({"records": answer.records}, headers=headers)
+    return _respond(parsed, answer.records, headers)
+
+
+def _respond(parsed: Parsed, results: list[Any], headers: dict[str, str]) -> Response:
+    """`{"records": [...]}`, or the text of the document format (`formats.render`)."""
+    if parsed.format == "jsonl":
+        return JSONResponse({"records": results}, headers=headers)
+    rendered = render(parsed.format, results, parsed.brat_body)
+    return Response(rendered.body, media_type=rendered.media_type, headers=headers)
 
 
 def _ms(seconds: float) -> str:
@@ -211,19 +255,43 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_request(body: bytes, limits: Limits) -> list[Document]:
-    """The documents of a request body: 400 for bytes that are not UTF-8 or text that is not JSON, 422 for JSON that is
-    not a request, 413 for a request over the limits (documents per request, characters per document)."""
+def parse_request(body: bytes, limits: Limits, content_type: str | None = None, asked: str | None = None
+                  ) -> Parsed:
+    """The documents of a request body and the answer's format (`asked`: the query's `?format=`). The body is a JSON
+    request of texts or documents when its Content-Type is JSON or no document format is asked; otherwise it is a
+    text in the asked document format. 400 for bytes that are not UTF-8, text that is not JSON or a body not in its
+    format (the reader's message: line and field); 422 for JSON that is not a request or an unknown format; 413 over
+    the limits (documents per request, characters per document)."""
+    if asked is not None:
+        _check_format(asked)
+    body_format = None if asked in (None, "jsonl") or _is_json(content_type) else asked
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise Refused(400, "bad_request", f"the request body is not UTF-8 text (byte {err.start}); send JSON in "
-                      "UTF-8") from None
+        raise Refused(400, "bad_request", f"the request body is not UTF-8 text (byte {err.start}); send "
+                      f"{body_format or 'JSON'} in UTF-8") from None
+    parsed = _json_request(text, asked) if body_format is None else _format_body(text, body_format)
+    check_limits(parsed.documents, limits)
+    return parsed
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _check_format(name: str) -> None:
+    if name not in FORMATS:
+        raise Refused(422, "validation", f"format {name!r} is not served; formats: {', '.join(FORMATS)}")
+
+
+def _json_request(text: str, asked: str | None) -> Parsed:
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as err:
         raise Refused(400, "bad_request", f"the request body is not JSON ({err.msg}, line {err.lineno} column "
-                      f"{err.colno}); send {{\"texts\": [...]}} or {{\"documents\": [{{\"id\", \"text\"}}]}}") from None
+                      f"{err.colno}); send {{\"texts\": [...]}} or {{\"documents\": [{{\"id\", \"text\"}}]}} (or a "
+                      "body in a document format with ?format= and its own Content-Type)") from None
     try:
         request = PredictRequest.model_validate(payload)
     except ValidationError as err:
@@ -232,24 +300,58 @@ def parse_request(body: bytes, limits: Limits) -> list[Document]:
     if (request.texts is None) == (request.documents is None):
         raise Refused(422, "validation", "give either \"texts\" (a list of strings) or \"documents\" (a list of "
                       "{\"id\", \"text\"}), not both or neither")
-    if request.format not in FORMATS:
-        raise Refused(422, "validation", f"format {request.format!r} is not served; formats: {', '.join(FORMATS)}")
+    if request.format is not None and asked is not None and request.format != asked:
+        raise Refused(422, "validation", f"two formats asked: ?format={asked} and \"format\": {request.format!r}; "
+                      "give one")
+    format_name = request.format or asked or "jsonl"
+    _check_format(format_name)
     documents = [Document(str(i), text) for i, text in enumerate(request.texts)] if request.texts is not None else \
         [Document(d.id if d.id is not None else str(i), d.text, d.text_pair) for i, d in enumerate(request.documents)]
-    check_limits(documents, limits)
-    return documents
+    if format_name == "jsonl":
+        return Parsed(documents, format_name)
+    return Parsed(_annotated(documents, format_name), format_name)
 
 
-def check_limits(documents: list[Document], limits: Limits) -> None:
+def _annotated(documents: list[Document], format_name: str) -> list[SpanDocument]:
+    """JSON documents to be answered in a document format: single texts with ids that name one document each."""
+    paired = next((i for i, d in enumerate(documents) if d.text_pair is not None), None)
+    if paired is not None:
+        raise Refused(422, "validation", f"documents.{paired}.text_pair: format {format_name} annotates single texts; "
+                      "a pair classifier answers in jsonl")
+    try:
+        annotated = unique_ids(span_documents(documents))
+        if format_name == "brat":
+            brat_files(annotated, "the request")  # two ids that make one file name: refused before the model runs
+    except BiodistilError as err:
+        raise Refused(422, "validation", str(err)) from None
+    return annotated
+
+
+def _format_body(text: str, format_name: str) -> Parsed:
+    """A body in a document format, read as `predict --format` reads its input (a brat body: one `.txt`)."""
+    try:
+        documents = read_span_body(text, format_name)
+    except BiodistilError as err:
+        raise Refused(400, "bad_request", f"the request body is not {format_name} (?format={format_name}): {err}") \
+            from None
+    return Parsed(documents, format_name, brat_body=format_name == "brat")
+
+
+def check_limits(documents: list[Document] | list[SpanDocument], limits: Limits) -> None:
     """413 for more documents than `--max-documents`, or a document longer than `--max-chars` characters."""
     if len(documents) > limits.max_documents:
         raise Refused(413, "limit", f"the request holds {len(documents):,} documents; at most {limits.max_documents:,} "
                       "a request (--max-documents): split it")
     for index, document in enumerate(documents):
-        length = len(document.text) + len(document.text_pair or "")
+        length = characters(document)
         if length > limits.max_chars:
             raise Refused(413, "limit", f"document {index} (id {document.id!r}) holds {length:,} characters; at most "
                           f"{limits.max_chars:,} a document (--max-chars): split it")
+
+
+def characters(document: Document | SpanDocument) -> int:
+    """A document's characters (with a pair classifier's second text): what --max-chars counts."""
+    return len(document.text) + len(getattr(document, "text_pair", None) or "")
 
 
 def _error(metrics: ServerMetrics, refused: Refused) -> JSONResponse:
@@ -314,7 +416,29 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     body = PredictRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components.update(body.pop("$defs", {}))
     components["PredictRequest"] = body
-    schema["paths"]["/v1/predict"]["post"]["requestBody"] = {
-        "required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}}}}
+    brat = BratResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(brat.pop("$defs", {}))
+    components["BratResponse"] = brat
+    route = schema["paths"]["/v1/predict"]["post"]
+    def text(description: str) -> dict[str, Any]:
+        return {"schema": {"type": "string", "description": description}}
+
+    route["requestBody"] = {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}},
+        "text/plain": text("with ?format=pubtator, span_jsonl or brat: a PubTator file, span JSON lines or one brat "
+                           ".txt, read as `predict --format` reads its input"),
+        "application/xml": text("with ?format=bioc: a BioC XML collection")}}
+    route["parameters"] = [{"name": "format", "in": "query", "required": False, "schema": {
+        "type": "string", "enum": list(FORMATS), "default": "jsonl"}, "description": "the answer's format: jsonl "
+        "(`{\"records\": [...]}`) or the text `predict --format` writes; a body that is not JSON is read in it"}]
+    answers = {media: text(f"?format={name}") for name, media in MEDIA_TYPES.items() if name not in ("jsonl", "brat")}
+    answers[BRAT_ANN_MEDIA_TYPE] = text("?format=pubtator; or a brat body's .ann")
+    route["responses"]["200"]["content"] |= answers
+    route["responses"]["200"]["content"]["application/json"]["schema"] = {"oneOf": [
+        {"$ref": "#/components/schemas/PredictResponse"}, {"$ref": "#/components/schemas/BratResponse"}]}
+    route["responses"]["200"]["description"] = (
+        "jsonl: {\"records\": [...]}; brat: {\"documents\": [{\"id\", \"name\", \"ann\"}]} (a brat .txt body: its .ann "
+        "text); pubtator (text/plain), bioc (application/xml), span_jsonl (application/x-ndjson): the file `biodistil "
+        "predict --format` writes for the same documents")
     app.openapi_schema = schema
     return schema

@@ -22,7 +22,7 @@ from typing import Any
 
 from biodistil.serving.settings import BatchSettings
 
-Run = Callable[[Sequence[Any]], list[dict[str, Any]]]
+Run = Callable[[Sequence[Any]], list[Any]]  # one result per document (a record, a predicted document), in order
 OnBatch = Callable[[int, int, float], None]
 
 
@@ -36,9 +36,10 @@ class Overloaded(Exception):
 
 @dataclass
 class Answer:
-    """A request's records and how it went: seconds queued and in the model call, and the batch it ran in."""
+    """A request's records (one result per document) and how it went: seconds queued and in the model call, and the
+    batch it ran in."""
 
-    records: list[dict[str, Any]]
+    records: list[Any]
     queue_seconds: float
     inference_seconds: float
     batch_documents: int

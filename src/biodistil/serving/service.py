@@ -3,6 +3,8 @@
 Requests' documents run through `Predictor.__call__` as they are — the same path as `biodistil predict` and the
 Python API, with each request's own ids — so a record served is the record `predict` writes for that text (an int8
 graph's dynamic activation scales are computed per batch, so its near-ties may fall otherwise in another batch).
+Documents asked for in a document format (`formats.py`) run through `Predictor.predict_documents`, as `predict
+--format` runs them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from biodistil.documents.model import SpanDocument
 from biodistil.export.predict import Document, Predictor
+from biodistil.serving.formats import FORMATS
 from biodistil.serving.settings import ServeSettings
 
 WARM_UP_TEXT = "BRCA1 and BRCA2 mutations increase the risk of breast and ovarian cancer in women."
@@ -42,13 +46,22 @@ class Service:
         self.counter, self._counting = copy.deepcopy(self.predictor.tokenizer), threading.Lock()
         self.batch1_ms = self._warm_up()
 
-    def __call__(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
-        """One record per document, in order (one model call's worth of work: `Predictor` batches by length)."""
-        return self.predictor(documents)
+    def __call__(self, documents: Sequence[Document | SpanDocument]) -> list[Any]:
+        """One result per document, in order: a `Document`'s record (`Predictor.__call__`), a `SpanDocument` with its
+        predicted spans (`Predictor.predict_documents`). `Predictor` batches each kind by length."""
+        plain = [d for d in documents if isinstance(d, Document)]
+        annotated = [d for d in documents if isinstance(d, SpanDocument)]
+        records = iter(self.predictor(plain) if plain else [])
+        predicted = iter(self.predictor.predict_documents(annotated) if annotated else [])
+        return [next(records) if isinstance(d, Document) else next(predicted) for d in documents]
 
-    def tokens(self, documents: Sequence[Document]) -> int:
+    def formats(self) -> tuple[str, ...]:
+        """The formats this model answers in: a token classifier every one, a classifier its records alone."""
+        return FORMATS if self.predictor.encoding.kind == "token_classification" else ("jsonl",)
+
+    def tokens(self, documents: Sequence[Document | SpanDocument]) -> int:
         """Sub-words of `documents` with their special tokens: what they weigh against the batch's token budget."""
-        texts = [d.text if d.text_pair is None else f"{d.text} {d.text_pair}" for d in documents]
+        texts = [d.text if getattr(d, "text_pair", None) is None else f"{d.text} {d.text_pair}" for d in documents]
         with self._counting:  # the event loop counts small requests, worker threads large ones
             encoded = self.counter(texts, add_special_tokens=True, truncation=False, verbose=False)
         return sum(len(ids) for ids in encoded["input_ids"])
@@ -81,7 +94,7 @@ class Service:
                          "max_queue": batching.max_queue, "batch_size": self.settings.batch_size},
             "limits": {"max_body_bytes": limits.max_body_bytes, "max_documents": limits.max_documents,
                        "max_chars": limits.max_chars, "request_timeout_s": limits.request_timeout},
-            "formats": ["jsonl"],
+            "formats": list(self.formats()),
         }
 
 
