@@ -88,6 +88,8 @@ class JobFolder:
             rows["train.compile"] = trained.compiled
         if trained is not None and trained.dropout is not None:
             rows["train.dropout"] = trained.dropout
+        if trained is not None and trained.loader:
+            rows["train.num_workers"] = trained.loader
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]
