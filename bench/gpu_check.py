@@ -14,13 +14,15 @@ synthetic. Sections, each run in a child process (a failure in one never hides t
   distill    `bench/throughput.py`'s step (plain MLM; live KL at masked positions and everywhere; from the head and
              top-k caches) at sequence 512 and 128: tokens/s, ratio to plain MLM, MFU (model FLOPs per second over the
              measured bf16 peak and over the datasheet's, `DATASHEET_BF16_TFLOPS`; of the whole step and of its
-             device phases), peak memory; bf16 vs float32 student; the compiled KL rows (Triton) vs eager;
-             two teachers of the teacher's shape against one (`--teachers 2`: each teacher mode's `-x2` twin);
-  commands   the CLI as a user runs it: `distill` (and `--stop-after` + `--resume` against an uninterrupted run, weights
-             compared), `finetune` of the teacher and `kd` into the 3 × 384 student (a few hundred steps),
-             `evaluate --finetuned`, `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with
-             its parity and dev-split checks), then `predict` of it on 2,000 corpus lines in PyTorch on the device
-             and as the int8 graph (records/s, the share of PyTorch's entities the int8 graph gives alike);
+             device phases), peak memory; bf16 vs float32 student; the compiled KL rows (Triton) vs eager; the
+             KL in the other device's chunk of rows (`-other-kl-chunk`: on CUDA the CPU's 2^22 values); two teachers
+             of the teacher's shape against one (`--teachers 2`: each teacher mode's `-x2` twin);
+  commands   the CLI as a user runs it: `distill` (on CUDA also with `train.num_workers=0`, against the loader workers
+             `auto` starts; `--stop-after` + `--resume` against an uninterrupted run, weights compared), `finetune`
+             of the teacher and `kd` into the 3 × 384 student (a few hundred steps), `evaluate --finetuned`,
+             `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with its parity and dev-split
+             checks), then `predict` of it on 2,000 corpus lines in PyTorch on the device and as the int8 graph
+             (records/s, the share of PyTorch's entities the int8 graph gives alike);
   mpnet      Study 6's route at its shapes: an MPNet 12 × 768 encoder without an MLM head (as mpnet-base) distilled
              into its alternate layers (MLM on a fresh head, hidden cosine, attention KL with MPNet's relative-position
              bias), fine-tuned, KD into that student, `evaluate --finetuned`, `export --int8` (unfused graph);
@@ -39,6 +41,7 @@ import time
 import traceback
 from itertools import islice
 from pathlib import Path
+from unittest.mock import patch
 
 BENCH = Path(__file__).resolve().parent
 SECTIONS = ("env", "distill", "commands", "mpnet", "modernbert")
@@ -208,10 +211,13 @@ def section_distill(args, shapes: Shapes) -> None:
     sys.path.insert(0, str(BENCH))
     import throughput
 
+    from biodistil.losses import distillation
     from biodistil.training.machine import prepare_device
 
     device = torch.device(args.device)
     prepare_device(device)  # as a run does: TF32 for float32 matmuls on a GPU
+    own_chunk = distillation.kl_chunk_elements(device)
+    other_chunk = distillation.kl_chunk_elements(torch.device("cpu" if device.type == "cuda" else "cuda"))
     peak, peak_dtype = peak_tflops(device, 512 if shapes.tiny else 8192)
     datasheet = datasheet_tflops(device_name(device))
     layers, width, heads = shapes.teacher
@@ -230,14 +236,18 @@ def section_distill(args, shapes: Shapes) -> None:
                          1))
     # two teachers of the teacher's shape (docs/methods.md, several teachers): each teacher mode and its `-x2` twin
     variants.append((f"seq{seq}-bf16-two-teachers", seq, batch, "bf16", auto, modes, 2))
-    for name, seq, batch, precision, compile_setting, chosen, teachers in variants:
+    variants = [(*variant, own_chunk) for variant in variants]
+    # the vocabulary KL in the other device's chunk (on CUDA the CPU's 2^22 values): what the device's chunk gains
+    variants.append((f"seq{seq}-bf16-other-kl-chunk", seq, batch, "bf16", auto, short, 1, other_chunk))
+    for name, seq, batch, precision, compile_setting, chosen, teachers, chunk in variants:
         began = time.perf_counter()
         try:
             argv = ["--device", args.device, "--teacher-layers", str(layers), "--hidden", str(width), "--heads",
                     str(heads), "--vocab", str(shapes.vocab), "--seq", str(seq), "--batch", str(batch),
                     "--warmup", str(warmup), "--repeats", str(repeats), "--student-precision", precision,
                     "--compile", compile_setting, "--teachers", str(teachers), "--modes", *chosen]
-            result = throughput.measure(throughput.parse(argv))
+            with patch.object(distillation, "kl_chunk_elements", lambda device, chunk=chunk: chunk):
+                result = throughput.measure(throughput.parse(argv))
             for twin, cost in result.get("two_teachers", {}).items():
                 emit("distill", f"{name}/{twin} cost", **cost)
             device_ms = {mode: sum(ms for phase, ms in phases.items() if phase != "data")
@@ -252,7 +262,7 @@ def section_distill(args, shapes: Shapes) -> None:
                      batch=result["batch"], teacher=result["teacher"], student_layers=result["student_layers"],
                      student_precision="float32" if mode == "mlm-fp32" else result["student_precision"],
                      compile=result["compile"], phase_ms=result["phase_ms"][mode], peak_tflops=round(peak, 3),
-                     peak_dtype=peak_dtype, datasheet_tflops=datasheet)
+                     peak_dtype=peak_dtype, datasheet_tflops=datasheet, kl_chunk_elements=chunk)
         except Exception:
             failure("distill", name, began)
         finally:
@@ -277,6 +287,10 @@ def task_commands(args, shapes: Shapes, files: dict[str, Path], runs: Path, sect
     distill = [str(files["distill_recipe"]), *device_overrides]
     _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill",
              section=section)
+    if resume and args.device == "cuda":  # the loader workers `train.num_workers: auto` starts on CUDA, against none
+        _command("distill, loader in the training process", ["distill", *distill, "train.num_workers=0", "--out",
+                                                             str(runs / "distill-no-workers")],
+                 runs / "distill-no-workers", section=section)
     half = shapes.distill_steps // 2
     if resume and _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"),
                                                     "--stop-after", str(half)], None, section=section):
@@ -363,7 +377,7 @@ def _command(name: str, argv: list[str], run_dir: Path | None, results: Path | N
 
 def _summary_figures(summary: dict) -> dict:
     result = summary.get("result", summary.get("train", {})) or {}
-    wanted = ("steps", "tokens_per_second", "peak_gpu_memory_mb", "best_step", "best_score")
+    wanted = ("steps", "tokens_per_second", "peak_gpu_memory_mb", "best_step", "best_score", "loader")
     figures = {key: result[key] for key in wanted if isinstance(result, dict) and key in result}
     for key in ("test", "dev", "test_scores"):
         if isinstance(summary.get(key), dict):
@@ -682,6 +696,15 @@ def targets(records: list[dict]) -> list[str]:
         if record and "two_over_one_plus_forward" in record:
             lines.append(f"two live teachers ({mode}): {record['two_over_one_plus_forward']:.3f} x (one-teacher step "
                          "+ the second's forward) (target <= 1.15)")
+    for mode in ("live-all", "live-masked", "cache-head"):
+        own, other = (found.get(f"distill/seq512-bf16{variant}/{mode}") for variant in ("", "-other-kl-chunk"))
+        if own and other:
+            lines.append(f"{mode}, the KL in chunks of {own['kl_chunk_elements']:,} values: {own['tokens_per_s']:,.0f} "
+                         f"tokens/s; in chunks of {other['kl_chunk_elements']:,}: {other['tokens_per_s']:,.0f}")
+    workers, none = found.get("commands/distill"), found.get("commands/distill, loader in the training process")
+    if workers and none:
+        lines.append(f"distill command, {workers.get('loader')}: {workers['tokens_per_second']:,.0f} tokens/s; "
+                     f"loader in the training process: {none['tokens_per_second']:,.0f}")
     resume = found.get("commands/resume equals uninterrupted")
     if resume:
         lines.append(f"resume: bit-identical {resume['bit_identical']} (max |diff| {resume['max_abs_diff']:.2e})")

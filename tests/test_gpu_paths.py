@@ -92,6 +92,11 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
     assert mlm["datasheet_tflops"] is None and mlm["mfu_datasheet"] is None and mlm["device_mfu_datasheet"] is None, \
         "a CPU has no datasheet peak"
     assert records["env/machine"]["datasheet_tflops"] is None
+    assert mlm["kl_chunk_elements"] == 1 << 22, "the CPU's own chunk"
+    for mode in ("live-all", "live-masked", "cache-head"):  # the KL in the other device's chunk, measured beside
+        other = records[f"distill/seq64-bf16-other-kl-chunk/{mode}"]
+        assert other["kl_chunk_elements"] == 1 << 26 and other["tokens_per_s"] > 0, mode
+    assert records["commands/distill"]["loader"] == "auto: in the training process on a CPU"
     assert live["ratio_to_mlm"] > 0 and live["tokens_per_s"] > 0  # timings only: tiny shapes on a shared CPU
     for command in ("distill", "distill --resume", "finetune", "kd", "evaluate --finetuned", "export --int8"):
         assert f"commands/{command}" in records, command
