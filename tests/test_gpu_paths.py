@@ -88,6 +88,15 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
     assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "mpnet", "modernbert"}
     mlm, live = records["distill/seq64-bf16/mlm"], records["distill/seq64-bf16/live-all"]
     assert mlm["ratio_to_mlm"] == 1.0 and mlm["tokens_per_s"] > 0 and 0 < mlm["mfu"] < 1
+    assert mlm["mfu"] <= mlm["device_mfu"], "the device phases are a part of the step"
+    assert mlm["datasheet_tflops"] is None and mlm["mfu_datasheet"] is None and mlm["device_mfu_datasheet"] is None, \
+        "a CPU has no datasheet peak"
+    assert records["env/machine"]["datasheet_tflops"] is None
+    assert mlm["kl_chunk_elements"] == 1 << 22, "the CPU's own chunk"
+    for mode in ("live-all", "live-masked", "cache-head"):  # the KL in the other device's chunk, measured beside
+        other = records[f"distill/seq64-bf16-other-kl-chunk/{mode}"]
+        assert other["kl_chunk_elements"] == 1 << 26 and other["tokens_per_s"] > 0, mode
+    assert records["commands/distill"]["loader"] == "auto: in the training process on a CPU"
     assert live["ratio_to_mlm"] > 0 and live["tokens_per_s"] > 0  # timings only: tiny shapes on a shared CPU
     for command in ("distill", "distill --resume", "finetune", "kd", "evaluate --finetuned", "export --int8"):
         assert f"commands/{command}" in records, command
@@ -108,3 +117,16 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
         assert f"mpnet/{command}" in records, command
     assert records["mpnet/kd"]["steps"] > 0 and "f1" in records["mpnet/kd"]["test"]
     assert records["mpnet/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
+
+
+def test_mfu_is_reported_against_the_measured_and_the_datasheet_peak(gpu_check):
+    assert gpu_check.datasheet_tflops("NVIDIA H100 80GB HBM3") == gpu_check.datasheet_tflops("NVIDIA H200") == 989.5
+    assert gpu_check.datasheet_tflops("NVIDIA H100 PCIe") == 756.5
+    assert gpu_check.datasheet_tflops("NVIDIA H100 NVL") == gpu_check.datasheet_tflops("NVIDIA H200 NVL") == 835.5
+    assert gpu_check.datasheet_tflops("NVIDIA A100-SXM4-80GB") == gpu_check.datasheet_tflops("NVIDIA A100 80GB PCIe")
+    assert gpu_check.datasheet_tflops("NVIDIA A100-PCIE-40GB") == 312.0
+    assert gpu_check.datasheet_tflops("Tesla T4") is None and gpu_check.datasheet_tflops(None) is None
+    # 160 TFLOP/s achieved over a 40 ms step of which 32 ms on the device; peaks 800 measured, 1000 on the datasheet
+    assert gpu_check.mfu_figures(160.0, 800.0, 1000.0, 40.0, 32.0) == {
+        "mfu": 0.2, "device_mfu": 0.25, "mfu_datasheet": 0.16, "device_mfu_datasheet": 0.2}
+    assert gpu_check.mfu_figures(160.0, 800.0, None, 40.0, 32.0)["device_mfu_datasheet"] is None

@@ -261,3 +261,37 @@ def test_sampled_tail_gradient_formed_in_the_forward_pass_equals_autograd():
     expected.backward()
     assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(student.grad, reference.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_the_kl_chunk_is_sized_by_device_and_does_not_change_the_loss(monkeypatch):
+    """On CUDA the chunked KL takes 2^26 values a chunk (2,198 rows at BERT's vocabulary, against 137 on a CPU); on
+    the CPU, the same rows in the CUDA chunk (one) and in the CPU's (3) give the same loss and gradients. The loss to
+    2e-4 relative: a chunk's KL is one float32 dot over its rows × V products, whose rounding on a CPU's BLAS grows
+    with the chunk (here 7e-5 relative at 10 M products in one chunk, 5e-6 in the CPU's, against float64); the
+    gradients are formed element by element, the chunk does not enter them."""
+    import biodistil.losses.distillation as distillation
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert (distillation._chunk_rows(30522, cpu), distillation._chunk_rows(30522, cuda)) == (137, 2198)
+    rows, vocab, width = 2500, 4096, 16  # the CPU's chunk: 1,024 rows (3 chunks); the CUDA one: all 2,500 rows
+    generator = torch.Generator().manual_seed(5)
+    inputs, weight, bias = (torch.randn(shape, generator=generator) for shape in ((rows, width), (vocab, width),
+                                                                                  (vocab,)))
+    teacher = 3 * torch.randn(rows, vocab, generator=generator)
+
+    def loss_and_grads(device_chunk: torch.device) -> list[torch.Tensor]:
+        monkeypatch.setattr(distillation, "kl_chunk_elements", lambda device: {
+            "cpu": distillation.KL_CHUNK_ELEMENTS, "cuda": distillation.CUDA_KL_CHUNK_ELEMENTS}[device_chunk.type])
+        student = (3 * inputs[:, :1] * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(6))
+                   ).requires_grad_()
+        leaves = [tensor.clone().requires_grad_() for tensor in (inputs, weight, bias)]
+        whole, fused = soft_kl_loss(student, teacher, 2.0), linear_soft_kl_loss(*leaves, teacher, 2.0)
+        (whole + fused).backward()
+        return [whole.detach(), fused.detach(), student.grad, *(leaf.grad for leaf in leaves)]
+
+    by_cpu, by_cuda = loss_and_grads(cpu), loss_and_grads(cuda)
+    assert by_cpu[0].item() > 1 and by_cpu[1].item() > 1, "losses far from zero: a relative tolerance means something"
+    assert by_cuda[0].item() == pytest.approx(by_cpu[0].item(), rel=2e-4)
+    assert by_cuda[1].item() == pytest.approx(by_cpu[1].item(), rel=2e-4)
+    for got, want in zip(by_cuda[2:], by_cpu[2:], strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))

@@ -26,3 +26,24 @@ def test_the_machine_record_is_made_once_and_is_what_provenance_and_benches_writ
                   "architecture": {"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32}},
         "data": {"train": [str(corpus_file)]}})
     assert provenance(recipe)["machine"] == described
+
+
+def test_loader_workers_are_none_on_a_cpu_and_some_pinned_and_prefetched_on_cuda_by_default():
+    from biodistil.config import TrainConfig
+    from biodistil.training.machine import CUDA_LOADER_WORKERS, PREFETCHED_BATCHES, loader_plan
+
+    assert TrainConfig().num_workers == "auto", "the default decides by device"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    plan = loader_plan("auto", cpu, cores=16)
+    assert (plan.workers, plan.pin, plan.prefetch) == (0, False, None), "a CPU keeps collation in its process"
+    assert plan.note == "auto: in the training process on a CPU"
+    plan = loader_plan("auto", cuda, cores=16)
+    assert (plan.workers, plan.pin, plan.prefetch) == (CUDA_LOADER_WORKERS, True, PREFETCHED_BATCHES) == (4, True, 4)
+    assert "pinned" in plan.note and "4 batches prefetched each" in plan.note
+    assert loader_plan("auto", cuda, cores=3).workers == 2, "one core is the training's own"
+    assert loader_plan("auto", cuda, processes=8, cores=16).workers == 1, "the cores shared by the processes"
+    plan = loader_plan("auto", cuda, cores=1)
+    assert (plan.workers, plan.pin, plan.prefetch) == (0, True, None), "no spare core: pinned, in the process"
+    plan = loader_plan(2, cpu, cores=16)
+    assert (plan.workers, plan.pin, plan.prefetch) == (2, False, 4) and plan.note.startswith("2 (as asked)")
+    assert loader_plan(0, cuda, cores=16).workers == 0, "a number is taken as asked on CUDA too"

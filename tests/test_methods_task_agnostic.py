@@ -62,14 +62,17 @@ def test_run_folder_refuses_a_finished_run_and_restarts_a_failed_one(tmp_path, t
 
 
 def test_resume_refuses_changed_training_settings(tmp_path, teacher_dir, corpus_file):
-    run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"), stop_after=10)
+    # begun with the loader workers set, as every run before `train.num_workers: auto` recorded them: 0
+    run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "run", num_workers=0), stop_after=10)
     with pytest.raises(BiodistilError, match="interrupted at step 10; continue it with --resume"):
         run_distill(distill_recipe(teacher_dir, corpus_file, tmp_path / "run"))
     changed = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", learning_rate=1e-3, batch_size=4)
     with pytest.raises(BiodistilError, match="differs") as err:
         run_distill(changed, resume=True)
     assert "train.batch_size: 8 -> 4" in str(err.value) and "train.learning_rate: 0.003 -> 0.001" in str(err.value)
+    assert "train.num_workers: 0 -> auto" not in str(err.value), "the loader's workers do not change the run"
     bookkeeping = distill_recipe(teacher_dir, corpus_file, tmp_path / "run", log_every=2, save_every=5)
+    assert bookkeeping.train.num_workers == "auto"
     assert (run_distill(bookkeeping, resume=True) / "model.safetensors").is_file()
 
 

@@ -115,12 +115,14 @@ def shift_inputs(batch, generator):
 
 def test_hook_runs_while_loading_and_worker_processes_give_the_same_run(tmp_path):
     weights = []
-    for workers in (0, 1):
+    loaders = []
+    for workers in ("auto", 1):  # auto: none on a CPU; one worker, prefetching its batches
         module = Noisy()
-        Engine(config(num_workers=workers, max_steps=6), tmp_path / f"w{workers}", seed=5).fit(
-            module, TrainData(toy_data(), collate, prepare=shift_inputs))
+        loaders.append(Engine(config(num_workers=workers, max_steps=6), tmp_path / f"w{workers}", seed=5).fit(
+            module, TrainData(toy_data(), collate, prepare=shift_inputs)).loader)
         weights.append(module.linear.weight.detach().clone())
     assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-7)
+    assert loaders == ["auto: in the training process on a CPU", "1 (as asked); 4 batches prefetched each"]
 
 
 def test_grad_norm_and_losses_are_logged_at_log_steps(tmp_path):

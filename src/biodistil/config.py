@@ -68,8 +68,10 @@ class TrainConfig(Section):
     max_steps: int = Field(1000, ge=1, description="optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per process per micro-batch")
     grad_accumulation: int = Field(1, ge=1)
-    num_workers: int = Field(0, ge=0, description="data-loading worker processes (collate and MLM masking); "
-                             "0 = in the training process")
+    num_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
+        "auto", description="data-loading worker processes (collate, MLM masking, a teacher cache's rows): auto = 0 "
+        "on a CPU (in the training process), on CUDA one per usable core but one, at most 4, pinned and prefetched "
+        "(training.machine.loader_plan); N = N workers")
     group_by_length: bool = Field(False, description="batch examples of similar length (less padding: about 2x "
                                   "faster fine-tuning and task KD on sentence tasks); the batches stay random")
     learning_rate: float = Field(5e-4, gt=0)

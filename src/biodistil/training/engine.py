@@ -11,7 +11,8 @@ Exact resume: the data order of each epoch is a permutation drawn from (seed, ep
 which checkpoints save and restore. A resumed run therefore replays the same batches, masks and dropout.
 
 The hot path: the per-batch hook (`prepare_batch`, e.g. MLM masking) runs in the data-loading stage on the CPU
-(in `train.num_workers` worker processes when set), before the batch moves to the device; a dataset with a
+(in `train.num_workers` worker processes: by default none on a CPU, some on CUDA, `machine.loader_plan`), before the
+batch moves to the device (pinned on CUDA, copied without blocking the host); a dataset with a
 `set_epoch(epoch)` method hears each epoch's number first (static masking picks its pattern from it). Losses and
 logs stay tensors until they are logged, so a step needs no host synchronisation; they are checked for
 non-finite values at every log, evaluation and checkpoint, before anything is written.
@@ -49,7 +50,7 @@ from biodistil.io import atomic_directory, read_jsonl, truncate_jsonl
 from biodistil.models.dropout import FastDropout, use_fast_dropout
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
-from biodistil.training.machine import resolve_precision, stage_settings, training_device
+from biodistil.training.machine import LoaderPlan, loader_plan, resolve_precision, stage_settings, training_device
 from biodistil.training.sampling import length_grouped_order
 from biodistil.training.threads import StageThreads, announce
 
@@ -88,6 +89,7 @@ class TrainResult:
     compiled: str | None = None
     threads: str | None = None
     dropout: str | None = None
+    loader: str | None = None  # `train.num_workers`: the loader workers, pinned and prefetched batches
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,7 @@ class Engine:
         self.state = ckpt.TrainerState()
         self.pre_step: PreStep | None = None
         self._resumed_at: int | None = None  # the step a resumed run continued from
+        self.loading = LoaderPlan(0, False, None, "")  # how batches are loaded: decided when `fit` starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- public
@@ -202,8 +205,9 @@ class Engine:
         `PreStep`). The stage's process settings (device settings, torch's threads: `train.threads`) hold while it
         trains and are put back after it."""
         acc = self.accelerator
+        self.loading = loader_plan(self.cfg.num_workers, acc.device, acc.num_processes)
         with stage_settings(acc.device), StageThreads(self.cfg.threads, acc.num_processes,
-                                                      self.cfg.num_workers) as threads:
+                                                      self.loading.workers) as threads:
             announce(threads.line)
             return self._train(module, data, held_out, resume, stop_after, pre_step, threads)
 
@@ -283,7 +287,7 @@ class Engine:
                            last_train, last_eval, self.state.extra.get("best_step"),
                            self.state.extra.get("best_score"), peak,
                            precision=resolve_precision(self.cfg.precision, acc.device)[1], compiled=compiled.note,
-                           threads=threads.summary(), dropout=dropout)
+                           threads=threads.summary(), dropout=dropout, loader=self.loading.note)
 
     def _evaluate(self, module, model, data: TrainData, held_out: HeldOut) -> tuple[dict[str, float], bool]:
         """Score the held-out data, log it (once per step: a finished run resumed has it on record already) and,
@@ -438,11 +442,14 @@ class Engine:
     def _loader(self, data: Dataset, batches: Sequence[tuple[int, Sequence[int]]], collate: Collate,
                 prepare: PrepareBatch, seeds: Callable[[int], int]) -> DataLoader:
         """A loader over (number, indices) batches that collates and prepares each batch on the CPU (in worker
-        processes with `train.num_workers`), the hook's generator seeded by `seeds(number)`."""
+        processes as `self.loading` says: pinned and prefetched on CUDA), the hook's generator seeded by
+        `seeds(number)`. One loader per epoch, its workers not persistent: the dataset hears `set_epoch` before the
+        workers copy it, so a persistent worker would keep the last epoch's static masks."""
+        plan = self.loading
         # a private generator: creating a loader must not draw from the global RNG that dropout uses
         return DataLoader(_Numbered(data), batch_sampler=_Tagged(batches),
-                          collate_fn=_Prepared(collate, prepare, seeds), num_workers=self.cfg.num_workers,
-                          generator=torch.Generator(), pin_memory=self.accelerator.device.type == "cuda")
+                          collate_fn=_Prepared(collate, prepare, seeds), num_workers=plan.workers,
+                          generator=torch.Generator(), pin_memory=plan.pin, prefetch_factor=plan.prefetch)
 
     # ----------------------------------------------------------------------------------------- setup
     def _check_data(self, data: Dataset) -> None:

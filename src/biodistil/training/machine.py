@@ -9,6 +9,8 @@ the decisions biodistil makes from it. Where each decision is made (docs/archite
 - the device (`training_device`, `train.device`) and a training stage's process-wide settings (`stage_settings`: TF32
   on CUDA; put back, with dynamo's `suppress_errors`, when the stage ends).
 - what can be compiled (`cpp_compiler`, `triton_available`), which `training.compiling.apply_compile` reads.
+- how a stage loads its batches (`loader_plan`, `train.num_workers: auto`): in the training process on a CPU; on CUDA
+  in worker processes, pinned and prefetched, so that collation overlaps the GPU's step.
 - torch's CPU threads: `training.threads.decide_threads`, from the record's `usable_cores` and the idle share measured
   when a stage starts (not part of the record); `describe_machine` records the count in use.
 
@@ -193,6 +195,40 @@ def stage_settings(device: torch.device) -> Iterator[None]:
         torch.set_float32_matmul_precision(matmul)
         torch.backends.cudnn.allow_tf32 = tf32
         torch._dynamo.config.suppress_errors = suppress
+
+
+CUDA_LOADER_WORKERS = 4  # loader processes a CUDA stage starts at most (collation of a 32 x 512 batch: ~9 ms)
+PREFETCHED_BATCHES = 4  # batches each loader worker keeps ready (PyTorch's default is 2)
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """How a training stage loads its batches: `workers` processes (0: in the training process), each keeping
+    `prefetch` batches ready; `pin` pages the batches in pinned memory, for copies that do not block the host."""
+
+    workers: int
+    pin: bool
+    prefetch: int | None
+    note: str
+
+
+def loader_plan(setting: int | str, device: torch.device, processes: int = 1,
+                cores: int | None = None) -> LoaderPlan:
+    """`train.num_workers` on `device`: a number is taken as asked; `auto` is 0 on a CPU (a worker would take a core
+    from the training's threads) and, on CUDA, one worker per usable core of this process but one, at most
+    `CUDA_LOADER_WORKERS` — the host collates the next batches while the GPU computes. On CUDA batches are pinned."""
+    cuda = device.type == "cuda"
+    if setting != "auto":
+        workers, why = int(setting), f"{setting} (as asked)"
+    elif not cuda:
+        workers, why = 0, "auto: in the training process on a CPU"
+    else:
+        spare = (cores if cores is not None else this_machine().usable_cores) // max(1, processes) - 1
+        workers = max(0, min(CUDA_LOADER_WORKERS, spare))
+        why = f"auto: {workers} on CUDA ({spare + 1} usable cores per process, at most {CUDA_LOADER_WORKERS})"
+    prefetch = PREFETCHED_BATCHES if workers else None
+    extras = [part for part, on in (("pinned", cuda), (f"{prefetch} batches prefetched each", workers)) if on]
+    return LoaderPlan(workers, cuda, prefetch, why + (f"; {', '.join(extras)}" if extras else ""))
 
 
 def teacher_dtype(setting: str, device: torch.device) -> torch.dtype:

@@ -31,8 +31,10 @@ from biodistil.training.engine import TrainResult, accelerate_state_kept, make_a
 from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
+# bookkeeping, and how batches are loaded (the workers make the same batches and masks: seeded per micro-step; a run
+# begun before `train.num_workers: auto` recorded 0)
 SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
-                            "train.tensorboard", "train.eval_batches")
+                            "train.tensorboard", "train.eval_batches", "train.num_workers")
 
 
 SUMMARY = "summary.json"  # written last by every job (`JobFolder.finish`): the one "finished" marker (`finished`)
@@ -88,6 +90,8 @@ class JobFolder:
             rows["train.compile"] = trained.compiled
         if trained is not None and trained.dropout is not None:
             rows["train.dropout"] = trained.dropout
+        if trained is not None and trained.loader:
+            rows["train.num_workers"] = trained.loader
         lines += [f"| {key} | {value} |" for key, value in rows.items()]
         if notes:
             lines += ["", *notes]
