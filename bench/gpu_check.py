@@ -415,11 +415,11 @@ def section_modernbert(args, shapes: Shapes) -> None:
     began = time.perf_counter()
     try:
         from biodistil.config import ArchitectureConfig
-        from biodistil.data.synthetic import train_bpe
+        from biodistil.data.synthetic import biomedical_corpus, train_bpe
         from biodistil.models.student import model_from_architecture
 
         corpus = work / "modernbert-corpus.txt"
-        corpus.write_text(synthetic_corpus(400, seed=5), encoding="utf-8")
+        corpus.write_text(biomedical_corpus(400, seed=5), encoding="utf-8")
         tokenizer = train_bpe(corpus.read_text().splitlines(), 600, work / "modernbert-tokenizer")
         import torch
 
@@ -464,78 +464,23 @@ def section_mpnet(args, shapes: Shapes) -> None:
 
 # ------------------------------------------------------------------------------------------ synthetic world
 
-WORDS = ["the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
-         "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",
-         "activation", "pathway", "signalling", "transcription", "factor", "apoptosis", "therapy", "clinical", "trial",
-         "dose", "response", "antibody", "antigen", "immune", "infection", "virus", "resistance", "cytokine", "liver",
-         "renal"]
-ENTITIES = ("carcinoma", "leukemia", "melanoma", "diabetes", "asthma", "fibrosis", "sarcoma", "glioma")
-
-
-def synthetic_corpus(lines: int, seed: int) -> str:
-    """Sentences of biomedical-looking words and filler words of the synthetic vocabulary, documents of 5."""
-    from biodistil.data.synthetic import synthetic_corpus as corpus_of
-
-    return corpus_of([*WORDS, *ENTITIES, *(f"w{i}" for i in range(600))], lines, seed, length=(8, 40))
-
-
-def wordpiece_tokenizer(folder: Path, size: int):
-    """An uncased BERT WordPiece tokenizer ([CLS] a [SEP] b [SEP]) of exactly `size` entries: BERT's specials, the
-    synthetic words, letters and their ## forms, then filler entries; saved to `folder`."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *letters, *(f"##{c}" for c in letters),
-             *WORDS, *ENTITIES, *(f"w{i}" for i in range(600))]
-    vocab += [f"x{i}" for i in range(size - len(vocab))]
-    backend = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab[:size])}, unk_token="[UNK]"))
-    backend.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    backend.decoder = decoders.WordPiece(prefix="##")
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
-                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", do_lower_case=True,
-                                        model_max_length=512)
-    tokenizer.save_pretrained(folder)
-    return tokenizer
-
-
-def random_encoder(family: str, shape: tuple[int, int, int], tokenizer, seed: int, folder: Path) -> Path:
-    """Random weights of `shape` (layers, width, heads) saved with `tokenizer`: a BERT masked LM, or an MPNet encoder
-    without an MLM head (as mpnet-base is published)."""
-    import torch
-    from transformers import MPNetConfig, MPNetModel
-
-    from biodistil.config import ArchitectureConfig
-    from biodistil.models.student import model_from_architecture
-
-    n, d, h = shape
-    torch.manual_seed(seed)
-    if family == "mpnet":
-        model = MPNetModel(MPNetConfig(vocab_size=len(tokenizer), hidden_size=d, num_hidden_layers=n,
-                                       num_attention_heads=h, intermediate_size=4 * d, max_position_embeddings=514,
-                                       pad_token_id=tokenizer.pad_token_id), add_pooling_layer=False)
-    else:
-        model = model_from_architecture(ArchitectureConfig(num_layers=n, hidden_size=d, num_heads=h,
-                                                           intermediate_size=4 * d, max_position_embeddings=512),
-                                        tokenizer)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[str, Path]:
     """Tokenizer, corpus, NER task, a teacher of BERT-base's shape (random weights) and the recipes. `bert`: a BERT
     teacher, distilled into its alternate layers with DistilBERT's triple loss, KD into a random 3 × 384 student;
     `mpnet`: an MPNet teacher without an MLM head, distilled with Study 6's terms, KD into that distilled student."""
-    from biodistil.data.synthetic import write_ner_task
+    from biodistil.data.synthetic import (
+        ENTITIES,
+        WORDS,
+        biomedical_corpus,
+        random_encoder,
+        wordpiece_tokenizer,
+        write_ner_task,
+    )
 
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = wordpiece_tokenizer(work / "tokenizer", shapes.vocab)
     corpus = work / "corpus.txt"
-    corpus.write_text(synthetic_corpus(shapes.corpus_lines, seed=1), encoding="utf-8")
+    corpus.write_text(biomedical_corpus(shapes.corpus_lines, seed=1), encoding="utf-8")
     models = {"teacher": random_encoder(family, shapes.teacher, tokenizer, 0, work / "teacher")}
     if family == "bert":
         models["student"] = random_encoder(family, shapes.small_student, tokenizer, 1, work / "student-3x")

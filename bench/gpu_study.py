@@ -86,19 +86,17 @@ def ready_teacher(args: argparse.Namespace) -> str:
 
 def tiny_world(work: Path) -> dict[str, str]:
     """A data folder (`corpus/biomed.txt`, `ner/synthetic_ner.yaml`) and a random MPNet teacher without an MLM head,
-    built with `bench/gpu_check.py`'s synthetic corpus, tokenizer and encoder; returns the recipe's variables."""
-    sys.path.insert(0, str(BENCH))
-    import gpu_check
-
-    from biodistil.data.synthetic import write_ner_task
+    built from `biodistil.data.synthetic` as `bench/gpu_check.py` builds its own; returns the recipe's variables."""
+    from biodistil.data import synthetic
 
     data = work / "data"
     (data / "corpus").mkdir(parents=True, exist_ok=True)
-    (data / "corpus" / "biomed.txt").write_text(gpu_check.synthetic_corpus(300, seed=1), encoding="utf-8")
-    task = write_ner_task(data / "ner" / "synthetic_ner", "synthetic_ner", gpu_check.ENTITIES, gpu_check.WORDS,
-                          {"train": 32, "dev": 8, "test": 16}, length=(8, 40), max_length=64)
-    tokenizer = gpu_check.wordpiece_tokenizer(work / "tokenizer", 1000)
-    teacher = gpu_check.random_encoder("mpnet", TINY_TEACHER, tokenizer, 0, work / "teacher")
+    (data / "corpus" / "biomed.txt").write_text(synthetic.biomedical_corpus(300, seed=1), encoding="utf-8")
+    task = synthetic.write_ner_task(data / "ner" / "synthetic_ner", "synthetic_ner", synthetic.ENTITIES,
+                                    synthetic.WORDS, {"train": 32, "dev": 8, "test": 16}, length=(8, 40),
+                                    max_length=64)
+    tokenizer = synthetic.wordpiece_tokenizer(work / "tokenizer", 1000)
+    teacher = synthetic.random_encoder("mpnet", TINY_TEACHER, tokenizer, 0, work / "teacher")
     return {"teacher": str(teacher), "data": str(data), "task": str(task), "task_name": "synthetic_ner"}
 
 

@@ -133,6 +133,25 @@ def fresh_accelerator_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.fixture()
+def bench_script(fresh_accelerator_state):
+    """`bench_script("gpu_check")`: a script of bench/ (or bench/research/) imported as a module; the worker's torch
+    threads (a bench sets its own) restored after the test. Only the two folders are taken off sys.path afterwards:
+    pytest's monkeypatch would restore the whole list, dropping what an import made during the test added to it (ONNX
+    Runtime's transformer optimizer adds its own folder on first import and then imports from it), and the next
+    fused export in the worker would fail."""
+    import importlib
+    import sys
+
+    folders = [str(Path(__file__).resolve().parents[1] / "bench" / sub) for sub in ("", "research")]
+    sys.path[:0] = folders
+    threads = torch.get_num_threads()
+    yield importlib.import_module
+    torch.set_num_threads(threads)
+    for folder in folders:
+        sys.path.remove(folder)
+
+
 def pytest_addoption(parser):
     parser.addoption("--fetched-models", metavar="DIR", default=None,
                      help="a folder of fetched models (e.g. ~/.cache/biodistil/models, filled by `biodistil models "

@@ -12,7 +12,7 @@ def test_every_bench_script_is_imported_by_a_test():
              if path.name != Path(__file__).name]
     for script in sorted((REPO / "bench").glob("*.py")):
         run = [text for text in tests if f"bench/{script.name}" in text
-               and re.search(rf"^\s*import {script.stem}\b", text, re.MULTILINE)]
+               and re.search(rf"^\s*import {script.stem}\b|bench_script\(\"{script.stem}\"\)", text, re.MULTILINE)]
         assert run, f"bench/{script.name}: no test imports and runs it; add one or move it to bench/research/"
 
 

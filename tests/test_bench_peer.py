@@ -4,7 +4,6 @@ Its loss is the triple loss biodistil's objective computes (2·MLM + 5·T²·KL 
 independent codings, at every position and at the masked ones."""
 
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +20,8 @@ TINY = ["--teacher-layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "3
 
 
 @pytest.fixture
-def throughput(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
-    import throughput
-
-    return throughput
+def throughput(bench_script):
+    return bench_script("throughput")
 
 
 @pytest.mark.parametrize("positions", ["all", "masked"])

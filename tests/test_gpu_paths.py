@@ -64,14 +64,8 @@ def test_train_compile_on_a_gpu_auto_keeps_the_eager_rows_and_true_compiles_them
 
 
 @pytest.fixture
-def gpu_check(monkeypatch, fresh_accelerator_state):
-    """bench/gpu_check.py, imported; the worker's torch threads restored after it."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import gpu_check
-
-    threads = torch.get_num_threads()
-    yield gpu_check
-    torch.set_num_threads(threads)
+def gpu_check(bench_script):
+    return bench_script("gpu_check")
 
 
 @pytest.mark.slow

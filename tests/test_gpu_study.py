@@ -6,20 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def gpu_study(monkeypatch, fresh_accelerator_state):
-    """bench/gpu_study.py, imported; the worker's torch threads restored after it."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import gpu_study
-
-    threads = torch.get_num_threads()
-    yield gpu_study
-    torch.set_num_threads(threads)
+def gpu_study(bench_script):
+    return bench_script("gpu_study")
 
 
 @pytest.mark.slow

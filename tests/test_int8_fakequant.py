@@ -1,18 +1,14 @@
 """`bench/research/int8_fakequant.py`: the fake-quantisers against values worked out by hand, and the patching it
 relies on."""
 
-from pathlib import Path
 
 import pytest
 import torch
 
 
 @pytest.fixture
-def fakequant(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench" / "research"))
-    import int8_fakequant
-
-    return int8_fakequant
+def fakequant(bench_script):
+    return bench_script("int8_fakequant")
 
 
 def test_weights_are_symmetric_int8_per_output_channel(fakequant):

@@ -4,7 +4,6 @@ with the same code path as `evaluate --finetuned`, character offsets into the or
 import io
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -300,15 +299,10 @@ def test_a_task_file_is_predicted_word_for_word_as_evaluation_reads_it(ner, tmp_
 
 
 @pytest.fixture
-def int8_layers(monkeypatch):
+def int8_layers(bench_script):
     """bench/research/int8_layers.py, imported; the worker's torch threads restored after it (its predictors use
     1)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench" / "research"))
-    import int8_layers
-
-    threads = torch.get_num_threads()
-    yield int8_layers
-    torch.set_num_threads(threads)
+    return bench_script("int8_layers")
 
 
 def test_the_int8_layers_bench_finds_a_nodes_layer_by_name_or_by_its_recorded_scopes(int8_layers):
@@ -358,12 +352,11 @@ def test_the_int8_layers_bench_keeps_the_layers_it_names_in_fp32(ner, tmp_path, 
     assert rows["embeddings,0,1,2,3,head", 0.7]["share_of_pytorch"] == 1.0, "the migrated fp32 graph is the model"
 
 
-def test_the_predict_bench_adds_a_fallback_row_per_margin_and_checks_it_on_a_task(ner, tmp_path, monkeypatch):
+def test_the_predict_bench_adds_a_fallback_row_per_margin_and_checks_it_on_a_task(ner, tmp_path, bench_script):
     """bench/predict.py: `--int8-fallback` adds a row per margin after an int8 model; at margin 1 every window is
     predicted again in fp32, so that row finds exactly the PyTorch model's entities. `PATH@RUNTIME` runs one row
     with that runtime (a model folder under bf16 autocast), which evaluation has no scores of to equal."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
-    import predict as predict_bench
+    predict_bench = bench_script("predict")
 
     model, _ = ner
     assert main(["export", str(model), "--out", str(tmp_path / "onnx"), "--int8"]) == 0

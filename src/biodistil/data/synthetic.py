@@ -1,6 +1,7 @@
 """Synthetic data for checks that must run with no data set and no network: a corpus of biomedical-looking sentences,
-a ModernBERT-style byte-level BPE tokenizer trained on it, and a BioBERT-format NER task. `bench/gpu_check.py` and the
-tests build their models and tasks from these; nothing here is meant to teach a model anything real."""
+a ModernBERT-style byte-level BPE tokenizer trained on it, a BERT WordPiece tokenizer of a chosen size, random
+encoders of a chosen shape, and a BioBERT-format NER task. `bench/gpu_check.py`, `bench/gpu_study.py` and the tests
+build their models and tasks from these; nothing here is meant to teach a model anything real."""
 
 import json
 import random
@@ -72,3 +73,62 @@ def write_ner_task(folder: Path, name: str, entities: Sequence[str], others: Seq
                                 "files": files, "labels": ["O", "B", "I"], "metric": "entity_f1",
                                 "max_length": max_length, "truncation": "split"}), encoding="utf-8")
     return spec
+
+
+WORDS = ["the", "protein", "kinase", "gene", "expression", "cell", "tumour", "patients", "mutation", "receptor",
+         "binding", "inhibitor", "disease", "cancer", "mice", "induced", "levels", "increased", "decreased",
+         "activation", "pathway", "signalling", "transcription", "factor", "apoptosis", "therapy", "clinical", "trial",
+         "dose", "response", "antibody", "antigen", "immune", "infection", "virus", "resistance", "cytokine", "liver",
+         "renal"]
+ENTITIES = ("carcinoma", "leukemia", "melanoma", "diabetes", "asthma", "fibrosis", "sarcoma", "glioma")
+
+
+def biomedical_corpus(lines: int, seed: int) -> str:
+    """Sentences of biomedical-looking words and filler words of `wordpiece_tokenizer`'s vocabulary, documents of 5."""
+    return synthetic_corpus([*WORDS, *ENTITIES, *(f"w{i}" for i in range(600))], lines, seed, length=(8, 40))
+
+
+def wordpiece_tokenizer(folder: Path, size: int):
+    """An uncased BERT WordPiece tokenizer ([CLS] a [SEP] b [SEP]) of exactly `size` entries: BERT's specials, the
+    synthetic words, letters and their ## forms, then filler entries; saved to `folder`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *letters, *(f"##{c}" for c in letters),
+             *WORDS, *ENTITIES, *(f"w{i}" for i in range(600))]
+    vocab += [f"x{i}" for i in range(size - len(vocab))]
+    backend = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab[:size])}, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", do_lower_case=True,
+                                        model_max_length=512)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def random_encoder(family: str, shape: tuple[int, int, int], tokenizer, seed: int, folder: Path) -> Path:
+    """Random weights of `shape` (layers, width, heads) saved with `tokenizer`: a BERT masked LM, or an MPNet encoder
+    without an MLM head (as mpnet-base is published)."""
+    import torch
+    from transformers import MPNetConfig, MPNetModel
+
+    from biodistil.config import ArchitectureConfig
+    from biodistil.models.student import model_from_architecture
+
+    n, d, h = shape
+    torch.manual_seed(seed)
+    if family == "mpnet":
+        model = MPNetModel(MPNetConfig(vocab_size=len(tokenizer), hidden_size=d, num_hidden_layers=n,
+                                       num_attention_heads=h, intermediate_size=4 * d, max_position_embeddings=514,
+                                       pad_token_id=tokenizer.pad_token_id), add_pooling_layer=False)
+    else:
+        model = model_from_architecture(ArchitectureConfig(num_layers=n, hidden_size=d, num_heads=h,
+                                                           intermediate_size=4 * d, max_position_embeddings=512),
+                                        tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
