@@ -437,6 +437,10 @@ class DistillRecipe(Section):
         None, description="distil from cached teacher outputs instead of running the teacher (needs "
         "masking.duplication)")
 
+    def teacher_field(self, index: int) -> str:
+        """The recipe field that names teacher `index`, for messages."""
+        return "teacher" if self.teachers is None else f"teachers[{index}]"
+
     @property
     def teacher_list(self) -> list[DistillTeacher]:
         """Every teacher in slot order (the one of `teacher:` with weight 1)."""

@@ -236,6 +236,10 @@ class KDRecipe(Section):
                                  f"{self.train.grad_accumulation}")
         return self
 
+    def teacher_field(self, index: int) -> str:
+        """The recipe field that names teacher `index`, for messages."""
+        return "teacher" if self.teachers is None else f"teachers[{index}]"
+
     def teacher_entries(self) -> list[KDTeacher]:
         """Every teacher with its weight λ_k normalised to sum to 1 (one teacher: weight 1)."""
         if self.teachers is None:

@@ -17,7 +17,7 @@ student's formed logits (`planned_inputs`), so the order of the terms never chan
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
-from biodistil.methods.several_teachers import Teachers, contribution, expand, mix
+from biodistil.methods.several_teachers import Teachers, expand, mix, teacher_table
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
@@ -89,17 +89,10 @@ class Objective(nn.Module):
             if term.spec.reads == "hidden":
                 self._add_projections(term, student, teachers[term.teacher])
 
-    def contributions(self) -> list[dict[str, str]]:
-        """What each teacher contributes to each recipe term (the pre-flight table: a row per teacher)."""
-        rows = []
-        for k, weight in enumerate(self.teachers.weights):
-            row = {}
-            for term_cfg in self.cfg.terms:
-                spec = TERM_SPECS[term_cfg.loss]
-                row[term_cfg.loss] = contribution(spec, self.teachers.shares(spec)[k] if spec.needs_teacher else None,
-                                                  self.teachers)
-            rows.append({"weight": weight, "terms": row})
-        return rows
+    def contributions(self, about: Sequence[dict[str, str]] = ()) -> list[dict[str, Any]]:
+        """The pre-flight table: what each teacher contributes to each recipe term, a row per teacher (`about[k]`: its
+        name and tokens)."""
+        return teacher_table(self.teachers, {t.loss: TERM_SPECS[t.loss] for t in self.cfg.terms}, about)
 
     def _add_projections(self, term: Term, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
         """W_h (and W_e for the embeddings) per mapped layer pair, only when the widths differ."""
