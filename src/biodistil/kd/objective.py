@@ -12,7 +12,6 @@ one term per teacher: `soft@k` too, `methods.several_teachers`).
 """
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -61,9 +60,7 @@ class KDObjective:
         """L and the value of each term; `weights` replaces α (`soft`) and β (`ce`) when they are learned."""
         teachers = [] if teacher is None else [teacher] if isinstance(teacher, Features) else list(teacher)
         terms = [t for t in self.terms if teachers or not t.spec.needs_teacher]
-        inputs = self.inputs(student, teachers[0] if teachers else None, batch)
-        if len(teachers) > 1:
-            inputs = mix(terms, replace(inputs, teachers=tuple(teachers)), self.teachers)
+        inputs = mix(terms, self.inputs(student, teachers[0] if teachers else None, batch), self.teachers, teachers)
         return weighted_sum(self, terms, inputs, weights)
 
     def task_loss(self, student: Features, batch: Batch) -> torch.Tensor:

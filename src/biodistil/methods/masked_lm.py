@@ -84,14 +84,12 @@ class MaskedLMModule(nn.Module):
         student_features = extract_features(
             self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
-        several = len(self.signals) > 1
         inputs = TermInputs(
             student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
             attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
             shared_vocab=self.shared_vocab, units=units[0] if units else None,
-            teachers=tuple(teachers) if several and teachers else (), teacher_units=tuple(units) if several else (),
         )
-        return self.objective(inputs)
+        return self.objective(inputs, teachers, units)
 
 
 def teacher_alignment(batch: Batch, slot: int) -> UnitIds:

@@ -31,8 +31,9 @@ from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.several_teachers import Teachers, expand, mix, teacher_table
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
+from biodistil.methods.word_units import WordUnits
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 from biodistil.term_specs import TERM_SPECS, Reads
 
@@ -125,8 +126,7 @@ class Objective(nn.Module):
 
     def teacher_request(self, slot: int = 0) -> FeatureRequest:
         """What teacher `slot` must give: the features of its own terms and of the terms on the mixture."""
-        return _merged(_request(t, teacher=True) for t in self.terms if t.spec.needs_teacher and (
-            t.teacher == slot or (t.teacher is None and slot in self.teachers.readers)))
+        return _merged(_request(t, teacher=True) for t in self.terms if self.teachers.reads(t, slot))
 
     def cache_request(self, slot: int = 0) -> FeatureRequest:
         """What a teacher cache must hold for these terms (`teacher_request`), after checking that every teacher
@@ -158,10 +158,11 @@ class Objective(nn.Module):
             chosen = masks[name] if chosen is None else chosen | masks[name]
         return chosen
 
-    def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if inputs.teachers:
-            inputs = mix(self.terms, inputs, self.teachers)
-        return weighted_sum(self, self.terms, inputs)
+    def forward(self, inputs: TermInputs, teachers: Sequence[Features] = (),
+                units: Sequence[WordUnits] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """L and each term's value; `teachers`: every teacher's features (and across tokenizers `units`, the words
+        each shares), in their order, when there are several."""
+        return weighted_sum(self, self.terms, mix(self.terms, inputs, self.teachers, teachers, units))
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,

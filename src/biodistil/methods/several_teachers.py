@@ -21,6 +21,8 @@ from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import Linear
 from biodistil.losses.multi_teacher import MixedRows, confidence_weights, mixed_teacher_logits
 from biodistil.methods.terms import Term, TermInputs
+from biodistil.methods.word_units import WordUnits
+from biodistil.models.features import Features
 from biodistil.models.logits import LinearRows, LogitRows
 from biodistil.tasks.prediction import Predictions
 from biodistil.tasks.registry import TaskSpec
@@ -63,6 +65,10 @@ class Teachers:
         """Whether a term of kind `spec` is computed once on the teachers' mixture."""
         return self.several and spec.needs_teacher and spec.mixture is not None and self.combine == "mixture"
 
+    def reads(self, term: Term, teacher: int) -> bool:
+        """Whether `term` reads teacher `teacher`'s features: its own, or the mixture of the teachers it mixes."""
+        return term.spec.needs_teacher and (term.teacher == teacher or (_mixed(term) and teacher in self.readers))
+
 
 def _as_is(term: Term, teacher: int) -> Term:
     return term
@@ -70,44 +76,49 @@ def _as_is(term: Term, teacher: int) -> Term:
 
 def expand(terms: Sequence[Term], teachers: Teachers, resolve: Callable[[Term, int], Term] = _as_is) -> list[Term]:
     """The terms as computed: a term without a teacher (or with one teacher) as it is; a mixture term once, reading the
-    mixture (`teacher=None`); any other teacher term once per teacher k with a share (`name@k`, `share=λ_k`,
-    resolved against teacher k by `resolve`: its layer pairs, heads and windows)."""
+    mixture (`teacher` its space's name, `TermSpec.mixture`); any other teacher term once per teacher k with a share
+    (`name@k`, `teacher=k`, `share=λ_k`, resolved against teacher k by `resolve`: its layer pairs, heads and
+    windows)."""
     expanded = []
     for term in terms:
         if not teachers.several or not term.spec.needs_teacher:
             expanded.append(term)
         elif teachers.on_mixture(term.spec):
-            expanded.append(replace(term, teacher=None))
+            expanded.append(replace(term, teacher=term.spec.mixture))
         else:
             expanded += [replace(resolve(term, k), name=f"{term.name}@{k}", teacher=k, share=share)
                          for k, share in enumerate(teachers.shares(term.spec)) if share]
     return expanded
 
 
-def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers) -> TermInputs:
-    """`inputs` with the teachers' mixture in each space a mixture term reads, as one teacher's features: their logit
-    rows at the first reader's positions mixed with λ_k, or per row with the confidence weights (module docstring)."""
-    spaces = {term.spec.mixture for term in terms if term.teacher is None and term.spec.needs_teacher}
-    if not spaces:
+def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers, features: Sequence[Features],
+        units: Sequence[WordUnits] = ()) -> TermInputs:
+    """`inputs` with each teacher's `features` (and across tokenizers its `units`) under its index, and the teachers'
+    mixture in each space a mixture term reads, as one teacher's features: their logit rows at the first reader's
+    positions mixed with λ_k, or per row with the confidence weights (module docstring). One teacher: `inputs`."""
+    if len(features) < 2:
         return inputs
+    by_teacher = {k: (own, units[k] if units else None) for k, own in enumerate(features)}
+    spaces = {term.teacher for term in terms if _mixed(term)}
+    if not spaces:
+        return replace(inputs, by_teacher=by_teacher)
     readers = teachers.readers
-    first = inputs.teachers[readers[0]]
+    first = features[readers[0]]
     positions = first.logits.positions
     shares = teachers.logit_shares
     weights = torch.tensor([shares[k] for k in readers], device=positions.device)
     if teachers.confidence:
-        dense = [inputs.teachers[k].logits.logits() for k in readers]
+        dense = [features[k].logits.logits() for k in readers]
         weights = confidence_weights(dense, weights, _row_labels(inputs, positions), inputs.multi_label)
-    mixtures = {}
     for space in spaces:
         if space == "softmax":  # formed a chunk of rows at a time inside the KL, never whole
-            rows = MixedRows(tuple(_rows(inputs.teachers[k].logits) for k in readers), weights, inputs.temperature)
+            rows = MixedRows(tuple(_rows(features[k].logits) for k in readers), weights, inputs.temperature)
         else:
-            logits = [inputs.teachers[k].logits.logits() for k in readers]
+            logits = [features[k].logits.logits() for k in readers]
             binary_pair = space == "sigmoid" and not inputs.multi_label and logits[0].size(-1) == 2
             rows = mixed_teacher_logits(logits, weights, space, inputs.temperature, binary_pair)
-        mixtures[space] = replace(first, logits=LogitRows(positions, rows), hidden={})
-    return replace(inputs, mixtures=mixtures)
+        by_teacher[space] = (replace(first, logits=LogitRows(positions, rows), hidden={}), None)
+    return replace(inputs, by_teacher=by_teacher)
 
 
 def contribution(spec: TermSpec, share: float | None, teachers: Teachers) -> str:
@@ -190,6 +201,11 @@ def _ensemble(rows: list[tuple[np.ndarray, float]], multi_label: bool) -> np.nda
     squash = torch.sigmoid if multi_label else (lambda z: torch.softmax(z, -1))
     return sum(share / total * squash(torch.tensor(np.asarray(z, dtype=np.float32))).numpy()
                for z, share in rows)
+
+
+def _mixed(term: Term) -> bool:
+    """Whether `term` reads the teachers' mixture (`expand` keys it by its space)."""
+    return isinstance(term.teacher, str)
 
 
 def _row_labels(inputs: TermInputs, positions: torch.Tensor) -> torch.Tensor | None:
