@@ -151,15 +151,13 @@ def _teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
     entries = recipe.teacher_entries()
     about = []
     for index, entry in enumerate(entries):
-        try:
+        with recipe.naming_teacher(index):
             check_teacher_for_task(entry.name_or_path, task)
-        except BiodistilError as err:
-            raise BiodistilError(f"{recipe.teacher_field(index)}.name_or_path: {err}") from None
         same = tokenizer_pair(student_tokenizer, load_tokenizer(entry.name_or_path)) == "same"
         dtype = "" if entry.dtype == "float32" else f" ({entry.dtype})"
         about.append({"teacher": f"{entry.name_or_path}{dtype}", "tokens": "the student's" if same else (
             "its own: outputs stored per word" if recipe.outputs_mode() == "cached" else "its own")})
-    teachers = Teachers(tuple(entry.weight for entry in entries), recipe.kd.combine, recipe.kd.confidence)
+    teachers = Teachers(tuple(entry.weight for entry in entries), recipe.kd)
     return teacher_table(teachers, {t.name: t.spec for t in kd_terms(recipe.kd) if t.spec.needs_teacher}, about)
 
 

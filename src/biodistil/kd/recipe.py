@@ -19,6 +19,7 @@ from biodistil.config import (
     LocalPath,
     ModelConfig,
     ModelRef,
+    NamesTeachers,
     RunConfig,
     Section,
     TaskRef,
@@ -190,7 +191,7 @@ class KDTeacher(Section):
         "than float32 is part of the cache's key); auto = bfloat16 where the hardware computes it fast")
 
 
-class KDRecipe(Section):
+class KDRecipe(Section, NamesTeachers):
     """`biodistil kd`: train a student on a fine-tuned teacher's outputs (or several teachers') over a transfer set."""
 
     run: RunConfig = Field(default_factory=RunConfig)
@@ -235,10 +236,6 @@ class KDRecipe(Section):
                 raise ValueError(f"meta.pilot_batches {pilot} must divide train.grad_accumulation "
                                  f"{self.train.grad_accumulation}")
         return self
-
-    def teacher_field(self, index: int) -> str:
-        """The recipe field that names teacher `index`, for messages."""
-        return "teacher" if self.teachers is None else f"teachers[{index}]"
 
     def teacher_entries(self) -> list[KDTeacher]:
         """Every teacher with its weight λ_k normalised to sum to 1 (one teacher: weight 1)."""

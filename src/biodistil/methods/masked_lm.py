@@ -18,6 +18,7 @@ from biodistil.data.batch import Batch, UnitIds
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.data.token_alignment import AlignedBatch, corrupt_side, draw_words
 from biodistil.methods.objective import Objective, TermInputs, position_masks
+from biodistil.methods.several_teachers import each_teacher
 from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import extract_features
 from biodistil.teachers.loading import freeze
@@ -88,8 +89,9 @@ class MaskedLMModule(nn.Module):
             student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
             attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
             shared_vocab=self.shared_vocab, units=units[0] if units else None,
+            by_teacher=each_teacher(teachers, units),
         )
-        return self.objective(inputs, teachers, units)
+        return self.objective(inputs)
 
 
 def teacher_alignment(batch: Batch, slot: int) -> UnitIds:

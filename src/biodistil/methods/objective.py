@@ -31,9 +31,8 @@ from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
 from biodistil.methods.several_teachers import Teachers, expand, mix, teacher_table
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
-from biodistil.methods.word_units import WordUnits
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
-from biodistil.models.features import FeatureRequest, Features, normalise_block, normalise_layer
+from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
 from biodistil.models.loading import untrained_head_weights
 from biodistil.term_specs import TERM_SPECS, Reads
 
@@ -66,9 +65,8 @@ class Objective(nn.Module):
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
         if not teachers and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
-        self.teachers = Teachers(tuple(teacher_weights) if len(teachers) > 1 else (1.0,), cfg.combine,
-                                 cfg.confidence, tuple(k for k, model in enumerate(teachers)
-                                                       if not untrained_head_weights(model)))
+        self.teachers = Teachers(tuple(teacher_weights) if len(teachers) > 1 else (1.0,), cfg,
+                                 tuple(k for k, model in enumerate(teachers) if not untrained_head_weights(model)))
         if teachers and (len(teachers) == 1 or not self.teachers.readers):
             _check_teacher_head(cfg, teachers[0])
         taken: set[str] = set()
@@ -158,11 +156,8 @@ class Objective(nn.Module):
             chosen = masks[name] if chosen is None else chosen | masks[name]
         return chosen
 
-    def forward(self, inputs: TermInputs, teachers: Sequence[Features] = (),
-                units: Sequence[WordUnits] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """L and each term's value; `teachers`: every teacher's features (and across tokenizers `units`, the words
-        each shares), in their order, when there are several."""
-        return weighted_sum(self, self.terms, mix(self.terms, inputs, self.teachers, teachers, units))
+    def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return weighted_sum(self, self.terms, mix(self.terms, inputs, self.teachers))
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,

@@ -8,9 +8,9 @@ teacher × term (`teacher_table`, `render_teacher_table`) and the teachers' own 
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,16 +30,13 @@ from biodistil.tasks.scoring import score
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs
 from biodistil.term_specs import TermSpec
 
-Combine = Literal["mixture", "per_teacher"]
-
 
 @dataclass(frozen=True)
 class Teachers:
     """The teachers as the terms see them: λ_k, which may teach logit terms, and the recipe's `combine`/`confidence`."""
 
     weights: tuple[float, ...] = (1.0,)
-    combine: Combine = "mixture"
-    confidence: bool = False
+    options: TeachersConfig = field(default_factory=TeachersConfig, hash=False)  # combine, confidence
     logit_teachers: tuple[int, ...] | None = None  # None: every teacher
 
     @property
@@ -63,7 +60,7 @@ class Teachers:
 
     def on_mixture(self, spec: TermSpec) -> bool:
         """Whether a term of kind `spec` is computed once on the teachers' mixture."""
-        return self.several and spec.needs_teacher and spec.mixture is not None and self.combine == "mixture"
+        return self.several and bool(self.options.on_mixture([spec.name]))
 
     def reads(self, term: Term, teacher: int) -> bool:
         """Whether `term` reads teacher `teacher`'s features: its own, or the mixture of the teachers it mixes."""
@@ -91,23 +88,30 @@ def expand(terms: Sequence[Term], teachers: Teachers, resolve: Callable[[Term, i
     return expanded
 
 
-def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers, features: Sequence[Features],
-        units: Sequence[WordUnits] = ()) -> TermInputs:
-    """`inputs` with each teacher's `features` (and across tokenizers its `units`) under its index, and the teachers'
-    mixture in each space a mixture term reads, as one teacher's features: their logit rows at the first reader's
-    positions mixed with λ_k, or per row with the confidence weights (module docstring). One teacher: `inputs`."""
+def each_teacher(features: Sequence[Features],
+                 units: Sequence[WordUnits] = ()) -> dict[int | str, tuple[Features, WordUnits | None]]:
+    """`TermInputs.by_teacher` of several teachers: each one's features (across tokenizers, and its words) under its
+    index; of one teacher: nothing (its terms read `TermInputs.teacher`)."""
     if len(features) < 2:
-        return inputs
-    by_teacher = {k: (own, units[k] if units else None) for k, own in enumerate(features)}
+        return {}
+    return {k: (own, units[k] if units else None) for k, own in enumerate(features)}
+
+
+def mix(terms: Sequence[Term], inputs: TermInputs, teachers: Teachers) -> TermInputs:
+    """`inputs` with the teachers' mixture in each space a mixture term reads, as one teacher's features under the
+    space's name: their logit rows (`each_teacher`'s) at the first reader's positions mixed with λ_k, or per row with
+    the confidence weights (module docstring)."""
     spaces = {term.teacher for term in terms if _mixed(term)}
     if not spaces:
-        return replace(inputs, by_teacher=by_teacher)
+        return inputs
+    by_teacher = dict(inputs.by_teacher)
+    features = {k: own for k, (own, _) in by_teacher.items()}
     readers = teachers.readers
     first = features[readers[0]]
     positions = first.logits.positions
     shares = teachers.logit_shares
     weights = torch.tensor([shares[k] for k in readers], device=positions.device)
-    if teachers.confidence:
+    if teachers.options.confidence:
         dense = [features[k].logits.logits() for k in readers]
         weights = confidence_weights(dense, weights, _row_labels(inputs, positions), inputs.multi_label)
     for space in spaces:
@@ -129,7 +133,7 @@ def contribution(spec: TermSpec, share: float | None, teachers: Teachers) -> str
         return "— no trained MLM head (its logits would be random)"
     if teachers.on_mixture(spec):
         what = "logits" if spec.mixture == "logits" else f"{spec.mixture} probabilities"
-        return f"mixture of {what} ({'confidence × ' if teachers.confidence else ''}weight {share:.2f})"
+        return f"mixture of {what} ({'confidence × ' if teachers.options.confidence else ''}weight {share:.2f})"
     return f"its own term × {share:.2f}" + (" (own projections)" if spec.reads == "hidden" else "")
 
 

@@ -133,7 +133,8 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     else:
         if shared_vocab is None:
             for slot, (model, own) in enumerate(zip(teachers, tokenizers, strict=True)):
-                _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+                with recipe.naming_teacher(slot):
+                    check_same_vocabulary(model, own, student, student_tokenizer)
         objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
                               layer_maps=[entry.layer_map for entry in entries])
         data = corpus_data(recipe, tokenizer, accelerator)
@@ -175,18 +176,6 @@ def _preflight(recipe: DistillRecipe, objective: Objective, pairs: list[str], sh
     if show:
         print(render_teacher_table(rows), flush=True)
     return render_teacher_table(rows, markdown=True)
-
-
-def _check_shared_tokenizer(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, tokenizer,
-                            student: PreTrainedModel, student_tokenizer) -> None:
-    """A teacher that reads the student's token ids: its model and tokenizer must fit them (named when several)."""
-    try:
-        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-    except BiodistilError as err:
-        if recipe.teachers is None:
-            raise
-        raise BiodistilError(f"{recipe.teacher_field(slot)} ({recipe.teacher_list[slot].name_or_path}): "
-                             f"{err}") from None
 
 
 def _teacher_signal(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, dtype: torch.dtype, tokenizer,
@@ -232,13 +221,8 @@ def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teache
     student's and each teacher's vocabularies share, and the corpus as text blocks every tokenizer reads, masked word
     by word on every side (several teachers: the words all of them share)."""
     for slot, own in enumerate(tokenizers):
-        try:
+        with recipe.naming_teacher(slot):
             refuse_unsupported(term_support(student_tokenizer, own, recipe.objective.terms))
-        except BiodistilError as err:
-            if recipe.teachers is None:
-                raise
-            raise BiodistilError(f"{recipe.teacher_field(slot)} ({recipe.teacher_list[slot].name_or_path}): "
-                                 f"{err}") from None
     if recipe.teacher_cache is not None or recipe.masking.duplication is not None or recipe.train.group_by_length:
         raise BiodistilError("teacher_cache, masking.duplication (static masks) and train.group_by_length are not "
                              "supported across tokenizers: blocks are text, the same words are masked on both sides "
@@ -293,7 +277,8 @@ def run_cache_teacher(recipe: DistillRecipe) -> Path:
     student, student_tokenizer = build_student(recipe.student, teachers[0], tokenizer)
     for slot, model in enumerate(teachers):
         own = tokenizer if slot == 0 else load_tokenizer(entries[slot].name_or_path, entries[slot].trust_remote_code)
-        _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+        with recipe.naming_teacher(slot):
+            check_same_vocabulary(model, own, student, student_tokenizer)
     objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
                           layer_maps=[entry.layer_map for entry in entries])
     data = corpus_data(recipe, tokenizer, accelerator)
