@@ -166,7 +166,7 @@ def test_pre_flight_refuses_a_teacher_of_another_label_set(kd_models, pair_task,
 
 def test_the_ensemble_of_one_teacher_is_that_teacher_and_of_two_their_mixture(kd_models, pair_task, teacher_dir,
                                                                               tmp_path):
-    from biodistil.kd.several import ensemble_test_scores
+    from biodistil.methods.several_teachers import ensemble_test_scores
     from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
 
     first, _ = kd_models

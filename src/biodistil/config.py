@@ -7,6 +7,8 @@ the offending key and the valid choices in the message; the resolved recipe is s
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -309,6 +311,24 @@ class TermConfig(Section):
         return self
 
 
+class NamesTeachers:
+    """A recipe of `teacher:` or `teachers:` (a list of entries with `name_or_path`), naming them in messages."""
+
+    def teacher_field(self, index: int) -> str:
+        """The recipe field that names teacher `index`."""
+        return "teacher" if self.teachers is None else f"teachers[{index}]"
+
+    @contextmanager
+    def naming_teacher(self, index: int) -> Iterator[None]:
+        """An error raised inside names teacher `index`, its field and model, when there are several."""
+        try:
+            yield
+        except BiodistilError as err:
+            if self.teachers is None:
+                raise
+            raise BiodistilError(f"teachers[{index}] ({self.teachers[index].name_or_path}): {err}") from None
+
+
 class TeachersConfig(Section):
     """How several teachers (`teachers:`) teach, one meaning in `distill` (spelled under `objective:`) and `kd`
     (under `kd:`); docs/methods.md gives the equations (`biodistil.methods.several_teachers`)."""
@@ -421,7 +441,7 @@ class TeacherCacheConfig(Section):
     batch_size: int = Field(32, ge=1, description="blocks per teacher batch while building")
 
 
-class DistillRecipe(Section):
+class DistillRecipe(Section, NamesTeachers):
     """`biodistil distill`: task-agnostic distillation of a masked-LM teacher into a student."""
 
     run: RunConfig = Field(default_factory=RunConfig)

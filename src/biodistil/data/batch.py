@@ -9,7 +9,7 @@
 - `alignment`: across tokenizers, each side's unit id per token and the units' masks (`UnitIds`);
 - `teachers`: one payload per teacher (`teacher` is the first) — its own inputs (across tokenizers, VE-KD) or its
   cached outputs — read only by the teacher signal that attached it (`biodistil.teachers.signal`, which knows its
-  slot), under names without a "teacher_" prefix.
+  index), under names without a "teacher_" prefix.
 
 Collators build it (`AsBatch` wraps a collate function that pads a dict of model inputs and labels); `to(device)`
 moves every tensor; `pin_memory()` lets a CUDA data loader pin it.
@@ -66,11 +66,11 @@ class Batch:
         """The first (or only) teacher's payload."""
         return self.teachers[0]
 
-    def payload(self, slot: int) -> dict[str, torch.Tensor]:
-        """Teacher `slot`'s payload, made empty when no signal attached one yet."""
-        while len(self.teachers) <= slot:
+    def payload(self, index: int) -> dict[str, torch.Tensor]:
+        """Payload `index`, made empty when no signal attached one yet."""
+        while len(self.teachers) <= index:
             self.teachers.append({})
-        return self.teachers[slot]
+        return self.teachers[index]
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -80,10 +80,11 @@ class Batch:
     def attention_mask(self) -> torch.Tensor:
         return self.inputs["attention_mask"]
 
-    def teacher_inputs(self, slot: int = 0) -> dict[str, torch.Tensor]:
-        """The model inputs teacher `slot` reads: its own tokenization when its payload has one (an `attention_mask`:
-        across tokenizers), else the student's positions with the payload's `input_ids` (VE-KD) or the student's."""
-        payload = self.payload(slot)
+    def teacher_inputs(self, index: int = 0) -> dict[str, torch.Tensor]:
+        """The model inputs the teacher of payload `index` reads: its own tokenization when the payload has one (an
+        `attention_mask`: across tokenizers), else the student's positions with the payload's `input_ids` (VE-KD) or
+        the student's."""
+        payload = self.payload(index)
         own = {key: payload[key] for key in MODEL_INPUTS if key in payload}
         return own if "attention_mask" in own else {**self.inputs, **own}
 

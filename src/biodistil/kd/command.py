@@ -35,7 +35,6 @@ from biodistil.kd.meta import MetaTeacherUpdate
 from biodistil.kd.module import KDModule, kd_data
 from biodistil.kd.objective import check_loss_fits_task, kd_terms, pkd_pairs
 from biodistil.kd.recipe import KDRecipe
-from biodistil.kd.several import teacher_field, teacher_table
 from biodistil.kd.transfer import (
     build_transfer_set,
     describe_source,
@@ -49,6 +48,7 @@ from biodistil.kd.transfer import (
     shape_for_task,
 )
 from biodistil.methods.cross_tokenizer import refuse_unsupported, term_support, tokenizer_pair
+from biodistil.methods.several_teachers import Teachers, render_teacher_table, teacher_table
 from biodistil.models.loading import load_tokenizer
 from biodistil.models.saving import export_model
 from biodistil.paths import recorded
@@ -58,7 +58,7 @@ from biodistil.tasks.metrics import format_metric
 from biodistil.tasks.recipe import load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec
 from biodistil.tasks.scoring import score_model
-from biodistil.teachers.loading import load_teacher_classifier, render_teacher_table
+from biodistil.teachers.loading import check_teacher_for_task, load_teacher_classifier
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher, TeacherSignal, classifier_forward
 from biodistil.teachers.task_cache import TeacherRequest, cached_teacher_outputs, teacher_test_scores
 from biodistil.training.engine import Collate, Engine, HeldOut, TrainData, TrainResult
@@ -86,7 +86,7 @@ class KDSetup:
 def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
     """Distil the recipe's teacher into its student over the transfer set; score, export and report."""
     started = time.perf_counter()
-    teachers = [(entry.name_or_path, teacher_field(recipe, k), False)
+    teachers = [(entry.name_or_path, f"{recipe.teacher_field(k)}.name_or_path", False)
                 for k, entry in enumerate(recipe.teacher_entries())]
     run, accelerator = open_run(recipe, resume, [*teachers, (recipe.student.name_or_path, "student.name_or_path",
                                                              False)])
@@ -115,7 +115,7 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     with accelerator.main_process_first():
         student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir)
     task = kd_task(recipe, student_path)
-    teachers = teacher_table(recipe, task) if recipe.teachers is not None else []
+    teachers = _teacher_table(recipe, task) if recipe.teachers is not None else []
     if accelerator.is_local_main_process and teachers:
         print(render_teacher_table(teachers), flush=True)
     with accelerator.main_process_first():
@@ -148,6 +148,23 @@ def _train_config(recipe: KDRecipe, num_features: int, processes: int) -> TrainC
         return cfg
     per_step = cfg.batch_size * cfg.grad_accumulation * processes
     return cfg.model_copy(update={"max_steps": steps_for_epochs(num_features, per_step, recipe.kd.epochs)})
+
+
+def _teacher_table(recipe: KDRecipe, task: TaskSpec) -> list[dict[str, Any]]:
+    """The pre-flight table (one row per teacher: its model, λ, tokens, and per teacher term what it contributes),
+    after refusing a teacher whose head or labels are not the task's, naming it and the mismatch."""
+    student_tokenizer = load_tokenizer(recipe.student.name_or_path)
+    entries = recipe.teacher_entries()
+    about = []
+    for index, entry in enumerate(entries):
+        with recipe.naming_teacher(index):
+            check_teacher_for_task(entry.name_or_path, task)
+        same = tokenizer_pair(student_tokenizer, load_tokenizer(entry.name_or_path)) == "same"
+        dtype = "" if entry.dtype == "float32" else f" ({entry.dtype})"
+        about.append({"teacher": f"{entry.name_or_path}{dtype}", "tokens": "the student's" if same else (
+            "its own: outputs stored per word" if recipe.outputs_mode() == "cached" else "its own")})
+    teachers = Teachers(tuple(entry.weight for entry in entries), recipe.kd)
+    return teacher_table(teachers, {t.name: t.spec for t in kd_terms(recipe.kd) if t.spec.needs_teacher}, about)
 
 
 def _report(recipe: KDRecipe, setup: KDSetup, result: TrainResult, run: RunFolder, finished: bool) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from biodistil.kd.recipe import KDOptions
 from biodistil.losses.distillation import KLRows
 from biodistil.methods.layer_map import pkd_last_map, pkd_skip_map
 from biodistil.methods.objective import Term, TermInputs, Weight, weighted_sum
-from biodistil.methods.several_teachers import Teachers, expand, mix
+from biodistil.methods.several_teachers import Teachers, each_teacher, expand, mix
 from biodistil.models.features import Features
 from biodistil.tasks.registry import TaskSpec
 from biodistil.term_specs import KD_SOFT_TERMS
@@ -48,7 +48,7 @@ class KDObjective:
 
     def __init__(self, cfg: KDOptions, task: TaskSpec, pairs: Sequence[tuple[int, int]] = (),
                  teacher_weights: Sequence[float] = (1.0,)):
-        self.teachers = Teachers(tuple(teacher_weights), cfg.combine, cfg.confidence)
+        self.teachers = Teachers(tuple(teacher_weights), cfg)
         self.terms = expand(kd_terms(cfg, pairs), self.teachers)
         self.temperature = cfg.temperature
         self.multi_label = task.kind == "multilabel_classification"
@@ -62,8 +62,7 @@ class KDObjective:
         teachers = [] if teacher is None else [teacher] if isinstance(teacher, Features) else list(teacher)
         terms = [t for t in self.terms if teachers or not t.spec.needs_teacher]
         inputs = self.inputs(student, teachers[0] if teachers else None, batch)
-        if len(teachers) > 1:
-            inputs = mix(terms, replace(inputs, teachers=tuple(teachers)), self.teachers)
+        inputs = mix(terms, replace(inputs, by_teacher=each_teacher(teachers)), self.teachers)
         return weighted_sum(self, terms, inputs, weights)
 
     def task_loss(self, student: Features, batch: Batch) -> torch.Tensor:

@@ -19,6 +19,7 @@ from biodistil.config import (
     LocalPath,
     ModelConfig,
     ModelRef,
+    NamesTeachers,
     RunConfig,
     Section,
     TaskRef,
@@ -190,7 +191,7 @@ class KDTeacher(Section):
         "than float32 is part of the cache's key); auto = bfloat16 where the hardware computes it fast")
 
 
-class KDRecipe(Section):
+class KDRecipe(Section, NamesTeachers):
     """`biodistil kd`: train a student on a fine-tuned teacher's outputs (or several teachers') over a transfer set."""
 
     run: RunConfig = Field(default_factory=RunConfig)

@@ -29,7 +29,7 @@ from biodistil.finetune.selection import DEV_PREDICTIONS, TEST_PREDICTIONS
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
-from biodistil.kd.several import ensemble_test_scores
+from biodistil.methods.several_teachers import ensemble_test_scores
 from biodistil.paths import recorded
 from biodistil.tasks.bootstrap import read_scored_run, share_interval
 from biodistil.tasks.encoding import fit_length_to_model

@@ -2,7 +2,7 @@
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -35,11 +35,13 @@ PROBABILITY_FLOOR = 1e-12  # a mixture of teachers' probabilities is floored her
 Linear = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
+@runtime_checkable
 class RowSource(Protocol):
     """Teacher logit rows [N, V] that form themselves on demand, a chunk of rows at a time, as z/T (several teachers'
     mixture: `losses.multi_teacher.MixedRows`); the fused KLs take them as a teacher like a tensor or a `Linear`.
     `parts` gives a chunk unmixed — each teacher's z_k/T [rows, V] and log w_k ([K, 1, 1] or [K, rows, 1]) — for a
-    row kernel that mixes them in its own pass: log p_T = log Σ_k exp(z_k/T − logsumexp(z_k/T) + log w_k)."""
+    row kernel that mixes them in its own pass: log p_T = log Σ_k exp(z_k/T − logsumexp(z_k/T) + log w_k); `select`
+    some of the rows, `logits` all of them formed whole (z, [N, V])."""
 
     @property
     def shape(self) -> tuple[int, int]: ...
@@ -47,6 +49,10 @@ class RowSource(Protocol):
     def scaled_rows(self, rows: slice, temperature: float) -> torch.Tensor: ...
 
     def parts(self, rows: slice, temperature: float) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
+
+    def select(self, rows: torch.Tensor) -> "RowSource": ...
+
+    def logits(self) -> torch.Tensor: ...
 
 
 Teacher = torch.Tensor | Linear | RowSource

@@ -18,6 +18,7 @@ from biodistil.data.batch import Batch, UnitIds
 from biodistil.data.masking import MaskingVocabulary, mask_tokens
 from biodistil.data.token_alignment import AlignedBatch, corrupt_side, draw_words
 from biodistil.methods.objective import Objective, TermInputs, position_masks
+from biodistil.methods.several_teachers import each_teacher
 from biodistil.methods.word_units import WordUnits
 from biodistil.models.features import extract_features
 from biodistil.teachers.loading import freeze
@@ -84,12 +85,11 @@ class MaskedLMModule(nn.Module):
         student_features = extract_features(
             self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
-        several = len(self.signals) > 1
         inputs = TermInputs(
             student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
             attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
             shared_vocab=self.shared_vocab, units=units[0] if units else None,
-            teachers=tuple(teachers) if several and teachers else (), teacher_units=tuple(units) if several else (),
+            by_teacher=each_teacher(teachers, units),
         )
         return self.objective(inputs)
 

@@ -17,7 +17,7 @@ student's formed logits (`planned_inputs`), so the order of the terms never chan
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from biodistil.errors import BiodistilError
 from biodistil.losses.distillation import KLRows
 from biodistil.losses.layers import tolerance_hinge
 from biodistil.methods.layer_map import explicit_layer_map, uniform_layer_map
-from biodistil.methods.several_teachers import Teachers, contribution, expand, mix
+from biodistil.methods.several_teachers import Teachers, expand, mix, teacher_table
 from biodistil.methods.terms import Pairs, Term, TermInputs, Weight, form_for, position_masks
 from biodistil.models.families import attention_window, hidden_size, num_heads, num_layers, qkv_widths
 from biodistil.models.features import FeatureRequest, normalise_block, normalise_layer
@@ -65,9 +65,8 @@ class Objective(nn.Module):
         needing = [t.loss for t in cfg.terms if TERM_SPECS[t.loss].needs_teacher]
         if not teachers and needing:
             raise BiodistilError(f"Objective terms {needing} need a teacher, and this stage has none")
-        self.teachers = Teachers(tuple(teacher_weights) if len(teachers) > 1 else (1.0,), cfg.combine,
-                                 cfg.confidence, tuple(k for k, model in enumerate(teachers)
-                                                       if not untrained_head_weights(model)))
+        self.teachers = Teachers(tuple(teacher_weights) if len(teachers) > 1 else (1.0,), cfg,
+                                 tuple(k for k, model in enumerate(teachers) if not untrained_head_weights(model)))
         if teachers and (len(teachers) == 1 or not self.teachers.readers):
             _check_teacher_head(cfg, teachers[0])
         taken: set[str] = set()
@@ -89,17 +88,10 @@ class Objective(nn.Module):
             if term.spec.reads == "hidden":
                 self._add_projections(term, student, teachers[term.teacher])
 
-    def contributions(self) -> list[dict[str, str]]:
-        """What each teacher contributes to each recipe term (the pre-flight table: a row per teacher)."""
-        rows = []
-        for k, weight in enumerate(self.teachers.weights):
-            row = {}
-            for term_cfg in self.cfg.terms:
-                spec = TERM_SPECS[term_cfg.loss]
-                row[term_cfg.loss] = contribution(spec, self.teachers.shares(spec)[k] if spec.needs_teacher else None,
-                                                  self.teachers)
-            rows.append({"weight": weight, "terms": row})
-        return rows
+    def contributions(self, about: Sequence[dict[str, str]] = ()) -> list[dict[str, Any]]:
+        """The pre-flight table: what each teacher contributes to each recipe term, a row per teacher (`about[k]`: its
+        name and tokens)."""
+        return teacher_table(self.teachers, {t.loss: TERM_SPECS[t.loss] for t in self.cfg.terms}, about)
 
     def _add_projections(self, term: Term, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
         """W_h (and W_e for the embeddings) per mapped layer pair, only when the widths differ."""
@@ -132,8 +124,7 @@ class Objective(nn.Module):
 
     def teacher_request(self, slot: int = 0) -> FeatureRequest:
         """What teacher `slot` must give: the features of its own terms and of the terms on the mixture."""
-        return _merged(_request(t, teacher=True) for t in self.terms if t.spec.needs_teacher and (
-            t.teacher == slot or (t.teacher is None and slot in self.teachers.readers)))
+        return _merged(_request(t, teacher=True) for t in self.terms if self.teachers.reads(t, slot))
 
     def cache_request(self, slot: int = 0) -> FeatureRequest:
         """What a teacher cache must hold for these terms (`teacher_request`), after checking that every teacher
@@ -166,9 +157,7 @@ class Objective(nn.Module):
         return chosen
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if inputs.teachers:
-            inputs = mix(self.terms, inputs, self.teachers)
-        return weighted_sum(self, self.terms, inputs)
+        return weighted_sum(self, self.terms, mix(self.terms, inputs, self.teachers))
 
 
 def weighted_sum(objective: object, terms: Iterable[Term], inputs: TermInputs,

@@ -29,6 +29,7 @@ from biodistil.io import atomic_directory
 from biodistil.methods.cross_tokenizer import pair_support, refuse_unsupported, term_support, tokenizer_pair
 from biodistil.methods.masked_lm import MaskBatch, MaskedLMModule, MaskSameWords
 from biodistil.methods.objective import Objective
+from biodistil.methods.several_teachers import refuse_mixed_vocabularies, render_teacher_table
 from biodistil.methods.vekd import VocabExpansionMaskBatch, expanded_student
 from biodistil.models.families import head_only, position_limit
 from biodistil.models.loading import check_model, load_masked_lm, load_tokenizer
@@ -37,7 +38,6 @@ from biodistil.models.size import count_parameters
 from biodistil.models.student import build_student, check_same_vocabulary, model_from_architecture
 from biodistil.models.vocab_transfer import VocabularyTransfer, vocabulary_pieces
 from biodistil.paths import recorded
-from biodistil.teachers.loading import render_teacher_table
 from biodistil.teachers.masked_lm_cache import (
     BuildReport,
     Cache,
@@ -110,7 +110,7 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     if recipe.student.tokenizer is not None:  # pre-flight before any work: the vocabulary to train is another one
         refuse_unsupported(pair_support("different", recipe.objective.terms))
     entries = recipe.teacher_list
-    run, accelerator = open_run(recipe, resume, [(entry.name_or_path, f"{_teacher_field(recipe, slot)}.name_or_path",
+    run, accelerator = open_run(recipe, resume, [(entry.name_or_path, f"{recipe.teacher_field(slot)}.name_or_path",
                                                   entry.trust_remote_code) for slot, entry in enumerate(entries)])
     tokenizers = [load_tokenizer(entry.name_or_path, entry.trust_remote_code) for entry in entries]
     tokenizer = tokenizers[0]
@@ -133,7 +133,8 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
     else:
         if shared_vocab is None:
             for slot, (model, own) in enumerate(zip(teachers, tokenizers, strict=True)):
-                _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+                with recipe.naming_teacher(slot):
+                    check_same_vocabulary(model, own, student, student_tokenizer)
         objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
                               layer_maps=[entry.layer_map for entry in entries])
         data = corpus_data(recipe, tokenizer, accelerator)
@@ -156,11 +157,6 @@ def run_distill(recipe: DistillRecipe, resume: bool = False, stop_after: int | N
                    notes)
 
 
-def _teacher_field(recipe: DistillRecipe, slot: int) -> str:
-    """The recipe field that names teacher `slot`, for messages."""
-    return "teacher" if recipe.teachers is None else f"teachers[{slot}]"
-
-
 def _teacher_note(recipe: DistillRecipe, slot: int, model: PreTrainedModel) -> str:
     entry = recipe.teacher_list[slot]
     share = "" if recipe.teachers is None else f", weight λ = {recipe.teacher_weights[slot]:.3g}"
@@ -173,24 +169,13 @@ def _preflight(recipe: DistillRecipe, objective: Objective, pairs: list[str], sh
     across = any(pair != "same" for pair in pairs)
     tokens = {"same": "the student's", "different": "its own: the words every side shares",
               "extended": "the student's, extended"}
-    rows = [{"teacher": str(entry.name_or_path),
-             "tokens": "the student's: the words every side shares" if across and pair == "same" else tokens[pair],
-             **row} for entry, pair, row in zip(recipe.teacher_list, pairs, objective.contributions(), strict=True)]
+    rows = objective.contributions([
+        {"teacher": str(entry.name_or_path),
+         "tokens": "the student's: the words every side shares" if across and pair == "same" else tokens[pair]}
+        for entry, pair in zip(recipe.teacher_list, pairs, strict=True)])
     if show:
         print(render_teacher_table(rows), flush=True)
     return render_teacher_table(rows, markdown=True)
-
-
-def _check_shared_tokenizer(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, tokenizer,
-                            student: PreTrainedModel, student_tokenizer) -> None:
-    """A teacher that reads the student's token ids: its model and tokenizer must fit them (named when several)."""
-    try:
-        check_same_vocabulary(teacher, tokenizer, student, student_tokenizer)
-    except BiodistilError as err:
-        if recipe.teachers is None:
-            raise
-        raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): "
-                             f"{err}") from None
 
 
 def _teacher_signal(recipe: DistillRecipe, slot: int, teacher: PreTrainedModel, dtype: torch.dtype, tokenizer,
@@ -236,23 +221,14 @@ def _across_tokenizers(recipe: DistillRecipe, student, student_tokenizer, teache
     student's and each teacher's vocabularies share, and the corpus as text blocks every tokenizer reads, masked word
     by word on every side (several teachers: the words all of them share)."""
     for slot, own in enumerate(tokenizers):
-        try:
+        with recipe.naming_teacher(slot):
             refuse_unsupported(term_support(student_tokenizer, own, recipe.objective.terms))
-        except BiodistilError as err:
-            if recipe.teachers is None:
-                raise
-            raise BiodistilError(f"{_teacher_field(recipe, slot)} ({recipe.teacher_list[slot].name_or_path}): "
-                                 f"{err}") from None
     if recipe.teacher_cache is not None or recipe.masking.duplication is not None or recipe.train.group_by_length:
         raise BiodistilError("teacher_cache, masking.duplication (static masks) and train.group_by_length are not "
                              "supported across tokenizers: blocks are text, the same words are masked on both sides "
                              "batch by batch and the teacher reads its own tokens online; remove them, or give the "
                              "student the teacher's tokenizer")
-    mixed = recipe.objective.on_mixture([term.loss for term in recipe.objective.terms])
-    if len(teachers) > 1 and mixed:
-        raise BiodistilError(f"Objective terms {mixed} would mix several teachers' vocabularies, and across tokenizers "
-                             "each teacher is compared with the student over the strings their two vocabularies "
-                             "share: set objective.combine: per_teacher (one term per teacher)")
+    refuse_mixed_vocabularies(recipe.objective, [term.loss for term in recipe.objective.terms], len(teachers))
     vocabularies = [shared_vocabulary(student_tokenizer, own, student.config.vocab_size, model.config.vocab_size)
                     for own, model in zip(tokenizers, teachers, strict=True)]
     objective = Objective(recipe.objective, student, teachers, vocabularies, teacher_weights=recipe.teacher_weights,
@@ -294,14 +270,15 @@ def run_cache_teacher(recipe: DistillRecipe) -> Path:
         raise BiodistilError("cache-teacher needs a recipe with a teacher_cache section (and masking.duplication)")
     entries = recipe.teacher_list
     for slot, entry in enumerate(entries):
-        check_model(entry.name_or_path, f"{_teacher_field(recipe, slot)}.name_or_path", entry.trust_remote_code)
+        check_model(entry.name_or_path, f"{recipe.teacher_field(slot)}.name_or_path", entry.trust_remote_code)
     accelerator = make_accelerator("no", device=recipe.train.device)
     tokenizer = load_tokenizer(entries[0].name_or_path, entries[0].trust_remote_code)
     teachers = [load_masked_lm(entry.name_or_path, "float32", entry.trust_remote_code) for entry in entries]
     student, student_tokenizer = build_student(recipe.student, teachers[0], tokenizer)
     for slot, model in enumerate(teachers):
         own = tokenizer if slot == 0 else load_tokenizer(entries[slot].name_or_path, entries[slot].trust_remote_code)
-        _check_shared_tokenizer(recipe, slot, model, own, student, student_tokenizer)
+        with recipe.naming_teacher(slot):
+            check_same_vocabulary(model, own, student, student_tokenizer)
     objective = Objective(recipe.objective, student, teachers, teacher_weights=recipe.teacher_weights,
                           layer_maps=[entry.layer_map for entry in entries])
     data = corpus_data(recipe, tokenizer, accelerator)

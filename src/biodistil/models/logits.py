@@ -7,8 +7,8 @@ terms that read them), one row per True entry in row-major order. Four things st
 - `TopKLogits`: a teacher cache's top-k logits, their ids and the log-normaliser (no whole rows exist);
 - `LinearRows`: a masked LM's MLM head up to its decoder, z = x·Wᵀ + b, whose [N, V] logits are formed only where
   a loss asks for them;
-- `MixedRows`: several teachers' rows (logits or heads) as their mixture at the objective's temperature, formed
-  likewise (`losses.multi_teacher`).
+- a `RowSource` (`losses.distillation`): rows that form themselves on demand, likewise, at the objective's
+  temperature.
 
 `LogitRows` owns them. `at(mask)` restricts them to some of the rows (no copy when the mask is `positions`);
 `logits()` forms the logits of a head, once per set of rows (memoised here, shared by the views `at` returns);
@@ -28,8 +28,15 @@ import torch
 import torch.nn.functional as F
 
 from biodistil.errors import BiodistilError
-from biodistil.losses.distillation import KLRows, Linear, Teacher, linear_soft_kl_loss, soft_kl_loss, topk_kl_loss
-from biodistil.losses.multi_teacher import MixedRows
+from biodistil.losses.distillation import (
+    KLRows,
+    Linear,
+    RowSource,
+    Teacher,
+    linear_soft_kl_loss,
+    soft_kl_loss,
+    topk_kl_loss,
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class TopKLogits:
         return TopKLogits(self.values[rows], self.ids[rows], self.log_norm[rows], self.temperature, *tail)
 
 
-LogitSource = torch.Tensor | TopKLogits | LinearRows | MixedRows
+LogitSource = torch.Tensor | TopKLogits | LinearRows | RowSource
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,7 @@ class _Root:
         if mask is self.positions:
             return self.source
         rows = mask[self.positions]
-        return self.source.select(rows) if isinstance(self.source, LinearRows | MixedRows) else self.source[rows]
+        return self.source.select(rows) if isinstance(self.source, LinearRows | RowSource) else self.source[rows]
 
     def formed_at(self, mask: torch.Tensor) -> torch.Tensor:
         """The head's logits at `mask`'s rows, formed the first time they are asked for."""
@@ -143,7 +150,7 @@ class LogitRows:
         source = self._root.source
         if isinstance(source, TopKLogits):
             raise TypeError("a teacher cache's top-k logits are not whole logit rows")
-        if isinstance(source, LinearRows | MixedRows):
+        if isinstance(source, LinearRows | RowSource):
             return self._root.formed_at(self.positions)
         return self.rows
 
@@ -202,10 +209,10 @@ class LogitRows:
         return part, logits, self.positions & ~first
 
     def _operand(self) -> Teacher:
-        """These rows as a KL's teacher: a head's (x, W, b) or several teachers' mixture, formed a chunk at a time
-        inside the loss, else logits."""
+        """These rows as a KL's teacher: a head's (x, W, b) or a `RowSource`, formed a chunk at a time inside the loss,
+        else logits."""
         source = self.rows
-        if isinstance(source, MixedRows):
+        if isinstance(source, RowSource):
             return source
         return source.linear if isinstance(source, LinearRows) else self.logits()
 

@@ -1,8 +1,6 @@
-"""Loading a teacher: a fine-tuned classifier checked against its task, freezing a teacher that only serves, and the
-pre-flight table of several teachers (what each contributes to each term)."""
+"""Loading a teacher: a fine-tuned classifier checked against its task, and freezing a teacher that only serves."""
 
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
@@ -46,16 +44,3 @@ def freeze(model: nn.Module) -> None:
     model.eval()
     for param in model.parameters():
         param.requires_grad_(False)
-
-
-def render_teacher_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
-    """The pre-flight table as text (or a Markdown table, for a report): teacher × term (rows: teacher, weight, tokens
-    and per term what it gives)."""
-    names = list(rows[0]["terms"]) if rows else []
-    cells = [["teacher", "λ", "tokens", *names]]
-    cells += [[row["teacher"], f"{row['weight']:.2f}", row["tokens"], *(row["terms"][name] for name in names)]
-              for row in rows]
-    if not markdown:
-        return "\n".join(["Teachers (pre-flight):", *(" | ".join(line) for line in cells)])
-    header, *body = (f"| {' | '.join(line)} |" for line in cells)
-    return "\n".join(["Teachers (pre-flight):", "", header, "|" + "---|" * len(cells[0]), *body])

@@ -347,8 +347,8 @@ class CacheReader:
 class CachedBlocks(Dataset):
     """Statically masked blocks with the teacher's cached outputs for their (block, pattern) attached."""
 
-    def __init__(self, blocks: Any, reader: CacheReader, slot: int = 0):
-        self.blocks, self.reader, self.slot = blocks, reader, slot
+    def __init__(self, blocks: Any, reader: CacheReader, payload_index: int = 0):
+        self.blocks, self.reader, self.payload_index = blocks, reader, payload_index
         spec = reader.cache.spec
         self.k, self.m, self.layers = spec.top_k, spec.tail_samples, spec.hidden_layers
 
@@ -380,20 +380,20 @@ class CachedBlocks(Dataset):
         for layer in self.layers:
             states = _from_stored(entry[f"hidden_{layer}"], torch.bfloat16)
             teacher[f"hidden_{layer}"] = states.reshape(len(item["input_ids"]), -1)
-        return {**item, f"teacher@{self.slot}": teacher}
+        return {**item, f"teacher@{self.payload_index}": teacher}
 
 
 class CachedCollate:
     """`collate` for the blocks, plus the teacher's outputs: rows of the masked positions (top-k, head input)
     concatenated in row-major order, hidden states padded to [B, L, D]."""
 
-    def __init__(self, collate: Callable[[list[dict[str, Any]]], Batch], layers: Sequence[int], slot: int = 0):
-        self.collate, self.layers, self.slot = collate, tuple(layers), slot
+    def __init__(self, collate: Callable[[list[dict[str, Any]]], Batch], layers: Sequence[int], payload_index: int = 0):
+        self.collate, self.layers, self.payload_index = collate, tuple(layers), payload_index
 
     def __call__(self, items: list[dict[str, Any]]) -> Batch:
         batch = self.collate(items)
-        payload = batch.payload(self.slot)
-        stored = [item[f"teacher@{self.slot}"] for item in items]
+        payload = batch.payload(self.payload_index)
+        stored = [item[f"teacher@{self.payload_index}"] for item in items]
         for name in ROW_FIELDS:
             if name in stored[0]:
                 payload[name] = torch.cat([entry[name] for entry in stored])
@@ -423,12 +423,12 @@ class MaskedLMOutputs:
         self.reader, self.head = reader, head
         self.layers, self.teacher_layers, self.temperature = spec.hidden_layers, spec.teacher_layers, spec.temperature
 
-    def data(self, dataset: Dataset, collate: Callable, slot: int = 0) -> tuple[Dataset, Callable]:
-        return CachedBlocks(dataset, self.reader, slot), CachedCollate(collate, self.layers, slot)
+    def data(self, dataset: Dataset, collate: Callable, payload_index: int = 0) -> tuple[Dataset, Callable]:
+        return CachedBlocks(dataset, self.reader, payload_index), CachedCollate(collate, self.layers, payload_index)
 
     def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None,
-                 slot: int = 0) -> Features:
-        stored = batch.payload(slot)
+                 payload_index: int = 0) -> Features:
+        stored = batch.payload(payload_index)
         hidden = {layer: stored[f"hidden_{layer}"].float() for layer in self.layers}
         logits = None
         if request.logits and self.head is not None:

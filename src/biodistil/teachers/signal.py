@@ -37,7 +37,7 @@ class TeacherSignal(Protocol):
     """The teacher's outputs for a distillation module, whatever their source."""
 
     model: PreTrainedModel | None  # the teacher model when it runs during training, else None
-    slot: int  # which of the batch's teacher payloads is this signal's (several teachers: their order)
+    slot: int  # which of the batch's teacher payloads is this signal's (`Batch.payload`)
 
     def data(self, dataset: Dataset, collate: Collate, held_out: bool = False) -> tuple[Dataset, Collate]:
         """The dataset and collate function with whatever this signal needs in each batch."""
@@ -51,12 +51,14 @@ class TeacherSignal(Protocol):
 
 
 class StoredOutputs(Protocol):
-    """One entry of the teacher store, as a `CachedTeacher` reads it; `slot`: the batch payload it fills and reads."""
+    """One entry of the teacher store, as a `CachedTeacher` reads it; `payload_index`: the batch payload it fills and
+    reads."""
 
-    def data(self, dataset: Dataset, collate: Collate, slot: int = 0) -> tuple[Dataset, Collate]:
+    def data(self, dataset: Dataset, collate: Collate, payload_index: int = 0) -> tuple[Dataset, Collate]:
         ...
 
-    def features(self, batch: Batch, request: FeatureRequest, positions: Positions, slot: int = 0) -> Features:
+    def features(self, batch: Batch, request: FeatureRequest, positions: Positions,
+                 payload_index: int = 0) -> Features:
         ...
 
 

@@ -225,51 +225,53 @@ class TaskOutputs:
         return len(self.by_window)
 
     def data(self, dataset: Sequence[dict[str, Any]], collate: Collate,
-             slot: int = 0) -> tuple[list[dict[str, Any]], Collate]:
+             payload_index: int = 0) -> tuple[list[dict[str, Any]], Collate]:
         """The student's features with their rows attached, and a collate that gathers the rows into the batch's
-        payload `slot`."""
-        return [self.attach(feature, slot) for feature in dataset], GatheringCollate(collate, self, slot)
+        payload `payload_index`."""
+        attached = [self.attach(feature, payload_index) for feature in dataset]
+        return attached, GatheringCollate(collate, self, payload_index)
 
     def features(self, batch: Batch, request: FeatureRequest, positions: torch.Tensor | None = None,
-                 slot: int = 0) -> Features:
+                 payload_index: int = 0) -> Features:
         """The batch's gathered logits (and [CLS] states, [B, 1, D] per layer) as the objective's features."""
-        payload = batch.payload(slot)
+        payload = batch.payload(payload_index)
         cls = payload.get("cls")
         hidden = {layer: cls[:, k:k + 1] for k, layer in enumerate(self.cls_layers)} if cls is not None else {}
         return classifier_features(payload["logits"], hidden, self.teacher_layers)
 
-    def attach(self, feature: dict[str, Any], slot: int = 0) -> dict[str, Any]:
-        """The feature with its rows under `rows@<slot>`: per position for token tasks (`NO_ROW` where the soft term
-        does not count or the teacher has no word), else one; and the [CLS] row for PatientKD under `cls_row@<slot>`.
+    def attach(self, feature: dict[str, Any], payload_index: int = 0) -> dict[str, Any]:
+        """The feature with its rows under `rows@<payload_index>`: per position for token tasks (`NO_ROW` where the
+        soft term does not count or the teacher has no word), else one; and the [CLS] row for PatientKD under
+        `cls_row@<payload_index>`.
         Reads the feature's `origin` and `word_ids`."""
         example, start = feature["origin"]
         out = dict(feature)
         if self.token_task:
-            out[f"rows@{slot}"] = [
+            out[f"rows@{payload_index}"] = [
                 self.by_word.get((example, start + word), NO_ROW) if word >= 0 and counts else NO_ROW
                 for word, counts in zip(feature["word_ids"], feature["kd_mask"], strict=True)]
         else:
-            out[f"rows@{slot}"] = self.by_example[example]
+            out[f"rows@{payload_index}"] = self.by_example[example]
         if self.cls is not None:
-            out[f"cls_row@{slot}"] = self.by_window.get((example, start), NO_ROW)
+            out[f"cls_row@{payload_index}"] = self.by_window.get((example, start), NO_ROW)
         return out
 
-    def gather(self, features: list[dict[str, Any]], batch: Batch, slot: int = 0) -> None:
+    def gather(self, features: list[dict[str, Any]], batch: Batch, payload_index: int = 0) -> None:
         """Put the teacher's `logits` ([B, C], or [B, L, C] with the `kd` mask narrowed to the positions that have a
-        teacher word: with several teachers, those all of them have) and `cls` [B, K, D] (+ the `cls` mask) into the
-        batch's payload `slot`, read from the mapped arrays."""
-        payload = batch.payload(slot)
+        teacher word, and further by each payload gathered after it) and `cls` [B, K, D] (+ the `cls` mask) into the
+        batch's payload `payload_index`, read from the mapped arrays."""
+        payload = batch.payload(payload_index)
         if self.token_task:
             length = batch.input_ids.size(1)
             rows = np.full((len(features), length), NO_ROW, dtype=np.int64)
             for i, feature in enumerate(features):
-                rows[i, :len(feature[f"rows@{slot}"])] = feature[f"rows@{slot}"]
+                rows[i, :len(feature[f"rows@{payload_index}"])] = feature[f"rows@{payload_index}"]
             payload["logits"] = _rows_of(self.logits, rows)
             _narrow(batch.masks, "kd", torch.from_numpy(rows != NO_ROW).long())
         else:
-            payload["logits"] = _rows_of(self.logits, np.array([f[f"rows@{slot}"] for f in features]))
+            payload["logits"] = _rows_of(self.logits, np.array([f[f"rows@{payload_index}"] for f in features]))
         if self.cls is not None:
-            rows = np.array([f[f"cls_row@{slot}"] for f in features])
+            rows = np.array([f[f"cls_row@{payload_index}"] for f in features])
             payload["cls"] = _rows_of(self.cls, rows)
             _narrow(batch.masks, "cls", torch.from_numpy(rows != NO_ROW).long())
 
@@ -285,11 +287,11 @@ class GatheringCollate:
 
     collate: Collate
     outputs: TaskOutputs
-    slot: int = 0
+    payload_index: int = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> Batch:
         batch = self.collate(features)
-        self.outputs.gather(features, batch, self.slot)
+        self.outputs.gather(features, batch, self.payload_index)
         return batch
 
 

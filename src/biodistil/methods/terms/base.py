@@ -28,8 +28,8 @@ class Term:
     name: str
     relation_heads: int | None = None
     windows: tuple[int | None, ...] = ()  # attention terms: per pair, the narrower window of the two layers
-    teacher: int | None = 0  # several teachers: the index of the one it reads, or None for their mixture
-    share: float = 1.0  # several teachers, one term per teacher: this teacher's λ_k (its weight is w·λ_k)
+    teacher: int | str = 0  # the key of the teacher features it reads (`TermInputs.for_term`)
+    share: float = 1.0  # its share of the recipe term: its weight is w·share (`methods.several_teachers.expand`)
 
     @property
     def family(self) -> str:
@@ -61,19 +61,15 @@ class TermInputs:
     shared_vocab: int | None = None  # KD logits compare only the first `shared_vocab` columns (VE-KD)
     multi_label: bool = False  # classes are independent (sigmoid per class): multi-label classification
     units: WordUnits | None = None  # across tokenizers: the words both sides share; terms compare them, not tokens
-    teachers: tuple[Features, ...] = ()  # several teachers: each one's features in order (`teacher`: the first)
-    mixtures: dict[str, Features] = field(default_factory=dict)  # several teachers: their mixture per mixture space
-    teacher_units: tuple[WordUnits, ...] = ()  # several teachers across tokenizers: each one's words (`units`: 1st)
+    by_teacher: dict[int | str, tuple[Features, WordUnits | None]] = field(default_factory=dict)  # the teacher (and
+    #   its words) a term reads by its key `Term.teacher`, where not `teacher` (`methods.several_teachers.mix`)
 
     def for_term(self, term: Term) -> "TermInputs":
-        """These inputs with the teacher `term` reads: with several teachers its own (and across tokenizers the
-        words it shares with the student), or their mixture."""
-        if not self.teachers:
+        """These inputs with the teacher features `term` reads (and the words they share with the student)."""
+        if term.teacher not in self.by_teacher:
             return self
-        teacher = self.mixtures[term.spec.mixture] if term.teacher is None else self.teachers[term.teacher]
-        units = self.units if term.teacher is None or not self.teacher_units else self.teacher_units[term.teacher]
-        return self if teacher is self.teacher and units is self.units else replace(self, teacher=teacher,
-                                                                                     units=units)
+        teacher, units = self.by_teacher[term.teacher]
+        return replace(self, teacher=teacher, units=self.units if units is None else units)
 
     def reads_formed(self, term: Term) -> bool:
         """Whether `term` reads the student's logits formed (materialised) at its positions: declared before the terms
