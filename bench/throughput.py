@@ -55,7 +55,6 @@ import os
 import resource
 import statistics
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from functools import partial
@@ -68,6 +67,7 @@ from transformers import BertConfig, BertForMaskedLM
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig, TrainConfig
 from biodistil.data.batch import AsBatch
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
+from biodistil.evaluation.bench import PeakRSS, current_rss
 from biodistil.losses.distillation import compiled_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
@@ -133,38 +133,6 @@ class PhaseClock:
         self.last = now
         if self.sampler is not None and self.peaks is not None and self.sampler.watching:
             self.peaks[phase].append(self.sampler.take())
-
-
-class PeakRSS:
-    """Largest resident set size seen by a sampling thread while `watching` (Linux /proc/self/statm)."""
-
-    def __init__(self, every: float = 0.001):
-        self.page = os.sysconf("SC_PAGE_SIZE")
-        self.peak, self.watching, self.every = 0, False, every
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def current(self) -> int:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * self.page
-
-    def _run(self) -> None:
-        while True:
-            if self.watching:
-                self.peak = max(self.peak, self.current())
-            time.sleep(self.every)
-
-    def start(self) -> None:
-        self.peak, self.watching = self.current(), True
-
-    def stop(self) -> int:
-        self.watching = False
-        return max(self.peak, self.current())
-
-    def take(self) -> int:
-        """The peak since the last `take` (or `start`), then start again from now."""
-        peak = max(self.peak, self.current())
-        self.peak = self.current()
-        return peak
 
 
 def blocks_and_vocab(args) -> tuple[list[dict], MaskingVocabulary]:
@@ -363,7 +331,7 @@ def measure(args: argparse.Namespace) -> dict:
     phases: dict[str, dict[str, list[float]]] = {mode: defaultdict(list) for mode in modes}
     phase_peaks: dict[str, dict[str, list[int]]] = {mode: defaultdict(list) for mode in modes}
     sampler = PeakRSS()
-    before_steps = sampler.current()  # imports, models, optimizers and data, before any step
+    before_steps = current_rss()  # imports, models, optimizers and data, before any step
 
     def step(mode: str, index: int) -> int:
         module, optimizer = modules[mode]
@@ -393,7 +361,7 @@ def measure(args: argparse.Namespace) -> dict:
     warmup_seconds = 0.0
     for index in range(args.warmup + args.repeats):
         if index > args.warmup:
-            after_rounds.append(sampler.current())
+            after_rounds.append(current_rss())
         for mode in modes:
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -412,7 +380,7 @@ def measure(args: argparse.Namespace) -> dict:
                 rates[mode].append(tokens / seconds)
                 peaks[mode] = max(peaks[mode], peak)
 
-    after_rounds.append(sampler.current())
+    after_rounds.append(current_rss())
     measured = slice(args.warmup, args.warmup + args.repeats)
     phase_ms = {mode: {phase: round(1000 * statistics.median(times[measured]), 1) for phase, times in laps.items()}
                 for mode, laps in phases.items()}

@@ -182,7 +182,8 @@ def memory_method(device: torch.device, memory: str = "isolated") -> str:
             "returned first with malloc_trim; activations and workspace, weights excluded)")
 
 
-def _current_rss() -> int:
+def current_rss() -> int:
+    """This process's resident set size in bytes."""
     try:
         import psutil
 
@@ -194,25 +195,51 @@ def _current_rss() -> int:
         return kib * 1024
 
 
+class PeakRSS:
+    """The largest resident set size a background thread sees (sampled every `every` seconds) while `watching`: from
+    `start` to `stop`, or from one `take` to the next (a phase's peak); `close` ends the thread."""
+
+    def __init__(self, every: float = 0.001):
+        self.peak, self.watching, self.every = 0, False, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            if self.watching:
+                self.peak = max(self.peak, current_rss())
+            time.sleep(self.every)
+
+    def start(self) -> None:
+        self.peak, self.watching = current_rss(), True
+
+    def stop(self) -> int:
+        self.watching = False
+        return max(self.peak, current_rss())
+
+    def take(self) -> int:
+        """The peak since the last `take` (or `start`), then start again from now."""
+        now = current_rss()
+        peak, self.peak = max(self.peak, now), now
+        return peak
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 @contextmanager
 def _sampled_peak() -> Iterator[dict[str, int]]:
     """Peak RSS by sampling in a background thread (where the kernel's peak counter cannot be reset)."""
-    found = {"peak": _current_rss()}
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            found["peak"] = max(found["peak"], _current_rss())
-            time.sleep(0.001)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
+    sampler = PeakRSS()
+    sampler.start()
+    found = {"peak": sampler.peak}
     try:
         yield found
     finally:
-        done.set()
-        thread.join()
-        found["peak"] = max(found["peak"], _current_rss())
+        found["peak"] = sampler.stop()
+        sampler.close()
 
 
 def _release_free_memory() -> None:
@@ -234,7 +261,7 @@ def peak_memory_bytes(run: Callable[[], float], device: torch.device) -> int | N
         before = _status_kib("VmRSS") or 0
         run()
         return max(0, ((_status_kib("VmHWM") or 0) - before) * 1024)
-    before = _current_rss()
+    before = current_rss()
     with _sampled_peak() as found:
         run()
     return max(0, found["peak"] - before)
