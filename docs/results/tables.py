@@ -2,7 +2,8 @@
 
     python docs/results/tables.py            # every study
     python docs/results/tables.py meta-kd    # one
-    python docs/results/tables.py --write    # replace the marked tables of docs/results.md and docs/demo.md
+    python docs/results/tables.py --write    # replace the marked tables and figures of docs/results.md and docs/demo.md
+    python docs/results/tables.py --figures  # every named figure of the prose, as its record gives it
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
@@ -14,14 +15,20 @@ within its table (biodistil's one verdict rule, `biodistil.tasks.significance`: 
 data order — the fine-tuning cells of one evaluation —, else Welch's; each table's comparisons are one family);
 otherwise it is inconclusive, with about the seeds per arm that would give the test 80% power at the observed
 difference and spread.
+
+The prose quotes figures too: each sits between markers, `<!-- fig: STUDY/NAME -->78.8<!-- /fig -->` (invisible when
+rendered), and `--write` fills it with FIGURES[STUDY](record)[NAME] — one function per study returns its named figures
+as the prose writes them (signs "−"/"+", the tables' digits), computed once per record (they share its Holm families).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,41 @@ def load(name: str) -> dict[str, Any]:
 
 def pm(mean: float, sd: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * mean:.{digits}f}" + (f" ± {scale * sd:.{digits}f}" if sd is not None else "")
+
+
+def num(value: float, digits: int = 1, scale: float = 1.0) -> str:
+    """A figure as the prose writes it: a negative with "−" (U+2212)."""
+    return f"{scale * value:.{digits}f}".replace("-", "−")
+
+
+def signed(value: float, digits: int = 1, scale: float = 1.0) -> str:
+    """A difference as the prose writes it: "+1.0", "−1.2"."""
+    return f"{scale * value:+.{digits}f}".replace("-", "−")
+
+
+def ci(result: Comparison, digits: int = 1, scale: float = 100.0) -> str:
+    """A comparison's interval as the prose writes it: "−0.3 to +2.4"."""
+    return f"{signed(result.low, digits, scale)} to {signed(result.high, digits, scale)}"
+
+
+def pct(value: float, digits: int = 1) -> str:
+    """A share as the prose writes it: "96.1%"."""
+    return f"{100 * value:.{digits}f}%"
+
+
+def p_text(value: float) -> str:
+    return f"{value:.2g}"
+
+
+def comparison_figures(prefix: str, result: Comparison, digits: int = 1, scale: float = 100.0) -> dict[str, str]:
+    """A comparison's figures under `prefix`: its difference, interval, p, Holm p and seeds for 80% power."""
+    figures = {f"{prefix}": signed(result.difference, digits, scale)}
+    if result.low is not None:
+        figures |= {f"{prefix}:ci": ci(result, digits, scale), f"{prefix}:p": p_text(result.p_value),
+                    f"{prefix}:holm": p_text(result.p_holm)}
+    if result.seeds_needed:
+        figures[f"{prefix}:seeds"] = str(result.seeds_needed)
+    return figures
 
 
 def gap_cell(gaps: list[float | None]) -> str:
@@ -88,9 +130,35 @@ def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
 
 
 def task_agnostic_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, [("distilbert", "layers-only"), ("tinybert", "layers-only"),
-                                    ("minilmv2", "random-init"), ("layers-only", "random-init"),
-                                    ("distilbert", "tinybert")])
+    return pipeline_tables(record, TASK_AGNOSTIC_PAIRS)
+
+
+TASK_AGNOSTIC_PAIRS = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
+                       ("layers-only", "random-init"), ("distilbert", "tinybert")]
+
+
+def task_agnostic_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 1's prose figures: each model's F1 (`f1:MODEL`, `sd:MODEL`, ×100) and share of the teacher, and each
+    comparison's difference, interval, p, Holm p and seeds (`A-B`, `A-B:ci`, ...)."""
+    results = evaluation(record)
+    summary, task = results["summary"], results["tasks"][0]["name"]
+    macro = macro_averages(record)
+    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
+    figures = {"demo-teacher": num(load("demo")["models"][0]["f1_mean"], 1, 100), "paper-share": f"{100 * paper:.0f}%",
+               "minutes": f"{_pipeline_minutes(record):.0f}"}
+    for label, entry in summary.items():
+        figures |= {f"f1:{label}": num(entry[task]["mean"], 1, 100), f"sd:{label}": num(entry[task]["std"], 1, 100),
+                    f"share:{label}": _share(macro[label], macro[results["reference"]])}
+    for (first, second), result in pipeline_family(record, TASK_AGNOSTIC_PAIRS).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures
+
+
+def _pipeline_minutes(record: dict[str, Any]) -> float:
+    """A pipeline's distillation and fine-tuning wall time, in minutes."""
+    distil = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"] if stage["command"] != "evaluate")
+    tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in evaluation(record)["cells"])
+    return (distil + tune) / 60
 
 
 def cross_tokenizer_tables(record: dict[str, Any]) -> str:
@@ -143,13 +211,33 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
               f"({len(results['cells'])} cells), {(distil + tune) / 60:.1f} min in all."]
     lines += ["", "Differences of macro averages (per seed: the mean over tasks of that seed's scores):", "",
               "| comparison | difference | verdict |", "|---|---|---|"]
+    for (first, second), result in pipeline_family(record, comparisons).items():
+        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
+    return "\n".join(lines)
+
+
+def evaluation(record: dict[str, Any]) -> dict[str, Any]:
+    """The results of a pipeline's evaluate stage."""
+    return next(stage["results"] for stage in record["stages"] if stage["command"] == "evaluate")
+
+
+def macro_averages(record: dict[str, Any]) -> dict[str, float]:
+    """Each model's mean over tasks of its mean score."""
+    results = evaluation(record)
+    tasks = [task["name"] for task in results["tasks"]]
+    return {label: statistics.fmean(entry[t]["mean"] for t in tasks) for label, entry in results["summary"].items()}
+
+
+def pipeline_family(record: dict[str, Any], comparisons: list[tuple[str, str]]) -> dict[tuple[str, str], Comparison]:
+    """The `comparisons` of macro averages present in the record (per seed: the mean over tasks), one family."""
+    results = evaluation(record)
+    tasks = [task["name"] for task in results["tasks"]]
+    summary = results["summary"]
     per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
                         for s in summary[label][tasks[0]]["seeds"]] for label in summary}
     present = [(first, second) for first, second in comparisons if first in per_seed and second in per_seed]
-    results = family([(per_seed[first], per_seed[second]) for first, second in present], paired=True)
-    for (first, second), result in zip(present, results, strict=True):
-        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
-    return "\n".join(lines)
+    return dict(zip(present, family([(per_seed[first], per_seed[second]) for first, second in present], paired=True),
+                    strict=True))
 
 
 def _share(score: float, teacher: float) -> str:
@@ -209,6 +297,30 @@ def transfer_tables(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def transfer_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 2's prose figures: the BioASQ teacher of its first version (`bioasq-teacher.json`), the teacher and the
+    initialisation, each arm's AUROC (`auroc:ARM`, `sd:ARM`), gap closed (`gap:ARM`) and its runs' initial AUROC
+    (`init:ARM`), each comparison (`A-B`, ...), the paper's gaps (`paper:ARM`)."""
+    rows, task = summary["rows"], summary["rows"][0]["task"]
+    bioasq = load("bioasq-teacher")
+    figures = {"bioasq-dev": ", ".join(f"{epoch['auroc']:.2f}" for epoch in bioasq["dev_by_epoch"]),
+               "bioasq-test": f"{bioasq['test']['auroc']:.3f}",
+               "teacher": f"{summary['teachers'][task]['test'][rows[0]['metric']]:.3f}",
+               "init": f"{statistics.fmean(r['init'] for r in rows):.3f}"}
+    figures |= {f"paper:{arm}": pct(gap) for arm, gap in PAPER_GAP.items()}
+    for row in rows:
+        runs = [r for r in summary["runs"] if r["task"] == task and r["arm"] == row["arm"]]
+        figures |= {f"auroc:{row['arm']}": f"{row['mean']:.3f}", f"sd:{row['arm']}": f"{row['sd']:.3f}",
+                    f"gap:{row['arm']}": gap_cell(row["gap_closed_per_seed"]),
+                    f"init:{row['arm']}": ", ".join(f"{r['init']['auroc']:.2f}" for r in runs)}
+    scores = {row["arm"]: row["scores"] for row in rows}
+    present = [(first, second) for first, second in TRANSFER_PAIRS if first in scores and second in scores]
+    results = family([(scores[a], scores[b]) for a, b in present], looks=summary.get("looks", 1))
+    for (first, second), result in zip(present, results, strict=True):
+        figures |= comparison_figures(f"{first}-{second}", result, 3, 1.0)
+    return figures
+
+
 # ------------------------------------------------------------------------------------------ study 3
 
 
@@ -257,12 +369,40 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
         for arm in arms:
             lines.append(auroc_row(arm, [r for r in runs if r["task"] == task and r["arm"] == arm]))
         lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
-        present = [(first, second) for first, second in ORDER if first in arms and second in arms]
-        auroc = {arm: [r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == arm] for arm in arms}
-        results = family([(auroc[a], auroc[b]) for a, b in present], looks=summary.get("looks", 1))
-        for (first, second), result in zip(present, results, strict=True):
+        for (first, second), result in auroc_family(summary, task, arms).items():
             lines.append(f"| {first} − {second} | {result.difference:+.3f} ({verdict(result)}) |")
     return lines
+
+
+def auroc_family(summary: dict[str, Any], task: str, arms: list[str]) -> dict[tuple[str, str], Comparison]:
+    """The paper's order of comparisons on a task's test AUROC, one family."""
+    present = [(first, second) for first, second in ORDER if first in arms and second in arms]
+    auroc = {arm: [r["test"]["auroc"] for r in summary["runs"] if r["task"] == task and r["arm"] == arm]
+             for arm in arms}
+    results = family([(auroc[a], auroc[b]) for a, b in present], looks=summary.get("looks", 1))
+    return dict(zip(present, results, strict=True))
+
+
+def meta_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 3's prose figures: the ChemProt teacher of its first version (`chemprot-teacher.json`), the runs that
+    predicted one class, each arm's F1 sd (`f1-sd:ARM`, ×100, whole points) and test AUROC (`auroc:ARM`, `sd:ARM`,
+    `seeds:ARM`), the teacher's AUROC and the AUROC comparisons (`A-B`, ...)."""
+    task = "gad"
+    runs = [r for r in summary["runs"] if r["task"] == task]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    figures = {"chemprot-teacher": num(load("chemprot-teacher")["test"]["f1"], 1),
+               "one-class": f"{sum(bool(r['degenerate']) for r in runs)} of the {len(runs)}",
+               "teacher": f"{summary['teachers'][task]['test']['auroc']:.3f}"}
+    for row in (row for row in summary["rows"] if row["task"] == task):
+        auroc = [r["test"]["auroc"] for r in runs if r["arm"] == row["arm"]]
+        figures |= {f"f1-sd:{row['arm']}": f"{100 * row['sd']:.0f}",
+                    f"auroc:{row['arm']}": f"{statistics.fmean(auroc):.3f}",
+                    f"sd:{row['arm']}": f"{statistics.stdev(auroc):.3f}"}
+    for (first, second), result in auroc_family(summary, task, arms).items():
+        figures |= comparison_figures(f"{first}-{second}", result, 3, 1.0)
+    meta = [[f"{r['test']['auroc']:.3f}" for r in runs if r["arm"] == arm] for arm in ("metadistil", "meta-adaptive")]
+    figures["meta-seeds"] = ", ".join("/".join(pair) for pair in zip(*meta, strict=True))
+    return figures
 
 
 # ------------------------------------------------------------------------------------------ study 4
@@ -276,11 +416,7 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
     verdict (every task's comparisons one family) and the gap closed (S − S_budget)/(T − S_budget) with the
     difference's interval on the same scale (T and the budget's mean taken as fixed)."""
     lines: list[str] = []
-    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
-    others = [row for row in summary["rows"] if row["arm"] != "budget"]
-    judged = dict(zip([(row["task"], row["arm"]) for row in others],
-                      family([(row["scores"], budgets[row["task"]]["scores"]) for row in others],
-                             looks=summary.get("looks", LOOKS["users-setting"])), strict=True))
+    judged = users_family(summary)
     for task in dict.fromkeys(row["task"] for row in summary["rows"]):
         rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
         budget, teacher = rows["budget"], summary["teachers"][task]["test"]
@@ -310,9 +446,49 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, _wall_time(summary)])
 
 
+def users_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
+    """Study 4's comparisons, each arm against its task's budget-only student: one family, at α/looks."""
+    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    others = [row for row in summary["rows"] if row["arm"] != "budget"]
+    return dict(zip([(row["task"], row["arm"]) for row in others],
+                    family([(row["scores"], budgets[row["task"]]["scores"]) for row in others],
+                           looks=summary.get("looks", LOOKS["users-setting"])), strict=True))
+
+
+def users_setting_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 4's prose figures, per task (TASK:…): each arm against the budget (`TASK:ARM`, `:ci`, `:p`, `:holm`,
+    `:seeds`; `:p1` its p before the correction for the extra look), the gap closed and its interval (`TASK:ARM:gap`,
+    `:gap-ci`), the budget-only student's F1 range over the tasks, the runs' seconds; the wall times."""
+    figures = _wall_time_figures(summary) | {f"paper:{arm}": pct(gap) for arm, gap in PAPER_GAP.items()}
+    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    for (task, arm), result in users_family(summary).items():
+        gap = summary["teachers"][task]["test"]["f1"] - budgets[task]["mean"]
+        figures |= comparison_figures(f"{task}:{arm}", result)
+        figures |= {f"{task}:{arm}:gap": num(result.difference / gap, 0, 100) + "%",
+                    f"{task}:{arm}:gap-ci": f"{num(result.low / gap, 0, 100)}% to {num(result.high / gap, 0, 100)}%",
+                    f"{task}:{arm}:p1": p_text(result.p_value / result.looks)}
+    budget = [row["mean"] for row in budgets.values()]
+    figures["budget-range"] = f"{100 * min(budget):.0f}-{100 * max(budget):.0f}"
+    for task in budgets:
+        seconds = [run["wall_seconds"] for run in summary["runs"] if run["task"] == task]
+        figures[f"{task}:run-seconds"] = f"{min(seconds):.0f}-{max(seconds):.0f}"
+    return figures
+
+
+def _wall_time_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """A study's minutes in all, of its teachers and of its student runs (as `_wall_time` writes them)."""
+    teachers = _teacher_seconds(summary)
+    return {"minutes": f"{summary['wall_seconds'] / 60:.1f}", "teacher-minutes": f"{teachers / 60:.1f}",
+            "student-minutes": f"{(summary['wall_seconds'] - teachers) / 60:.1f}", "runs": str(len(summary["runs"]))}
+
+
+def _teacher_seconds(summary: dict[str, Any]) -> float:
+    return sum((t.get("wall_seconds") or 0) + sum(m.get("wall_seconds") or 0 for m in t.get("more_teachers", {})
+                                                  .values()) for t in summary["teachers"].values())
+
+
 def _wall_time(summary: dict[str, Any]) -> str:
-    teachers = sum((t.get("wall_seconds") or 0) + sum(m.get("wall_seconds") or 0 for m in t.get("more_teachers", {})
-                                                      .values()) for t in summary["teachers"].values())
+    teachers = _teacher_seconds(summary)
     runs = len(summary["runs"])
     return (f"Wall time: {summary['wall_seconds'] / 60:.1f} min in all (teachers {teachers / 60:.1f} min, "
             f"{runs} student runs {(summary['wall_seconds'] - teachers) / 60:.1f} min), "
@@ -478,6 +654,10 @@ STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tabl
            "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
            "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
+FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
+    "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
+    "users-setting": users_setting_figures}
+FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
 
 
 def page(name: str) -> Path:
@@ -489,6 +669,30 @@ def block(name: str) -> str:
     return f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->"
 
 
+def figures(study: str, cache: dict[str, dict[str, str]] = {}) -> dict[str, str]:  # noqa: B006 (a cache)
+    """The named figures of a study's record, as the prose writes them."""
+    if study not in cache:
+        cache[study] = FIGURES[study](load(study))
+    return cache[study]
+
+
+def quoted_figures(text: str) -> list[tuple[str, str, str]]:
+    """Every figure marker of a page: (STUDY/NAME, the figure it quotes, the figure its record gives)."""
+    found = []
+    for match in FIGURE.finditer(text):
+        study, name = match["study"], match["name"]
+        if study not in FIGURES or name not in figures(study):
+            raise KeyError(f"no figure {study}/{name} in docs/results/tables.py FIGURES")
+        found.append((f"{study}/{name}", match["quoted"], figures(study)[name]))
+    return found
+
+
+def fill(text: str) -> str:
+    """A page with each figure marker holding the figure its record gives."""
+    return FIGURE.sub(lambda m: f"<!-- fig: {m['study']}/{m['name']} -->{figures(m['study'])[m['name']]}<!-- /fig -->",
+                      text)
+
+
 def write() -> None:
     for doc in sorted({page(name) for name in STUDIES}):
         text = doc.read_text(encoding="utf-8")
@@ -497,12 +701,16 @@ def write() -> None:
             if (HERE / f"{name}.json").is_file() and start in text:
                 before, rest = text.split(start, 1)
                 text = before + block(name) + rest.split(end, 1)[1]
-        doc.write_text(text, encoding="utf-8")
+        doc.write_text(fill(text), encoding="utf-8")
 
 
 def main(args: list[str]) -> None:
     if args == ["--write"]:
         write()
+        return
+    if args == ["--figures"]:
+        for study in FIGURES:
+            print("\n".join(f"{study}/{name}: {value}" for name, value in figures(study).items()))
         return
     for name in args or list(STUDIES):
         if (HERE / f"{name}.json").is_file():
