@@ -76,8 +76,9 @@ def comparison_figures(prefix: str, result: Comparison, digits: int = 1, scale: 
     """A comparison's figures under `prefix`: its difference, interval, p, Holm p and seeds for 80% power."""
     figures = {f"{prefix}": signed(result.difference, digits, scale)}
     if result.low is not None:
-        figures |= {f"{prefix}:ci": ci(result, digits, scale), f"{prefix}:p": p_text(result.p_value),
-                    f"{prefix}:holm": p_text(result.p_holm)}
+        figures |= {f"{prefix}:ci": ci(result, digits, scale), f"{prefix}:p": p_text(result.p_value)}
+    if result.p_holm is not None:
+        figures[f"{prefix}:holm"] = p_text(result.p_holm)
     if result.seeds_needed:
         figures[f"{prefix}:seeds"] = str(result.seeds_needed)
     return figures
@@ -515,18 +516,59 @@ def multi_teacher_tables(summary: dict[str, Any]) -> str:
                   "", f"| arm | {metric} (mean ± sd) | seeds |", "|---|---|---|"]
         lines += [f"| {arm} | {pm(row['mean'], row['sd'])} | {', '.join(f'{100 * s:.1f}' for s in row['scores'])} |"
                   for arm, row in rows.items()]
-        single = [arm for arm in rows if arm in ("kd-minilm", "kd-mpnet")]
-        if single:
-            best = max(single, key=lambda arm: rows[arm]["mean"])
+        best, results = multi_teacher_family(summary, task)
+        if best:
             lines += ["", f"| two teachers − the better single teacher ({best}) | difference | verdict |",
                       "|---|---|---|"]
-            pairs = [arm for arm in rows if arm not in single]
-            results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs],
-                             looks=summary.get("looks", 1))
-            for arm, result in zip(pairs, results, strict=True):
+            for arm, result in results.items():
                 lines.append(f"| {arm} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
         lines.append("")
     return "\n".join([*lines, _wall_time(summary)])
+
+
+SINGLE_TEACHER = ("kd-minilm", "kd-mpnet")
+
+
+def multi_teacher_family(summary: dict[str, Any], task: str) -> tuple[str, dict[str, Comparison]]:
+    """The better single-teacher arm of a task and each other arm against it, one family ("" and {}: no such arm)."""
+    rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+    single = [arm for arm in rows if arm in SINGLE_TEACHER]
+    if not single:
+        return "", {}
+    best = max(single, key=lambda arm: rows[arm]["mean"])
+    pairs = [arm for arm in rows if arm not in single]
+    results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs], looks=summary.get("looks", 1))
+    return best, dict(zip(pairs, results, strict=True))
+
+
+def multi_teacher_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 5's prose figures (NCBI-disease): the teachers' F1 and their ensemble's gain over the better one, each
+    arm's F1 (`f1:ARM`), the single-teacher arms' difference (its own test), the two-teacher arms against the better
+    single teacher (`ARM`, ... and their ranges), the wall times."""
+    task = "ncbi_disease"
+    record, rows = summary["teachers"][task], {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+    teachers = [record["test"]["f1"], *(more["test"]["f1"] for more in record["more_teachers"].values())]
+    figures = _wall_time_figures(summary) | {
+        "teachers": "/".join(dict.fromkeys(num(f1, 1, 100) for f1 in teachers)),
+        "ensemble": num(record["ensemble"]["test"]["f1"], 1, 100),
+        "ensemble-gain": signed(record["ensemble"]["test"]["f1"] - max(teachers), 1, 100),
+        "mpnet-teacher-minutes": f"{record['more_teachers']['mpnet']['wall_seconds'] / 60:.1f}"}
+    figures |= {f"f1:{arm}": num(row["mean"], 1, 100) for arm, row in rows.items()}
+    figures |= comparison_figures("kd-mpnet-kd-minilm", compare_scores(rows["kd-mpnet"]["scores"],
+                                                                        rows["kd-minilm"]["scores"]))
+    results = multi_teacher_family(summary, task)[1]
+    for arm, result in results.items():
+        figures |= comparison_figures(arm, result)
+    two = [rows[arm]["mean"] for arm in results]
+    below = [-result.difference for result in results.values()]
+    seeds = [result.seeds_needed for result in results.values()]
+    figures |= {"two-teacher-range": f"{num(min(two), 1, 100)}-{num(max(two), 1, 100)}",
+                "below-range": f"{num(min(below), 1, 100)}-{num(max(below), 1, 100)}",
+                "highs": f"{signed(min(r.high for r in results.values()), 1, 100)} to "
+                         f"{signed(max(r.high for r in results.values()), 1, 100)}",
+                "holm": "/".join(dict.fromkeys(p_text(result.p_holm) for result in results.values())),
+                "seeds-range": f"{min(seeds)}-{max(seeds)}"}
+    return figures
 
 
 # ------------------------------------------------------------------------------------------ study 6
@@ -559,15 +601,81 @@ def seeds_scale_tables(record: dict[str, Any]) -> str:
                      f"{100 * precision:.1f} | {100 * recall:.1f} | "
                      f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | {_share(row['mean'], teacher['f1'])} |")
     lines += ["", "| comparison | difference (F1) | verdict |", "|---|---|---|"]
-    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
-    results = family([(rows[first]["scores"], rows[second]["scores"]) for first, second in present],
-                     looks=summary.get("looks", LOOKS["seeds-scale"]))
-    for (first, second), result in zip(present, results, strict=True):
+    for (first, second), result in seeds_scale_family(summary).items():
         lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
     lines += ["", f"Task-agnostic stage (`distilled`): {_distillation(stages.get('distilled'))}.", ""]
     if deploy:
         lines += [_deploy_table(deploy), ""]
     return "\n".join([*lines, _wall_time(summary)])
+
+
+def seeds_scale_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
+    """Each distilled arm of Study 6 against its fine-tuned peer, one family, at α/looks."""
+    rows = {row["arm"]: row for row in summary["rows"]}
+    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
+    results = family([(rows[first]["scores"], rows[second]["scores"]) for first, second in present],
+                     looks=summary.get("looks", LOOKS["seeds-scale"]))
+    return dict(zip(present, results, strict=True))
+
+
+def seeds_scale_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 6's prose figures: the papers' (`paper:…`), each arm's F1, sd and share of the teacher (`f1:ARM`, …),
+    each comparison (`A-B`, …), the teacher's lead, the deploy stage's int8 losses and speeds, the int8 records
+    beside it (`seeds-scale-*.json`) and the wall times."""
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary, distilled = stages["study"]["summary"], stages["distilled"]["summary"]["result"]
+    teacher = summary["teachers"]["ncbi_disease"]["test"]["f1"]
+    rows = {row["arm"]: row for row in summary["rows"]}
+    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
+    figures = _wall_time_figures(summary) | _deploy_figures(stages["deploy"]["deploy"]) | _int8_way_figures() | {
+        "paper-share": pct(paper), "paper:BioBERT": f"{PAPER_NCBI['BioBERT (12 × 768)']:.2f}",
+        "paper:DistilBioBERT": f"{PAPER_NCBI['DistilBioBERT (6 × 768)']:.2f}", "teacher": num(teacher, 1, 100),
+        "distilled-tokens": f"{distilled['tokens_seen'] / 1e6:.2f}",
+        "distilled-minutes": f"{distilled['seconds'] / 60:.1f}",
+        "ft-share-range": "-".join(f"{100 * rows[arm]['mean'] / teacher:.0f}"
+                                   for arm in ("ft-6x768", "ft-6x768-distilled")) + "%"}
+    for arm, row in rows.items():
+        figures |= {f"f1:{arm}": num(row["mean"], 1, 100), f"sd:{arm}": num(row["sd"], 1, 100),
+                    f"share:{arm}": _share(row["mean"], teacher), f"lead:{arm}": num(teacher - row["mean"], 1, 100)}
+    for (first, second), result in seeds_scale_family(summary).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures
+
+
+def _deploy_figures(deploy: dict[str, Any]) -> dict[str, str]:
+    """Study 6's deploy stage: each model's int8 − PyTorch loss on test (`int8-loss:MODEL`), the 6 × 768 students'
+    range of it, and the batch-1 latencies (ms) and speeds against the PyTorch teacher, fp32 and int8, per size."""
+    cells = {cell["model"]: cell["test"]["f1"] for cell in deploy["results"]["cells"]}
+    ms = {row["label"]: row["latency"]["128"]["median_ms"] for row in deploy["bench"]["models"]}
+    losses = {model: cells[model] - cells[f"{model}-onnx-int8"] for model in cells if f"{model}-onnx-int8" in cells}
+    figures = {f"int8-loss:{model}": num(-loss, 1, 100) for model, loss in losses.items()}
+    six, three = ["ft-6x768", "kd-6x768", "ft-6x768-distilled"], ["ft-3x384", "kd-3x384"]
+    figures["int8-loss-6x768"] = f"{100 * min(losses[m] for m in six):.2f}-{100 * max(losses[m] for m in six):.2f}"
+    figures["teacher-ms"] = f"{ms['teacher']:.0f}"
+    figures["teacher-parameters"] = next(f"{row['parameters'] / 1e6:.1f}" for row in deploy["bench"]["models"]
+                                         if row["label"] == "teacher")
+    for size, models in (("6x768", six), ("3x384", three)):
+        fp32, int8 = [ms[m] for m in models], [ms[f"{m}-onnx-int8"] for m in models]
+        digits = 0 if size == "6x768" else 1
+        figures |= {f"ms:{size}": f"{min(fp32):.0f}-{max(fp32):.0f}",
+                    f"int8-ms:{size}": f"{min(int8):.{digits}f}" + ("" if digits == 0 else f"-{max(int8):.1f}"),
+                    f"speed:{size}": f"{ms['teacher'] / max(fp32):.1f}-{ms['teacher'] / min(fp32):.1f}",
+                    f"int8-speed:{size}": f"{ms['teacher'] / max(int8):.1f}-{ms['teacher'] / min(int8):.1f}"}
+    figures["int8-speed-3x384-round"] = f"{ms['teacher'] / statistics.fmean(ms[f'{m}-onnx-int8'] for m in three):.0f}"
+    return figures
+
+
+def _int8_way_figures() -> dict[str, str]:
+    """The int8 records of Study 6's way to SmoothQuant: the blockwise scheme's speed against the teacher, the
+    shares of PyTorch's entities with layers kept in fp32 and with smoothing."""
+    blockwise = {row["label"]: row["latency"]["128"]["median_ms"] for row in load("seeds-scale-blockwise")["models"]}
+    layers = {row["keep_fp32"]: row["share_of_pytorch"] for row in load("seeds-scale-int8-layers")["rows"]}
+    kept = [share for keep, share in layers.items() if keep != "none"]
+    smooth = {(row["scheme"], row["smooth"], row["smooth_inputs"]): row["share_of_pytorch"]
+              for row in load("seeds-scale-int8-smooth")["rows"]}
+    return {"blockwise-speed": f"{blockwise['teacher'] / blockwise['blockwise-int8']:.1f}",
+            "kept-fp32": f"{100 * min(kept):.1f}-{100 * max(kept):.1f}%", "kept-none": pct(layers["none"]),
+            "smooth-0.8": pct(smooth["per-channel", 0.8, "all"]), "no-smooth": pct(smooth["per-channel", None, None])}
 
 
 def _mean_interval(scores: list[float]) -> str:
@@ -656,7 +764,8 @@ STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tabl
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
     "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
-    "users-setting": users_setting_figures}
+    "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
+    "seeds-scale": seeds_scale_figures}
 FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
 
 
