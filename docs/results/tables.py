@@ -163,9 +163,32 @@ def _pipeline_minutes(record: dict[str, Any]) -> float:
 
 
 def cross_tokenizer_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"),
-                                    ("cross-mlm", "same-layers"), ("same-distil", "same-layers"),
-                                    ("cross-distil", "same-layers")], teacher=None)
+    return pipeline_tables(record, CROSS_TOKENIZER_PAIRS, teacher=None)
+
+
+CROSS_TOKENIZER_PAIRS = [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"), ("cross-mlm", "same-layers"),
+                         ("same-distil", "same-layers"), ("cross-distil", "same-layers")]
+
+
+def cross_tokenizer_figures(record: dict[str, Any]) -> dict[str, str]:
+    """The cross-tokenizer section's prose figures: each model's F1 (`f1:MODEL`), each comparison (`A-B`, ...), the
+    distillation stages' tokens (M), held-out losses and throughput (`rate:STAGE`, tokens/s, and their ratio)."""
+    results = evaluation(record)
+    task = results["tasks"][0]["name"]
+    stages = {stage["name"]: stage["summary"]["result"] for stage in record["stages"] if stage["command"] != "evaluate"}
+    rate = {name: result["tokens_per_second"] for name, result in stages.items()}
+    figures = {f"f1:{label}": num(entry[task]["mean"], 1, 100) for label, entry in results["summary"].items()}
+    for (first, second), result in pipeline_family(record, CROSS_TOKENIZER_PAIRS).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures | {
+        "tokens:cross": f"{stages['cross-distil']['tokens_seen'] / 1e6:.2f}",
+        "tokens:cross-1": f"{stages['cross-distil']['tokens_seen'] / 1e6:.1f}",
+        "tokens:same": f"{stages['same-distil']['tokens_seen'] / 1e6:.2f}",
+        "mlm-loss:cross-distil": f"{stages['cross-distil']['final_eval']['loss_mlm']:.2f}",
+        "mlm-loss:cross-mlm": f"{stages['cross-mlm']['final_eval']['loss_mlm']:.2f}",
+        "cosine:cross-distil": f"{stages['cross-distil']['final_eval']['loss_hidden_cosine']:.2f}",
+        "rate:cross-distil": f"{rate['cross-distil']:,.0f}", "rate:same-distil": f"{rate['same-distil']:,.0f}",
+        "rate-ratio": f"{rate['cross-distil'] / rate['same-distil']:.2f}"}
 
 
 def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], teacher: str | None = "") -> str:
@@ -724,11 +747,7 @@ def precision_tables(record: dict[str, Any]) -> str:
     """bf16 autocast against float32, each check paired by seed (same seed, same data order): the difference with its
     95% interval and Holm-adjusted p (the three checks one family), and the 90% interval, whose bounds are what two
     one-sided tests at 5% rule out (an equivalence statement: no difference beyond them)."""
-    checks = record["study"]["checks"]
-    rows = [("distill: held-out MLM loss", [r["held_out_mlm"] for r in record["distill"]["runs"]["fp32"]],
-             [r["held_out_mlm"] for r in record["distill"]["runs"]["bf16"]], 1.0, 4),
-            ("fine-tune: test F1", checks["finetune"]["fp32"], checks["finetune"]["bf16"], 100.0, 2),
-            ("task KD: test F1", checks["kd"]["fp32"], checks["kd"]["bf16"], 100.0, 2)]
+    rows = precision_rows(record)
     results = family([(bf16, fp32) for _, fp32, bf16, _, _ in rows], paired=True)
     lines = ["| check | float32, per seed | bf16 autocast, per seed | bf16 − float32 (paired) | verdict | "
              "ruled out at 5% (90% interval) |", "|---|---|---|---:|---|---|"]
@@ -740,6 +759,31 @@ def precision_tables(record: dict[str, Any]) -> str:
                      f"{verdict(result, scale, digits)} | a difference beyond ±{bound:.{digits}f} "
                      f"({scale * low:+.{digits}f} to {scale * high:+.{digits}f}) |")
     return "\n".join(lines)
+
+
+def precision_rows(record: dict[str, Any]) -> list[tuple[str, list[float], list[float], float, int]]:
+    """The bf16 checks: (name, float32 per seed, bf16 per seed, scale, digits)."""
+    checks = record["study"]["checks"]
+    return [("distill: held-out MLM loss", [r["held_out_mlm"] for r in record["distill"]["runs"]["fp32"]],
+             [r["held_out_mlm"] for r in record["distill"]["runs"]["bf16"]], 1.0, 4),
+            ("fine-tune: test F1", checks["finetune"]["fp32"], checks["finetune"]["bf16"], 100.0, 2),
+            ("task KD: test F1", checks["kd"]["fp32"], checks["kd"]["bf16"], 100.0, 2)]
+
+
+def precision_figures(record: dict[str, Any]) -> dict[str, str]:
+    """The bf16 section's prose figures: the teacher's F1, each check's equivalence bound (`bound:…`, the 90%
+    interval's farther end) and the float32 seeds' sd (`sd:…`), the wall times of the runs."""
+    figures = {"teacher": f"{record['study']['teacher']['ncbi_disease']['test']['f1']:.3f}"}
+    for (_, fp32, bf16, scale, digits), key in zip(precision_rows(record), ("loss", "finetune", "kd"), strict=True):
+        low, high = _interval([b - f for b, f in zip(bf16, fp32, strict=True)], 0.90)
+        figures |= {f"bound:{key}": f"{scale * max(abs(low), abs(high)):.{digits}f}",
+                    f"sd:{key}": f"{scale * statistics.stdev(fp32):.{2 if key == 'loss' else 1}f}"}
+    figures["bound:f1"] = max(figures["bound:finetune"], figures["bound:kd"], key=float)
+    for precision in ("bf16", "fp32"):
+        seconds = [run["train_seconds"] for run in record["distill"]["runs"][precision]]
+        figures[f"distill-seconds:{precision}"] = f"{min(seconds):.0f}–{max(seconds):.0f}"
+    figures |= {f"seconds:{arm}": f"{seconds:.1f}" for arm, seconds in record["study"]["wall_seconds_per_arm"].items()}
+    return figures
 
 
 def _interval(values: list[float], level: float) -> tuple[float, float]:
@@ -765,7 +809,8 @@ PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the o
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
     "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
     "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
-    "seeds-scale": seeds_scale_figures}
+    "seeds-scale": seeds_scale_figures, "precision": precision_figures,
+    "cross-tokenizer": cross_tokenizer_figures}
 FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
 
 
