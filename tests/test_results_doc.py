@@ -107,8 +107,11 @@ def test_every_marked_prose_figure_is_the_one_its_record_gives():
     the record (issue 55: prose figures had drifted from their records)."""
     tables = results_tables()
     text = (DOCS / "results.md").read_text(encoding="utf-8")
+    quoted_figures = tables.quoted_figures(text)
+    assert len(quoted_figures) == text.count("<!-- fig: ") == text.count("<!-- /fig -->"), "a marker left open"
+    assert [name for name, quoted, _ in quoted_figures if "<!--" in quoted] == [], "a marker inside another"
     drifted = [f"{name}: the page says {quoted!r}, the record {record!r}"
-               for name, quoted, record in tables.quoted_figures(text) if quoted != record]
+               for name, quoted, record in quoted_figures if quoted != record]
     assert drifted == [], "run python docs/results/tables.py --write"
     assert tables.fill(text) == text
 
