@@ -23,6 +23,7 @@ as the prose writes them (signs "−"/"+", the tables' digits), computed once pe
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -807,6 +808,15 @@ def demo_figures(report: dict[str, Any]) -> dict[str, str]:
     return {"teacher": num(f1[None], 1, 100), "kd-gain": signed(f1["distilled"] - f1["fine-tuned"], 0, 100)}
 
 
+VERDICT = re.compile(r"(?:^\| .+ \| |\()(?:finding|inconclusive)\b", re.M)  # a comparison's verdict in a table
+
+
+def page_figures(_: dict[str, Any]) -> dict[str, str]:
+    """docs/results.md as a whole: how many comparisons its tables make (each a row with a verdict)."""
+    blocks = [STUDIES[name](load(name)) for name in STUDIES if page(name).name == "results.md"]
+    return {"comparisons": str(sum(len(VERDICT.findall(block)) for block in blocks))}
+
+
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
            "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
@@ -816,7 +826,8 @@ FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study
     "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
     "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
     "seeds-scale": seeds_scale_figures, "precision": precision_figures,
-    "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures}
+    "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures,
+    "page": page_figures}  # "page": no record of its own
 FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
 
 
@@ -829,11 +840,10 @@ def block(name: str) -> str:
     return f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->"
 
 
-def figures(study: str, cache: dict[str, dict[str, str]] = {}) -> dict[str, str]:  # noqa: B006 (a cache)
-    """The named figures of a study's record, as the prose writes them."""
-    if study not in cache:
-        cache[study] = FIGURES[study](load(study))
-    return cache[study]
+@functools.cache
+def figures(study: str) -> dict[str, str]:
+    """The named figures of a study's record, as the prose writes them (formed once per run)."""
+    return FIGURES[study](load(study) if (HERE / f"{study}.json").is_file() else {})
 
 
 def quoted_figures(text: str) -> list[tuple[str, str, str]]:
