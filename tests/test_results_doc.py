@@ -3,6 +3,7 @@ from docs/results/*.json, and each record was produced by the study recipe commi
 
 import json
 import re
+import subprocess
 
 import pytest
 from recipe_fixtures import RECIPES
@@ -159,7 +160,8 @@ SETTINGS = {
     "(1·T²·KL + 0.2·CE, T = 2)": "the loss's weights: settings",
     "two one-sided tests at 5% (the 90% interval)": "the level of the equivalence test",
 }
-# Figures of the prose no committed record holds: the prose says where they come from.
+# Figures of the prose no committed record holds: the prose says where they come from (those of records in the
+# repository's history are checked against those records: test_figures_of_records_in_the_repositorys_history_...).
 NOT_IN_A_RECORD = {
     "teacher at 41.9 and the students at 37.6": "the first version of Study 1: its record is in the repository's "
                                                 "history (the prose names the commit)",
@@ -209,3 +211,46 @@ def test_every_figure_of_the_covered_prose_is_generated_or_a_listed_setting():
         prose = prose.replace(phrase, "LISTED")
     unmarked = [prose[max(0, m.start() - 40):m.end() + 20] for m in NUMBER.finditer(prose)]
     assert unmarked == [], "mark each with <!-- fig: STUDY/NAME --> (docs/results/tables.py FIGURES)"
+
+
+def _record_at(commit: str, name: str) -> dict:
+    """docs/results/NAME.json as the repository's history holds it at `commit`."""
+    shown = subprocess.run(["git", "show", f"{commit}:docs/results/{name}.json"], cwd=DOCS.parent, capture_output=True,
+                           text=True, check=False)
+    if shown.returncode:
+        pytest.skip(f"no git history here to read {commit}:docs/results/{name}.json from")
+    return json.loads(shown.stdout)
+
+
+def _history_figures() -> list[str]:
+    """The phrases of NOT_IN_A_RECORD that quote a record of the repository's history, formed from that record."""
+    tables = results_tables()
+    first = tables.evaluation(_record_at("1a3fa35^", "task-agnostic"))["summary"]
+    three = {(r["task"], r["arm"]): r["scores"] for r in _record_at("21daf3b^", "users-setting")["rows"]}
+    early = tables.compare_scores(three["bc5cdr_disease", "kd-unseen-biomed"], three["bc5cdr_disease", "budget"])
+    slow = _record_at("2ccf0ae^", "users-setting")
+    now = {(r["task"], r["arm"]): r["mean"] for r in tables.load("users-setting")["rows"]}
+    moved = max(abs(100 * (r["mean"] - now[r["task"], r["arm"]])) for r in slow["rows"])
+    old = {stage["name"]: stage for stage in _record_at("12b264b^", "seeds-scale")["stages"]}
+    rows = {row["arm"]: row["scores"] for row in old["study"]["summary"]["rows"]}
+    new = {row["arm"]: row["scores"] for row in {s["name"]: s for s in tables.load("seeds-scale")["stages"]}["study"][
+        "summary"]["rows"]}
+    seeds = max(abs(100 * (a - b)) for arm in rows for a, b in zip(rows[arm], new[arm], strict=True))
+    kd = [tables.compare_scores(rows[a], rows[b]).difference for a, b in (("kd-6x768", "ft-6x768"),
+                                                                          ("kd-3x384", "ft-3x384"))]
+    cells = {cell["model"]: cell["test"]["f1"] for cell in old["deploy"]["deploy"]["results"]["cells"]}
+    loss = [100 * (cells[arm] - cells[f"{arm}-onnx-int8"]) for arm in ("ft-6x768", "kd-6x768", "ft-6x768-distilled")]
+    teacher_ms = next(row["latency"]["128"]["median_ms"] for row in old["deploy"]["deploy"]["bench"]["models"]
+                      if row["label"] == "teacher")
+    return [f"teacher at {100 * first['teacher']['ncbi_disease']['mean']:.1f} and the students at "
+            f"{100 * first['distilbert']['ncbi_disease']['mean']:.1f}",
+            f"(BC5CDR-disease {tables.signed(early.difference, 1, 100)}, CI {tables.ci(early)},",
+            f"first record ({slow['wall_seconds'] / 60:.1f} min;", f"within\n  {moved:.2f} F1 of these",
+            f"{tables.signed(kd[0], 1, 100)} and {tables.signed(kd[1], 1, 100)} (`git show 12b264b^",
+            f"moved by up to\n  {seeds:.1f} F1 between",
+            f"graphs lost {min(loss):.1f}-{max(loss):.1f} F1 (that record)", f"against {teacher_ms:.0f} ms);"]
+
+
+def test_figures_of_records_in_the_repositorys_history_are_the_ones_those_records_give():
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    assert [phrase for phrase in _history_figures() if phrase not in text] == []
