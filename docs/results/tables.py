@@ -803,9 +803,12 @@ def demo_tables(report: dict[str, Any]) -> str:
 
 
 def demo_figures(report: dict[str, Any]) -> dict[str, str]:
-    """The demo's figures other sections quote: its teacher's F1 and what KD adds over fine-tuning on the budget."""
+    """The demo's figures other sections quote: its teacher's F1, what KD adds over fine-tuning on the budget, the
+    teacher's and the student's parameters (M)."""
     f1 = {model["arm"]: model["f1_mean"] for model in report["models"]}
-    return {"teacher": num(f1[None], 1, 100), "kd-gain": signed(f1["distilled"] - f1["fine-tuned"], 0, 100)}
+    size = {model["arm"]: model["parameters"] for model in report["models"]}
+    return {"teacher": num(f1[None], 1, 100), "kd-gain": signed(f1["distilled"] - f1["fine-tuned"], 0, 100),
+            "teacher-parameters": f"{size[None] / 1e6:.1f}", "student-parameters": f"{size['fine-tuned'] / 1e6:.1f}"}
 
 
 VERDICT = re.compile(r"(?:^\| .+ \| |\()(?:finding|inconclusive)\b", re.M)  # a comparison's verdict in a table
