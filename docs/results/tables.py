@@ -73,6 +73,12 @@ def p_text(value: float) -> str:
     return f"{value:.2g}"
 
 
+def each(values: list[str]) -> str:
+    """Figures that the prose gives together: "0.18 each" when they are one, else "0.18 and 0.2"."""
+    unique = list(dict.fromkeys(values))
+    return f"{unique[0]} each" if len(unique) == 1 else ", ".join(values[:-1]) + f" and {values[-1]}"
+
+
 def comparison_figures(prefix: str, result: Comparison, digits: int = 1, scale: float = 100.0) -> dict[str, str]:
     """A comparison's figures under `prefix`: its difference, interval, p, Holm p and seeds for 80% power."""
     figures = {f"{prefix}": signed(result.difference, digits, scale)}
@@ -425,6 +431,7 @@ def meta_figures(summary: dict[str, Any]) -> dict[str, str]:
                     f"sd:{row['arm']}": f"{statistics.stdev(auroc):.3f}"}
     for (first, second), result in auroc_family(summary, task, arms).items():
         figures |= comparison_figures(f"{first}-{second}", result, 3, 1.0)
+    figures["holm:finetune"] = each([figures["kd-finetune:holm"], figures["pkd-finetune:holm"]])
     meta = [[f"{r['test']['auroc']:.3f}" for r in runs if r["arm"] == arm] for arm in ("metadistil", "meta-adaptive")]
     figures["meta-seeds"] = ", ".join("/".join(pair) for pair in zip(*meta, strict=True))
     return figures
@@ -590,7 +597,7 @@ def multi_teacher_figures(summary: dict[str, Any]) -> dict[str, str]:
                 "below-range": f"{num(min(below), 1, 100)}-{num(max(below), 1, 100)}",
                 "highs": f"{signed(min(r.high for r in results.values()), 1, 100)} to "
                          f"{signed(max(r.high for r in results.values()), 1, 100)}",
-                "holm": "/".join(dict.fromkeys(p_text(result.p_holm) for result in results.values())),
+                "holm": each([p_text(result.p_holm) for result in results.values()]),
                 "seeds-range": f"{min(seeds)}-{max(seeds)}"}
     return figures
 
