@@ -137,12 +137,16 @@ def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------ study 1
 
 
-def task_agnostic_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, TASK_AGNOSTIC_PAIRS)
-
-
 TASK_AGNOSTIC_PAIRS = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
                        ("layers-only", "random-init"), ("distilbert", "tinybert")]
+
+
+CROSS_TOKENIZER_PAIRS = [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"), ("cross-mlm", "same-layers"),
+                         ("same-distil", "same-layers"), ("cross-distil", "same-layers")]
+
+
+def task_agnostic_tables(record: dict[str, Any]) -> str:
+    return pipeline_tables(record, TASK_AGNOSTIC_PAIRS)
 
 
 def task_agnostic_figures(record: dict[str, Any]) -> dict[str, str]:
@@ -171,10 +175,6 @@ def _pipeline_minutes(record: dict[str, Any]) -> float:
 
 def cross_tokenizer_tables(record: dict[str, Any]) -> str:
     return pipeline_tables(record, CROSS_TOKENIZER_PAIRS, teacher=None)
-
-
-CROSS_TOKENIZER_PAIRS = [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"), ("cross-mlm", "same-layers"),
-                         ("same-distil", "same-layers"), ("cross-distil", "same-layers")]
 
 
 def cross_tokenizer_figures(record: dict[str, Any]) -> dict[str, str]:
