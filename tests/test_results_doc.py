@@ -2,6 +2,8 @@
 from docs/results/*.json, and each record was produced by the study recipe committed under recipes/studies/."""
 
 import json
+import re
+import subprocess
 
 import pytest
 from recipe_fixtures import RECIPES
@@ -101,55 +103,141 @@ def test_gap_cells_say_when_a_seed_has_no_gap_to_close():
     assert tables.gap_cell([float("nan")]) == "n/a (no gap)"
 
 
-def _seeds_scale_figures() -> dict[str, str]:
-    """Figures docs/results.md quotes in the prose of Study 6, formed from its record."""
-    record = json.loads((DOCS / "results" / "seeds-scale.json").read_text())
-    stages = {stage["name"]: stage for stage in record["stages"]}
-    cells = {cell["model"]: cell["test"]["f1"] for cell in stages["deploy"]["deploy"]["results"]["cells"]}
-    loss = {arm: 100 * (cells[arm] - cells[f"{arm}-onnx-int8"]) for arm in cells if f"{arm}-onnx-int8" in cells}
-    summary = stages["study"]["summary"]
-    teacher = summary["teachers"]["ncbi_disease"]["test"]["f1"]
-    means = {row["arm"]: row["mean"] for row in summary["rows"]}
-    six = [loss[arm] for arm in ("ft-6x768", "kd-6x768", "ft-6x768-distilled")]
-    minutes = stages["distilled"]["summary"]["result"]["seconds"] / 60
-    return {
-        "distillation minutes": f"250 steps of 32 × 128, {minutes:.1f} min)",
-        "int8 loss of the 6 × 768 students": f"loses {min(six):.2f}-{max(six):.2f} F1",
-        "int8 loss per arm": f"−{loss['ft-6x768']:.1f} (ft-6x768), −{loss['kd-6x768']:.1f} (kd-6x768), "
-                             f"−{loss['ft-6x768-distilled']:.1f} (ft-6x768-distilled), −{loss['ft-3x384']:.1f} "
-                             f"(ft-3x384), −{loss['kd-3x384']:.1f} (kd-3x384) and −{loss['teacher']:.1f} for the",
-        "teacher above its students": f"a teacher only {100 * (teacher - means['ft-6x768']):.1f} F1 above its "
-                                      f"fine-tuned 6 × 768 student",
-        "… and the 3 × 384 one": f"({100 * (teacher - means['ft-3x384']):.1f} above the 3 × 384 one)",
-    }
-
-
-def _holm_figures() -> dict[str, str]:
-    """Adjusted p-values the prose quotes, from the tables' own families."""
+def test_every_marked_prose_figure_is_the_one_its_record_gives():
+    """Each `<!-- fig: STUDY/NAME -->…<!-- /fig -->` of docs/results.md holds what docs/results/tables.py forms from
+    the record (issue 55: prose figures had drifted from their records)."""
     tables = results_tables()
-    task_agnostic = tables.load("task-agnostic")
-    results = next(s["results"] for s in task_agnostic["stages"] if s["command"] == "evaluate")
-    seeds = {label: list(results["summary"][label]["ncbi_disease"]["seeds"].values())
-             for label in results["summary"]}
-    pairs = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
-             ("layers-only", "random-init"), ("distilbert", "tinybert")]
-    study1 = tables.family([(seeds[a], seeds[b]) for a, b in pairs], paired=True)[-1]
-    users = tables.load("users-setting")
-    budgets = {row["task"]: row for row in users["rows"] if row["arm"] == "budget"}
-    others = [row for row in users["rows"] if row["arm"] != "budget"]
-    judged = dict(zip([(r["task"], r["arm"]) for r in others],
-                      tables.family([(r["scores"], budgets[r["task"]]["scores"]) for r in others],
-                                    looks=tables.LOOKS["users-setting"]), strict=True))
-    unseen = judged["bc5cdr_disease", "kd-unseen-biomed"]
-    return {"Study 1 distilbert − tinybert": f"does not survive the table's\n  five comparisons (Holm p "
-                                            f"{study1.p_holm:.2f})",
-            "Study 4 unseen text on BC5CDR": f"does not survive the study's eight comparisons (Holm p\n  "
-                                             f"{unseen.p_holm:.2f})"}
-
-
-@pytest.mark.parametrize("figures", [_seeds_scale_figures, _holm_figures])
-def test_the_prose_quotes_its_records_figures(figures):
-    """Sentences of docs/results.md that quote a record's figures hold the figures the record gives (issue 55: prose
-    figures had drifted from their records)."""
     text = (DOCS / "results.md").read_text(encoding="utf-8")
-    assert {name: quoted for name, quoted in figures().items() if quoted not in text} == {}
+    quoted_figures = tables.quoted_figures(text)
+    assert len(quoted_figures) == text.count("<!-- fig: ") == text.count("<!-- /fig -->"), "a marker left open"
+    assert [name for name, quoted, _ in quoted_figures if "<!--" in quoted] == [], "a marker inside another"
+    drifted = [f"{name}: the page says {quoted!r}, the record {record!r}"
+               for name, quoted, record in quoted_figures if quoted != record]
+    assert drifted == [], "run python docs/results/tables.py --write"
+    assert tables.fill(text) == text
+
+
+# The sections of docs/results.md whose prose figures are all generated (or listed below), by their headings: every
+# section of the page (a test fails when the page has one this list does not name).
+COVERED = ["intro", "Study 1 ", "Study 2 ", "Study 3 ", "Study 4 ", "Study 5 ", "Study 6 ", "bf16 on the CPU ",
+           "Distillation across tokenizers ", "Re-running"]
+# Figures of the prose that are settings or givens, not results: the phrase that holds them, and why.
+SETTINGS = {
+    "95% CI": "the interval's level", "97.5% CI": "the interval's level at α/2",
+    "97.5% intervals": "the interval's level at α/2", "80% power": "the power the verdict rule asks for",
+    "(printed beside its own p and 95% interval) is below 0.05": "the level of the verdict rule",
+    "(0.05 over the family's size)": "the level of the verdict rule",
+    "at most 5% of the time": "the level of the verdict rule",
+    "two one-sided tests at 5% (the 90% interval)": "the level of the equivalence test",
+    "t_{0.975} is 12.7 at one degree of freedom, 4.3 at two": "Student's t quantiles, not results",
+    "PyTorch 2.13": "a version",
+    "(about\n11% of the corpus": "the token budget's share of corpus/biomed.txt: a setting",
+    "with 10%\nwarm-up": "a schedule setting", "(10% warm-up)": "a schedule setting",
+    "hold out a seeded 10%": "a setting",
+    "0.2·CE": "the loss's weight: a setting", "0.5·T²·KL(teacher ‖ student) + 0.5·CE": "the loss's weights: settings",
+    "(weight 1 against 0.2 for the labels)": "the loss's weights: settings",
+    "the same seeded 15% of the training": "the labelled budget: a setting",
+    "seeded 15% labelled budget": "the labelled budget: a setting",
+    "from a 15% label budget": "the demo's labelled budget: a setting",
+    "`int8_smooth: 0.8`": "a setting of the deploy stage",
+    "α 0.8 chosen on dev": "the setting the record beside it chose",
+    "The target of 98%": "Study 6's target (issue 33), not a result",
+    "above 0.5 for": "the decision threshold",
+    '75% of ChemProt is "False"': "a property of the data set (its label shares), not a result",
+    "scores F1 0.67 on this balanced test set, one that\ncalls none 0.0": "F1 of a constant prediction: arithmetic",
+    'which scores F1 0.67 (all "related") or 0.0 (none)': "F1 of a constant prediction: arithmetic",
+}
+# Figures of the prose no committed record holds: the prose says where they come from (those of records in the
+# repository's history are checked against those records: test_figures_of_records_in_the_repositorys_history_...).
+NOT_IN_A_RECORD = {
+    "teacher at 41.9 and the students at 37.6": "the first version of Study 1: its record is in the repository's "
+                                                "history (the prose names the commit)",
+    "mean 0.29, sd 0.07, above 0.5 for 0.5% of the 384 sentences, against\n  mean 0.51, sd 0.28, 52% on GAD's":
+        "Study 2's cached teacher outputs, not committed (the prose says so)",
+    "(mean 0.29 and 0.22, sd 0.07 and 0.08; the same caches)": "Study 2's cached teacher outputs (the prose says so)",
+    '(BC5CDR-disease +1.4, CI −0.5 to +3.3, "about 4 seeds"': "Study 4's 3-seed record, in the repository's "
+                                                              "history (the prose names the commit)",
+    "184% CPU by GNU time, outside the record": "the shell's timing of the run (the prose says so)",
+    "first record (133.6 min;": "Study 4's first record, in the repository's history (the prose names the commit)",
+    "within\n  0.31 F1 of these": "Study 4's first record against this one (the prose names the commit)",
+    "−2.4 and −3.0 (`git show 12b264b^": "Study 6's earlier record, in the repository's history (the prose names "
+                                           "the commit)",
+    "moved by up to\n  1.7 F1 between the two runs": "Study 6's earlier record against this one",
+    "graphs lost 0.5-1.7 F1 (that record)": "Study 6's earlier record (the commit named above)",
+    "deploy 27.5 min by the shell's clock": "the shell's timing of the stage (the prose says so)",
+    "5.2 s quiet, in the stage's training log": "the stage's training log, not committed (the prose says so)",
+    "scored 77.9 and 79.3": "runs set aside, outside the record (the prose says so)",
+    "**1.9–2.0×** the tokens/s": "bench/throughput.py runs no committed record holds (the prose says so)",
+    "starts at 0.19–0.24 (the training logs": "the cross-tokenizer stages' training logs, not committed",
+    "end at 0.49-0.54 from their starting\n  0.5": "Study 3's meta.jsonl in its run folders, not committed (the prose "
+                                                  "says so)",
+}
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*\.\d+|(?<![\w.])\d+(?:\.\d+)?\s?%")
+
+
+def _prose(text: str) -> dict[str, str]:
+    """The page's prose by section ("intro" before the first heading), without its tables, code or figure markers."""
+    text = re.sub(r"<!-- tables: (\S+) -->.*?<!-- end: \1 -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!-- fig: \S+ -->.*?<!-- /fig -->", "FIG", text, flags=re.S)
+    parts = re.split(r"^## ", text, flags=re.M)
+    return {"intro": parts[0], **{part.split("\n", 1)[0]: part for part in parts[1:]}}
+
+
+def test_every_figure_of_the_covered_prose_is_generated_or_a_listed_setting():
+    """Every decimal figure and percentage in the prose of the COVERED sections is inside a figure marker, or in a
+    phrase of SETTINGS (a setting, not a result) or NOT_IN_A_RECORD (the prose says where it comes from)."""
+    sections = _prose((DOCS / "results.md").read_text(encoding="utf-8"))
+    assert [title for title in sections if not any(title.startswith(c) for c in COVERED)] == [], \
+        "a section of the page that COVERED does not name"
+    assert [c for c in COVERED if not any(title.startswith(c) for title in sections)] == [], "a COVERED heading is gone"
+    prose = "\n".join(sections.values())
+    listed = {**SETTINGS, **NOT_IN_A_RECORD}
+    assert [phrase for phrase in listed if phrase not in prose] == [], "a listed phrase is no longer in the prose"
+    for phrase in sorted(listed, key=len, reverse=True):  # a phrase inside a longer one: the longer first
+        prose = prose.replace(phrase, "LISTED")
+    unmarked = [prose[max(0, m.start() - 40):m.end() + 20] for m in NUMBER.finditer(prose)]
+    assert unmarked == [], "mark each with <!-- fig: STUDY/NAME --> (docs/results/tables.py FIGURES)"
+
+
+def _record_at(commit: str, name: str) -> dict:
+    """docs/results/NAME.json as the repository's history holds it at `commit`."""
+    shown = subprocess.run(["git", "show", f"{commit}:docs/results/{name}.json"], cwd=DOCS.parent, capture_output=True,
+                           text=True, check=False)
+    if shown.returncode:
+        pytest.skip(f"no git history here to read {commit}:docs/results/{name}.json from")
+    return json.loads(shown.stdout)
+
+
+def _history_figures() -> list[str]:
+    """The phrases of NOT_IN_A_RECORD that quote a record of the repository's history, formed from that record."""
+    tables = results_tables()
+    first = tables.evaluation(_record_at("1a3fa35^", "task-agnostic"))["summary"]
+    three = {(r["task"], r["arm"]): r["scores"] for r in _record_at("21daf3b^", "users-setting")["rows"]}
+    early = tables.compare_scores(three["bc5cdr_disease", "kd-unseen-biomed"], three["bc5cdr_disease", "budget"])
+    slow = _record_at("2ccf0ae^", "users-setting")
+    now = {(r["task"], r["arm"]): r["mean"] for r in tables.load("users-setting")["rows"]}
+    moved = max(abs(100 * (r["mean"] - now[r["task"], r["arm"]])) for r in slow["rows"])
+    old = {stage["name"]: stage for stage in _record_at("12b264b^", "seeds-scale")["stages"]}
+    rows = {row["arm"]: row["scores"] for row in old["study"]["summary"]["rows"]}
+    new = {row["arm"]: row["scores"] for row in {s["name"]: s for s in tables.load("seeds-scale")["stages"]}["study"][
+        "summary"]["rows"]}
+    seeds = max(abs(100 * (a - b)) for arm in rows for a, b in zip(rows[arm], new[arm], strict=True))
+    kd = [tables.compare_scores(rows[a], rows[b]).difference for a, b in (("kd-6x768", "ft-6x768"),
+                                                                          ("kd-3x384", "ft-3x384"))]
+    cells = {cell["model"]: cell["test"]["f1"] for cell in old["deploy"]["deploy"]["results"]["cells"]}
+    loss = [100 * (cells[arm] - cells[f"{arm}-onnx-int8"]) for arm in ("ft-6x768", "kd-6x768", "ft-6x768-distilled")]
+    teacher_ms = next(row["latency"]["128"]["median_ms"] for row in old["deploy"]["deploy"]["bench"]["models"]
+                      if row["label"] == "teacher")
+    return [f"teacher at {100 * first['teacher']['ncbi_disease']['mean']:.1f} and the students at "
+            f"{100 * first['distilbert']['ncbi_disease']['mean']:.1f}",
+            f"(BC5CDR-disease {tables.signed(early.difference, 1, 100)}, CI {tables.ci(early)},",
+            f"first record ({slow['wall_seconds'] / 60:.1f} min;", f"within\n  {moved:.2f} F1 of these",
+            f"{tables.signed(kd[0], 1, 100)} and {tables.signed(kd[1], 1, 100)} (`git show 12b264b^",
+            f"moved by up to\n  {seeds:.1f} F1 between",
+            f"graphs lost {min(loss):.1f}-{max(loss):.1f} F1 (that record)", f"against {teacher_ms:.0f} ms);"]
+
+
+def test_figures_of_records_in_the_repositorys_history_are_the_ones_those_records_give():
+    text = (DOCS / "results.md").read_text(encoding="utf-8")
+    assert [phrase for phrase in _history_figures() if phrase not in text] == []

@@ -2,7 +2,8 @@
 
     python docs/results/tables.py            # every study
     python docs/results/tables.py meta-kd    # one
-    python docs/results/tables.py --write    # replace the marked tables of docs/results.md and docs/demo.md
+    python docs/results/tables.py --write    # replace the marked tables and figures of docs/results.md and docs/demo.md
+    python docs/results/tables.py --figures  # every named figure of the prose, as its record gives it
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
@@ -14,14 +15,21 @@ within its table (biodistil's one verdict rule, `biodistil.tasks.significance`: 
 data order — the fine-tuning cells of one evaluation —, else Welch's; each table's comparisons are one family);
 otherwise it is inconclusive, with about the seeds per arm that would give the test 80% power at the observed
 difference and spread.
+
+The prose quotes figures too: each sits between markers, `<!-- fig: STUDY/NAME -->78.8<!-- /fig -->` (invisible when
+rendered), and `--write` fills it with FIGURES[STUDY](record)[NAME] — one function per study returns its named figures
+as the prose writes them (signs "−"/"+", the tables' digits), computed once per record (they share its Holm families).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +47,48 @@ def load(name: str) -> dict[str, Any]:
 
 def pm(mean: float, sd: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * mean:.{digits}f}" + (f" ± {scale * sd:.{digits}f}" if sd is not None else "")
+
+
+def num(value: float, digits: int = 1, scale: float = 1.0) -> str:
+    """A figure as the prose writes it: a negative with "−" (U+2212)."""
+    return f"{scale * value:.{digits}f}".replace("-", "−")
+
+
+def signed(value: float, digits: int = 1, scale: float = 1.0) -> str:
+    """A difference as the prose writes it: "+1.0", "−1.2"."""
+    return f"{scale * value:+.{digits}f}".replace("-", "−")
+
+
+def ci(result: Comparison, digits: int = 1, scale: float = 100.0) -> str:
+    """A comparison's interval as the prose writes it: "−0.3 to +2.4"."""
+    return f"{signed(result.low, digits, scale)} to {signed(result.high, digits, scale)}"
+
+
+def pct(value: float, digits: int = 1) -> str:
+    """A share as the prose writes it: "96.1%"."""
+    return f"{100 * value:.{digits}f}%"
+
+
+def p_text(value: float) -> str:
+    return f"{value:.2g}"
+
+
+def each(values: list[str]) -> str:
+    """Figures that the prose gives together: "0.18 each" when they are one, else "0.18 and 0.2"."""
+    unique = list(dict.fromkeys(values))
+    return f"{unique[0]} each" if len(unique) == 1 else ", ".join(values[:-1]) + f" and {values[-1]}"
+
+
+def comparison_figures(prefix: str, result: Comparison, digits: int = 1, scale: float = 100.0) -> dict[str, str]:
+    """A comparison's figures under `prefix`: its difference, interval, p, Holm p and seeds for 80% power."""
+    figures = {f"{prefix}": signed(result.difference, digits, scale)}
+    if result.low is not None:
+        figures |= {f"{prefix}:ci": ci(result, digits, scale), f"{prefix}:p": p_text(result.p_value)}
+    if result.p_holm is not None:
+        figures[f"{prefix}:holm"] = p_text(result.p_holm)
+    if result.seeds_needed:
+        figures[f"{prefix}:seeds"] = str(result.seeds_needed)
+    return figures
 
 
 def gap_cell(gaps: list[float | None]) -> str:
@@ -87,16 +137,65 @@ def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------ study 1
 
 
+TASK_AGNOSTIC_PAIRS = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
+                       ("layers-only", "random-init"), ("distilbert", "tinybert")]
+
+
+CROSS_TOKENIZER_PAIRS = [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"), ("cross-mlm", "same-layers"),
+                         ("same-distil", "same-layers"), ("cross-distil", "same-layers")]
+
+
 def task_agnostic_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, [("distilbert", "layers-only"), ("tinybert", "layers-only"),
-                                    ("minilmv2", "random-init"), ("layers-only", "random-init"),
-                                    ("distilbert", "tinybert")])
+    return pipeline_tables(record, TASK_AGNOSTIC_PAIRS)
+
+
+def task_agnostic_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 1's prose figures: each model's F1 (`f1:MODEL`, `sd:MODEL`, ×100) and share of the teacher, and each
+    comparison's difference, interval, p, Holm p and seeds (`A-B`, `A-B:ci`, ...)."""
+    results = evaluation(record)
+    summary, task = results["summary"], results["tasks"][0]["name"]
+    macro = macro_averages(record)
+    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
+    figures = {"paper-share": f"{100 * paper:.0f}%",
+               "minutes": f"{_pipeline_minutes(record):.0f}"}
+    for label, entry in summary.items():
+        figures |= {f"f1:{label}": num(entry[task]["mean"], 1, 100), f"sd:{label}": num(entry[task]["std"], 1, 100),
+                    f"share:{label}": _share(macro[label], macro[results["reference"]])}
+    for (first, second), result in pipeline_family(record, TASK_AGNOSTIC_PAIRS).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures
+
+
+def _pipeline_minutes(record: dict[str, Any]) -> float:
+    """A pipeline's distillation and fine-tuning wall time, in minutes."""
+    distil = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"] if stage["command"] != "evaluate")
+    tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in evaluation(record)["cells"])
+    return (distil + tune) / 60
 
 
 def cross_tokenizer_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"),
-                                    ("cross-mlm", "same-layers"), ("same-distil", "same-layers"),
-                                    ("cross-distil", "same-layers")], teacher=None)
+    return pipeline_tables(record, CROSS_TOKENIZER_PAIRS, teacher=None)
+
+
+def cross_tokenizer_figures(record: dict[str, Any]) -> dict[str, str]:
+    """The cross-tokenizer section's prose figures: each model's F1 (`f1:MODEL`), each comparison (`A-B`, ...), the
+    distillation stages' tokens (M), held-out losses and throughput (`rate:STAGE`, tokens/s, and their ratio)."""
+    results = evaluation(record)
+    task = results["tasks"][0]["name"]
+    stages = {stage["name"]: stage["summary"]["result"] for stage in record["stages"] if stage["command"] != "evaluate"}
+    rate = {name: result["tokens_per_second"] for name, result in stages.items()}
+    figures = {f"f1:{label}": num(entry[task]["mean"], 1, 100) for label, entry in results["summary"].items()}
+    for (first, second), result in pipeline_family(record, CROSS_TOKENIZER_PAIRS).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures | {
+        "tokens:cross": f"{stages['cross-distil']['tokens_seen'] / 1e6:.2f}",
+        "tokens:cross-1": f"{stages['cross-distil']['tokens_seen'] / 1e6:.1f}",
+        "tokens:same": f"{stages['same-distil']['tokens_seen'] / 1e6:.2f}",
+        "mlm-loss:cross-distil": f"{stages['cross-distil']['final_eval']['loss_mlm']:.2f}",
+        "mlm-loss:cross-mlm": f"{stages['cross-mlm']['final_eval']['loss_mlm']:.2f}",
+        "cosine:cross-distil": f"{stages['cross-distil']['final_eval']['loss_hidden_cosine']:.2f}",
+        "rate:cross-distil": f"{rate['cross-distil']:,.0f}", "rate:same-distil": f"{rate['same-distil']:,.0f}",
+        "rate-ratio": f"{rate['cross-distil'] / rate['same-distil']:.2f}"}
 
 
 def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], teacher: str | None = "") -> str:
@@ -143,13 +242,33 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
               f"({len(results['cells'])} cells), {(distil + tune) / 60:.1f} min in all."]
     lines += ["", "Differences of macro averages (per seed: the mean over tasks of that seed's scores):", "",
               "| comparison | difference | verdict |", "|---|---|---|"]
+    for (first, second), result in pipeline_family(record, comparisons).items():
+        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
+    return "\n".join(lines)
+
+
+def evaluation(record: dict[str, Any]) -> dict[str, Any]:
+    """The results of a pipeline's evaluate stage."""
+    return next(stage["results"] for stage in record["stages"] if stage["command"] == "evaluate")
+
+
+def macro_averages(record: dict[str, Any]) -> dict[str, float]:
+    """Each model's mean over tasks of its mean score."""
+    results = evaluation(record)
+    tasks = [task["name"] for task in results["tasks"]]
+    return {label: statistics.fmean(entry[t]["mean"] for t in tasks) for label, entry in results["summary"].items()}
+
+
+def pipeline_family(record: dict[str, Any], comparisons: list[tuple[str, str]]) -> dict[tuple[str, str], Comparison]:
+    """The `comparisons` of macro averages present in the record (per seed: the mean over tasks), one family."""
+    results = evaluation(record)
+    tasks = [task["name"] for task in results["tasks"]]
+    summary = results["summary"]
     per_seed = {label: [statistics.fmean(summary[label][t]["seeds"][s] for t in tasks)
                         for s in summary[label][tasks[0]]["seeds"]] for label in summary}
     present = [(first, second) for first, second in comparisons if first in per_seed and second in per_seed]
-    results = family([(per_seed[first], per_seed[second]) for first, second in present], paired=True)
-    for (first, second), result in zip(present, results, strict=True):
-        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
-    return "\n".join(lines)
+    return dict(zip(present, family([(per_seed[first], per_seed[second]) for first, second in present], paired=True),
+                    strict=True))
 
 
 def _share(score: float, teacher: float) -> str:
@@ -209,6 +328,30 @@ def transfer_tables(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def transfer_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 2's prose figures: the BioASQ teacher of its first version (`bioasq-teacher.json`), the teacher and the
+    initialisation, each arm's AUROC (`auroc:ARM`, `sd:ARM`), gap closed (`gap:ARM`) and its runs' initial AUROC
+    (`init:ARM`), each comparison (`A-B`, ...), the paper's gaps (`paper:ARM`)."""
+    rows, task = summary["rows"], summary["rows"][0]["task"]
+    bioasq = load("bioasq-teacher")
+    figures = {"bioasq-dev": ", ".join(f"{epoch['auroc']:.2f}" for epoch in bioasq["dev_by_epoch"]),
+               "bioasq-test": f"{bioasq['test']['auroc']:.3f}",
+               "teacher": f"{summary['teachers'][task]['test'][rows[0]['metric']]:.3f}",
+               "init": f"{statistics.fmean(r['init'] for r in rows):.3f}"}
+    figures |= {f"paper:{arm}": pct(gap) for arm, gap in PAPER_GAP.items()}
+    for row in rows:
+        runs = [r for r in summary["runs"] if r["task"] == task and r["arm"] == row["arm"]]
+        figures |= {f"auroc:{row['arm']}": f"{row['mean']:.3f}", f"sd:{row['arm']}": f"{row['sd']:.3f}",
+                    f"gap:{row['arm']}": gap_cell(row["gap_closed_per_seed"]),
+                    f"init:{row['arm']}": ", ".join(f"{r['init']['auroc']:.2f}" for r in runs)}
+    scores = {row["arm"]: row["scores"] for row in rows}
+    present = [(first, second) for first, second in TRANSFER_PAIRS if first in scores and second in scores]
+    results = family([(scores[a], scores[b]) for a, b in present], looks=summary.get("looks", 1))
+    for (first, second), result in zip(present, results, strict=True):
+        figures |= comparison_figures(f"{first}-{second}", result, 3, 1.0)
+    return figures
+
+
 # ------------------------------------------------------------------------------------------ study 3
 
 
@@ -257,12 +400,41 @@ def _auroc_table(summary: dict[str, Any], tasks: list[str], arms: list[str]) -> 
         for arm in arms:
             lines.append(auroc_row(arm, [r for r in runs if r["task"] == task and r["arm"] == arm]))
         lines += ["", f"| comparison (the paper's order) | {title} AUROC |", "|---|---|"]
-        present = [(first, second) for first, second in ORDER if first in arms and second in arms]
-        auroc = {arm: [r["test"]["auroc"] for r in runs if r["task"] == task and r["arm"] == arm] for arm in arms}
-        results = family([(auroc[a], auroc[b]) for a, b in present], looks=summary.get("looks", 1))
-        for (first, second), result in zip(present, results, strict=True):
+        for (first, second), result in auroc_family(summary, task, arms).items():
             lines.append(f"| {first} − {second} | {result.difference:+.3f} ({verdict(result)}) |")
     return lines
+
+
+def auroc_family(summary: dict[str, Any], task: str, arms: list[str]) -> dict[tuple[str, str], Comparison]:
+    """The paper's order of comparisons on a task's test AUROC, one family."""
+    present = [(first, second) for first, second in ORDER if first in arms and second in arms]
+    auroc = {arm: [r["test"]["auroc"] for r in summary["runs"] if r["task"] == task and r["arm"] == arm]
+             for arm in arms}
+    results = family([(auroc[a], auroc[b]) for a, b in present], looks=summary.get("looks", 1))
+    return dict(zip(present, results, strict=True))
+
+
+def meta_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 3's prose figures: the ChemProt teacher of its first version (`chemprot-teacher.json`), the runs that
+    predicted one class, each arm's F1 sd (`f1-sd:ARM`, ×100, whole points) and test AUROC (`auroc:ARM`, `sd:ARM`,
+    `seeds:ARM`), the teacher's AUROC and the AUROC comparisons (`A-B`, ...)."""
+    task = "gad"
+    runs = [r for r in summary["runs"] if r["task"] == task]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    figures = {"chemprot-teacher": num(load("chemprot-teacher")["test"]["f1"], 1),
+               "one-class": f"{sum(bool(r['degenerate']) for r in runs)} of the {len(runs)}",
+               "teacher": f"{summary['teachers'][task]['test']['auroc']:.3f}"}
+    for row in (row for row in summary["rows"] if row["task"] == task):
+        auroc = [r["test"]["auroc"] for r in runs if r["arm"] == row["arm"]]
+        figures |= {f"f1-sd:{row['arm']}": f"{100 * row['sd']:.0f}",
+                    f"auroc:{row['arm']}": f"{statistics.fmean(auroc):.3f}",
+                    f"sd:{row['arm']}": f"{statistics.stdev(auroc):.3f}"}
+    for (first, second), result in auroc_family(summary, task, arms).items():
+        figures |= comparison_figures(f"{first}-{second}", result, 3, 1.0)
+    figures["holm:finetune"] = each([figures["kd-finetune:holm"], figures["pkd-finetune:holm"]])
+    meta = [[f"{r['test']['auroc']:.3f}" for r in runs if r["arm"] == arm] for arm in ("metadistil", "meta-adaptive")]
+    figures["meta-seeds"] = ", ".join("/".join(pair) for pair in zip(*meta, strict=True))
+    return figures
 
 
 # ------------------------------------------------------------------------------------------ study 4
@@ -276,11 +448,7 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
     verdict (every task's comparisons one family) and the gap closed (S − S_budget)/(T − S_budget) with the
     difference's interval on the same scale (T and the budget's mean taken as fixed)."""
     lines: list[str] = []
-    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
-    others = [row for row in summary["rows"] if row["arm"] != "budget"]
-    judged = dict(zip([(row["task"], row["arm"]) for row in others],
-                      family([(row["scores"], budgets[row["task"]]["scores"]) for row in others],
-                             looks=summary.get("looks", LOOKS["users-setting"])), strict=True))
+    judged = users_family(summary)
     for task in dict.fromkeys(row["task"] for row in summary["rows"]):
         rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
         budget, teacher = rows["budget"], summary["teachers"][task]["test"]
@@ -310,9 +478,49 @@ def users_setting_tables(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, _wall_time(summary)])
 
 
+def users_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
+    """Study 4's comparisons, each arm against its task's budget-only student: one family, at α/looks."""
+    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    others = [row for row in summary["rows"] if row["arm"] != "budget"]
+    return dict(zip([(row["task"], row["arm"]) for row in others],
+                    family([(row["scores"], budgets[row["task"]]["scores"]) for row in others],
+                           looks=summary.get("looks", LOOKS["users-setting"])), strict=True))
+
+
+def users_setting_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 4's prose figures, per task (TASK:…): each arm against the budget (`TASK:ARM`, `:ci`, `:p`, `:holm`,
+    `:seeds`; `:p1` its p before the correction for the extra look), the gap closed and its interval (`TASK:ARM:gap`,
+    `:gap-ci`), the budget-only student's F1 range over the tasks, the runs' seconds; the wall times."""
+    figures = _wall_time_figures(summary) | {f"paper:{arm}": pct(gap) for arm, gap in PAPER_GAP.items()}
+    budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    for (task, arm), result in users_family(summary).items():
+        gap = summary["teachers"][task]["test"]["f1"] - budgets[task]["mean"]
+        figures |= comparison_figures(f"{task}:{arm}", result)
+        figures |= {f"{task}:{arm}:gap": num(result.difference / gap, 0, 100) + "%",
+                    f"{task}:{arm}:gap-ci": f"{num(result.low / gap, 0, 100)}% to {num(result.high / gap, 0, 100)}%",
+                    f"{task}:{arm}:p1": p_text(result.p_value / result.looks)}
+    budget = [row["mean"] for row in budgets.values()]
+    figures["budget-range"] = f"{100 * min(budget):.0f}-{100 * max(budget):.0f}"
+    for task in budgets:
+        seconds = [run["wall_seconds"] for run in summary["runs"] if run["task"] == task]
+        figures[f"{task}:run-seconds"] = f"{min(seconds):.0f}-{max(seconds):.0f}"
+    return figures
+
+
+def _wall_time_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """A study's minutes in all, of its teachers and of its student runs (as `_wall_time` writes them)."""
+    teachers = _teacher_seconds(summary)
+    return {"minutes": f"{summary['wall_seconds'] / 60:.1f}", "teacher-minutes": f"{teachers / 60:.1f}",
+            "student-minutes": f"{(summary['wall_seconds'] - teachers) / 60:.1f}", "runs": str(len(summary["runs"]))}
+
+
+def _teacher_seconds(summary: dict[str, Any]) -> float:
+    return sum((t.get("wall_seconds") or 0) + sum(m.get("wall_seconds") or 0 for m in t.get("more_teachers", {})
+                                                  .values()) for t in summary["teachers"].values())
+
+
 def _wall_time(summary: dict[str, Any]) -> str:
-    teachers = sum((t.get("wall_seconds") or 0) + sum(m.get("wall_seconds") or 0 for m in t.get("more_teachers", {})
-                                                      .values()) for t in summary["teachers"].values())
+    teachers = _teacher_seconds(summary)
     runs = len(summary["runs"])
     return (f"Wall time: {summary['wall_seconds'] / 60:.1f} min in all (teachers {teachers / 60:.1f} min, "
             f"{runs} student runs {(summary['wall_seconds'] - teachers) / 60:.1f} min), "
@@ -339,18 +547,59 @@ def multi_teacher_tables(summary: dict[str, Any]) -> str:
                   "", f"| arm | {metric} (mean ± sd) | seeds |", "|---|---|---|"]
         lines += [f"| {arm} | {pm(row['mean'], row['sd'])} | {', '.join(f'{100 * s:.1f}' for s in row['scores'])} |"
                   for arm, row in rows.items()]
-        single = [arm for arm in rows if arm in ("kd-minilm", "kd-mpnet")]
-        if single:
-            best = max(single, key=lambda arm: rows[arm]["mean"])
+        best, results = multi_teacher_family(summary, task)
+        if best:
             lines += ["", f"| two teachers − the better single teacher ({best}) | difference | verdict |",
                       "|---|---|---|"]
-            pairs = [arm for arm in rows if arm not in single]
-            results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs],
-                             looks=summary.get("looks", 1))
-            for arm, result in zip(pairs, results, strict=True):
+            for arm, result in results.items():
                 lines.append(f"| {arm} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
         lines.append("")
     return "\n".join([*lines, _wall_time(summary)])
+
+
+SINGLE_TEACHER = ("kd-minilm", "kd-mpnet")
+
+
+def multi_teacher_family(summary: dict[str, Any], task: str) -> tuple[str, dict[str, Comparison]]:
+    """The better single-teacher arm of a task and each other arm against it, one family ("" and {}: no such arm)."""
+    rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+    single = [arm for arm in rows if arm in SINGLE_TEACHER]
+    if not single:
+        return "", {}
+    best = max(single, key=lambda arm: rows[arm]["mean"])
+    pairs = [arm for arm in rows if arm not in single]
+    results = family([(rows[arm]["scores"], rows[best]["scores"]) for arm in pairs], looks=summary.get("looks", 1))
+    return best, dict(zip(pairs, results, strict=True))
+
+
+def multi_teacher_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """Study 5's prose figures (NCBI-disease): the teachers' F1 and their ensemble's gain over the better one, each
+    arm's F1 (`f1:ARM`), the single-teacher arms' difference (its own test), the two-teacher arms against the better
+    single teacher (`ARM`, ... and their ranges), the wall times."""
+    task = "ncbi_disease"
+    record, rows = summary["teachers"][task], {row["arm"]: row for row in summary["rows"] if row["task"] == task}
+    teachers = [record["test"]["f1"], *(more["test"]["f1"] for more in record["more_teachers"].values())]
+    figures = _wall_time_figures(summary) | {
+        "teachers": "/".join(dict.fromkeys(num(f1, 1, 100) for f1 in teachers)),
+        "ensemble": num(record["ensemble"]["test"]["f1"], 1, 100),
+        "ensemble-gain": signed(record["ensemble"]["test"]["f1"] - max(teachers), 1, 100),
+        "mpnet-teacher-minutes": f"{record['more_teachers']['mpnet']['wall_seconds'] / 60:.1f}"}
+    figures |= {f"f1:{arm}": num(row["mean"], 1, 100) for arm, row in rows.items()}
+    figures |= comparison_figures("kd-mpnet-kd-minilm", compare_scores(rows["kd-mpnet"]["scores"],
+                                                                        rows["kd-minilm"]["scores"]))
+    results = multi_teacher_family(summary, task)[1]
+    for arm, result in results.items():
+        figures |= comparison_figures(arm, result)
+    two = [rows[arm]["mean"] for arm in results]
+    below = [-result.difference for result in results.values()]
+    seeds = [result.seeds_needed for result in results.values()]
+    figures |= {"two-teacher-range": f"{num(min(two), 1, 100)}-{num(max(two), 1, 100)}",
+                "below-range": f"{num(min(below), 1, 100)}-{num(max(below), 1, 100)}",
+                "highs": f"{signed(min(r.high for r in results.values()), 1, 100)} to "
+                         f"{signed(max(r.high for r in results.values()), 1, 100)}",
+                "holm": each([p_text(result.p_holm) for result in results.values()]),
+                "seeds-range": f"{min(seeds)}-{max(seeds)}"}
+    return figures
 
 
 # ------------------------------------------------------------------------------------------ study 6
@@ -383,15 +632,81 @@ def seeds_scale_tables(record: dict[str, Any]) -> str:
                      f"{100 * precision:.1f} | {100 * recall:.1f} | "
                      f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | {_share(row['mean'], teacher['f1'])} |")
     lines += ["", "| comparison | difference (F1) | verdict |", "|---|---|---|"]
-    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
-    results = family([(rows[first]["scores"], rows[second]["scores"]) for first, second in present],
-                     looks=summary.get("looks", LOOKS["seeds-scale"]))
-    for (first, second), result in zip(present, results, strict=True):
+    for (first, second), result in seeds_scale_family(summary).items():
         lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
     lines += ["", f"Task-agnostic stage (`distilled`): {_distillation(stages.get('distilled'))}.", ""]
     if deploy:
         lines += [_deploy_table(deploy), ""]
     return "\n".join([*lines, _wall_time(summary)])
+
+
+def seeds_scale_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
+    """Each distilled arm of Study 6 against its fine-tuned peer, one family, at α/looks."""
+    rows = {row["arm"]: row for row in summary["rows"]}
+    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
+    results = family([(rows[first]["scores"], rows[second]["scores"]) for first, second in present],
+                     looks=summary.get("looks", LOOKS["seeds-scale"]))
+    return dict(zip(present, results, strict=True))
+
+
+def seeds_scale_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 6's prose figures: the papers' (`paper:…`), each arm's F1, sd and share of the teacher (`f1:ARM`, …),
+    each comparison (`A-B`, …), the teacher's lead, the deploy stage's int8 losses and speeds, the int8 records
+    beside it (`seeds-scale-*.json`) and the wall times."""
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary, distilled = stages["study"]["summary"], stages["distilled"]["summary"]["result"]
+    teacher = summary["teachers"]["ncbi_disease"]["test"]["f1"]
+    rows = {row["arm"]: row for row in summary["rows"]}
+    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
+    figures = _wall_time_figures(summary) | _deploy_figures(stages["deploy"]["deploy"]) | _int8_way_figures() | {
+        "paper-share": pct(paper), "paper:BioBERT": f"{PAPER_NCBI['BioBERT (12 × 768)']:.2f}",
+        "paper:DistilBioBERT": f"{PAPER_NCBI['DistilBioBERT (6 × 768)']:.2f}", "teacher": num(teacher, 1, 100),
+        "distilled-tokens": f"{distilled['tokens_seen'] / 1e6:.2f}",
+        "distilled-minutes": f"{distilled['seconds'] / 60:.1f}",
+        "ft-share-range": "-".join(f"{100 * rows[arm]['mean'] / teacher:.0f}"
+                                   for arm in ("ft-6x768", "ft-6x768-distilled")) + "%"}
+    for arm, row in rows.items():
+        figures |= {f"f1:{arm}": num(row["mean"], 1, 100), f"sd:{arm}": num(row["sd"], 1, 100),
+                    f"share:{arm}": _share(row["mean"], teacher), f"lead:{arm}": num(teacher - row["mean"], 1, 100)}
+    for (first, second), result in seeds_scale_family(summary).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures
+
+
+def _deploy_figures(deploy: dict[str, Any]) -> dict[str, str]:
+    """Study 6's deploy stage: each model's int8 − PyTorch loss on test (`int8-loss:MODEL`), the 6 × 768 students'
+    range of it, and the batch-1 latencies (ms) and speeds against the PyTorch teacher, fp32 and int8, per size."""
+    cells = {cell["model"]: cell["test"]["f1"] for cell in deploy["results"]["cells"]}
+    ms = {row["label"]: row["latency"]["128"]["median_ms"] for row in deploy["bench"]["models"]}
+    losses = {model: cells[model] - cells[f"{model}-onnx-int8"] for model in cells if f"{model}-onnx-int8" in cells}
+    figures = {f"int8-loss:{model}": num(-loss, 1, 100) for model, loss in losses.items()}
+    six, three = ["ft-6x768", "kd-6x768", "ft-6x768-distilled"], ["ft-3x384", "kd-3x384"]
+    figures["int8-loss-6x768"] = f"{100 * min(losses[m] for m in six):.2f}-{100 * max(losses[m] for m in six):.2f}"
+    figures["teacher-ms"] = f"{ms['teacher']:.0f}"
+    figures["teacher-parameters"] = next(f"{row['parameters'] / 1e6:.1f}" for row in deploy["bench"]["models"]
+                                         if row["label"] == "teacher")
+    for size, models in (("6x768", six), ("3x384", three)):
+        fp32, int8 = [ms[m] for m in models], [ms[f"{m}-onnx-int8"] for m in models]
+        digits = 0 if size == "6x768" else 1
+        figures |= {f"ms:{size}": f"{min(fp32):.0f}-{max(fp32):.0f}",
+                    f"int8-ms:{size}": f"{min(int8):.{digits}f}" + ("" if digits == 0 else f"-{max(int8):.1f}"),
+                    f"speed:{size}": f"{ms['teacher'] / max(fp32):.1f}-{ms['teacher'] / min(fp32):.1f}",
+                    f"int8-speed:{size}": f"{ms['teacher'] / max(int8):.1f}-{ms['teacher'] / min(int8):.1f}"}
+    figures["int8-speed-3x384-round"] = f"{ms['teacher'] / statistics.fmean(ms[f'{m}-onnx-int8'] for m in three):.0f}"
+    return figures
+
+
+def _int8_way_figures() -> dict[str, str]:
+    """The int8 records of Study 6's way to SmoothQuant: the blockwise scheme's speed against the teacher, the
+    shares of PyTorch's entities with layers kept in fp32 and with smoothing."""
+    blockwise = {row["label"]: row["latency"]["128"]["median_ms"] for row in load("seeds-scale-blockwise")["models"]}
+    layers = {row["keep_fp32"]: row["share_of_pytorch"] for row in load("seeds-scale-int8-layers")["rows"]}
+    kept = [share for keep, share in layers.items() if keep != "none"]
+    smooth = {(row["scheme"], row["smooth"], row["smooth_inputs"]): row["share_of_pytorch"]
+              for row in load("seeds-scale-int8-smooth")["rows"]}
+    return {"blockwise-speed": f"{blockwise['teacher'] / blockwise['blockwise-int8']:.1f}",
+            "kept-fp32": f"{100 * min(kept):.1f}-{100 * max(kept):.1f}%", "kept-none": pct(layers["none"]),
+            "smooth-0.8": pct(smooth["per-channel", 0.8, "all"]), "no-smooth": pct(smooth["per-channel", None, None])}
 
 
 def _mean_interval(scores: list[float]) -> str:
@@ -440,11 +755,7 @@ def precision_tables(record: dict[str, Any]) -> str:
     """bf16 autocast against float32, each check paired by seed (same seed, same data order): the difference with its
     95% interval and Holm-adjusted p (the three checks one family), and the 90% interval, whose bounds are what two
     one-sided tests at 5% rule out (an equivalence statement: no difference beyond them)."""
-    checks = record["study"]["checks"]
-    rows = [("distill: held-out MLM loss", [r["held_out_mlm"] for r in record["distill"]["runs"]["fp32"]],
-             [r["held_out_mlm"] for r in record["distill"]["runs"]["bf16"]], 1.0, 4),
-            ("fine-tune: test F1", checks["finetune"]["fp32"], checks["finetune"]["bf16"], 100.0, 2),
-            ("task KD: test F1", checks["kd"]["fp32"], checks["kd"]["bf16"], 100.0, 2)]
+    rows = precision_rows(record)
     results = family([(bf16, fp32) for _, fp32, bf16, _, _ in rows], paired=True)
     lines = ["| check | float32, per seed | bf16 autocast, per seed | bf16 − float32 (paired) | verdict | "
              "ruled out at 5% (90% interval) |", "|---|---|---|---:|---|---|"]
@@ -456,6 +767,31 @@ def precision_tables(record: dict[str, Any]) -> str:
                      f"{verdict(result, scale, digits)} | a difference beyond ±{bound:.{digits}f} "
                      f"({scale * low:+.{digits}f} to {scale * high:+.{digits}f}) |")
     return "\n".join(lines)
+
+
+def precision_rows(record: dict[str, Any]) -> list[tuple[str, list[float], list[float], float, int]]:
+    """The bf16 checks: (name, float32 per seed, bf16 per seed, scale, digits)."""
+    checks = record["study"]["checks"]
+    return [("distill: held-out MLM loss", [r["held_out_mlm"] for r in record["distill"]["runs"]["fp32"]],
+             [r["held_out_mlm"] for r in record["distill"]["runs"]["bf16"]], 1.0, 4),
+            ("fine-tune: test F1", checks["finetune"]["fp32"], checks["finetune"]["bf16"], 100.0, 2),
+            ("task KD: test F1", checks["kd"]["fp32"], checks["kd"]["bf16"], 100.0, 2)]
+
+
+def precision_figures(record: dict[str, Any]) -> dict[str, str]:
+    """The bf16 section's prose figures: the teacher's F1, each check's equivalence bound (`bound:…`, the 90%
+    interval's farther end) and the float32 seeds' sd (`sd:…`), the wall times of the runs."""
+    figures = {"teacher": f"{record['study']['teacher']['ncbi_disease']['test']['f1']:.3f}"}
+    for (_, fp32, bf16, scale, digits), key in zip(precision_rows(record), ("loss", "finetune", "kd"), strict=True):
+        low, high = _interval([b - f for b, f in zip(bf16, fp32, strict=True)], 0.90)
+        figures |= {f"bound:{key}": f"{scale * max(abs(low), abs(high)):.{digits}f}",
+                    f"sd:{key}": f"{scale * statistics.stdev(fp32):.{2 if key == 'loss' else 1}f}"}
+    figures["bound:f1"] = max(figures["bound:finetune"], figures["bound:kd"], key=float)
+    for precision in ("bf16", "fp32"):
+        seconds = [run["train_seconds"] for run in record["distill"]["runs"][precision]]
+        figures[f"distill-seconds:{precision}"] = f"{min(seconds):.0f}–{max(seconds):.0f}"
+    figures |= {f"seconds:{arm}": f"{seconds:.1f}" for arm, seconds in record["study"]["wall_seconds_per_arm"].items()}
+    return figures
 
 
 def _interval(values: list[float], level: float) -> tuple[float, float]:
@@ -473,11 +809,36 @@ def demo_tables(report: dict[str, Any]) -> str:
     return results_block(report)
 
 
+def demo_figures(report: dict[str, Any]) -> dict[str, str]:
+    """The demo's figures other sections quote: its teacher's F1, what KD adds over fine-tuning on the budget, the
+    teacher's and the student's parameters (M)."""
+    f1 = {model["arm"]: model["f1_mean"] for model in report["models"]}
+    size = {model["arm"]: model["parameters"] for model in report["models"]}
+    return {"teacher": num(f1[None], 1, 100), "kd-gain": signed(f1["distilled"] - f1["fine-tuned"], 0, 100),
+            "teacher-parameters": f"{size[None] / 1e6:.1f}", "student-parameters": f"{size['fine-tuned'] / 1e6:.1f}"}
+
+
+VERDICT = re.compile(r"(?:^\| .+ \| |\()(?:finding|inconclusive)\b", re.M)  # a comparison's verdict in a table
+
+
+def page_figures(_: dict[str, Any]) -> dict[str, str]:
+    """docs/results.md as a whole: how many comparisons its tables make (each a row with a verdict)."""
+    blocks = [STUDIES[name](load(name)) for name in STUDIES if page(name).name == "results.md"]
+    return {"comparisons": str(sum(len(VERDICT.findall(block)) for block in blocks))}
+
+
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
            "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
            "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
+FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
+    "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
+    "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
+    "seeds-scale": seeds_scale_figures, "precision": precision_figures,
+    "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures,
+    "page": page_figures}  # "page": no record of its own
+FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
 
 
 def page(name: str) -> Path:
@@ -489,6 +850,29 @@ def block(name: str) -> str:
     return f"<!-- tables: {name} -->\n{STUDIES[name](load(name))}\n<!-- end: {name} -->"
 
 
+@functools.cache
+def figures(study: str) -> dict[str, str]:
+    """The named figures of a study's record, as the prose writes them (formed once per run)."""
+    return FIGURES[study](load(study) if (HERE / f"{study}.json").is_file() else {})
+
+
+def quoted_figures(text: str) -> list[tuple[str, str, str]]:
+    """Every figure marker of a page: (STUDY/NAME, the figure it quotes, the figure its record gives)."""
+    found = []
+    for match in FIGURE.finditer(text):
+        study, name = match["study"], match["name"]
+        if study not in FIGURES or name not in figures(study):
+            raise KeyError(f"no figure {study}/{name} in docs/results/tables.py FIGURES")
+        found.append((f"{study}/{name}", match["quoted"], figures(study)[name]))
+    return found
+
+
+def fill(text: str) -> str:
+    """A page with each figure marker holding the figure its record gives."""
+    return FIGURE.sub(lambda m: f"<!-- fig: {m['study']}/{m['name']} -->{figures(m['study'])[m['name']]}<!-- /fig -->",
+                      text)
+
+
 def write() -> None:
     for doc in sorted({page(name) for name in STUDIES}):
         text = doc.read_text(encoding="utf-8")
@@ -497,12 +881,16 @@ def write() -> None:
             if (HERE / f"{name}.json").is_file() and start in text:
                 before, rest = text.split(start, 1)
                 text = before + block(name) + rest.split(end, 1)[1]
-        doc.write_text(text, encoding="utf-8")
+        doc.write_text(fill(text), encoding="utf-8")
 
 
 def main(args: list[str]) -> None:
     if args == ["--write"]:
         write()
+        return
+    if args == ["--figures"]:
+        for study in FIGURES:
+            print("\n".join(f"{study}/{name}: {value}" for name, value in figures(study).items()))
         return
     for name in args or list(STUDIES):
         if (HERE / f"{name}.json").is_file():
