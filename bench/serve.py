@@ -5,7 +5,8 @@
 Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.py), then:
 1. offline: `Predictor` in this process on all of them (batches of 64, as `predict`): sentences/s, and the model's
    batch-1 latency (the median of one sentence at a time);
-2. starts `biodistil serve MODEL --port 0` (its own process, `--threads`, `--server-arg` passed on) and, each phase
+2. starts `biodistil serve MODEL --port 0` (its own process, `--threads` or `--serve-threads`, `--server-arg` passed
+   on) and, each phase
    for `--seconds`, sends one sentence a request: closed loops of 1, 8 and 32 clients (each sends its next request
    when the last is answered), then an open loop at `--rate` requests/s (sent on schedule whatever the answers; the
    latency counts from the scheduled time, so a server that falls behind shows it);
@@ -14,10 +15,12 @@ Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.p
    `lost` is the requests the server says it accepted (its closing line) less the answers the clients received over
    the whole run (a refused connection after the signal was not accepted; `disconnected` counts requests cut off).
 Per phase: requests/s, documents/s, p50/p95/p99 latency (ms), errors (non-200 or transport errors), mixed records
-(a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), and the
+(a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), how
+many answers ran on each thread count (x-model-threads), and the
 share of records whose entities (or labels) are the offline ones (an int8 graph's activation scales follow the batch:
 near-ties may fall otherwise; scores move in their last digits). The client runs in this process (asyncio + httpx)
-and takes CPU from the server on a small machine: said in the heading with the load average. Prints a table and,
+and takes CPU from the server on a small machine: said in the heading with the load average (`--client-cpus`
+pins it, e.g. to one core; the server and its threads may still use every core). Prints a table and,
 last, one JSON line. Tests never assert on these timings.
 """
 
@@ -45,7 +48,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("model", help="model folder, export folder or .onnx file (as `biodistil serve`)")
     parser.add_argument("--runtime", default="auto")
     parser.add_argument("--sentences", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=2, help="the model's CPU threads, offline and served")
+    parser.add_argument("--threads", type=int, default=2, help="the model's CPU threads offline, and served unless "
+                        "--serve-threads says otherwise")
+    parser.add_argument("--serve-threads", default=None, metavar="N|auto", help="the server's --threads (default: "
+                        "--threads); auto: none given, the server's own policy (every core, one fewer under load)")
+    parser.add_argument("--client-cpus", type=int, nargs="+", metavar="CPU", help="pin this process (the load client) "
+                        "to these CPUs once the server has started (the server keeps every core)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each load phase")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="closed-loop client counts")
     parser.add_argument("--rate", type=float, default=50.0, help="open loop: requests per second")
@@ -92,10 +100,12 @@ def offline(model: str, runtime: str, texts: list[str], threads: int) -> tuple[d
 class Server:
     """`biodistil serve` in a process of its own on a free port."""
 
-    def __init__(self, model: str, runtime: str, threads: int, extra: list[str]):
+    def __init__(self, model: str, runtime: str, threads: str, extra: list[str]):
+        """`threads`: the server's --threads, or "auto" (none given: the server's policy)."""
         env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        threaded = [] if threads == "auto" else ["--threads", threads]
         command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--runtime", runtime,
-                   "--threads", str(threads), *extra]
+                   *threaded, *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.signalled = False
         line = ""
@@ -142,6 +152,7 @@ class Tally:
         self.latencies: list[float] = []
         self.sent, self.ok, self.errors, self.mixed, self.same, self.refused, self.disconnected = 0, 0, 0, 0, 0, 0, 0
         self.batches: list[int] = []
+        self.threads: list[int] = []
         self.kinds: dict[str, int] = {}
 
     def count(self, index: int, seconds: float, response: httpx.Response | None, error: Exception | None) -> None:
@@ -163,6 +174,7 @@ class Tally:
         self.mixed += not fits(record, self.texts[index])
         self.same += spans(record) == spans(self.expected[index])
         self.batches.append(int(response.headers.get("x-batch-size", 1)))
+        self.threads.append(int(response.headers.get("x-model-threads", 0)))
 
     def summary(self, name: str, seconds: float) -> dict:
         answered = len(self.latencies)
@@ -172,7 +184,8 @@ class Tally:
                 "p50_ms": round(percentile(ms, 50), 2), "p95_ms": round(percentile(ms, 95), 2),
                 "p99_ms": round(percentile(ms, 99), 2), "errors": self.errors, "error_kinds": self.kinds,
                 "mixed_records": self.mixed, "same_as_offline": round(self.same / max(self.ok, 1), 4),
-                "mean_batch": round(statistics.fmean(self.batches), 2) if self.batches else None}
+                "mean_batch": round(statistics.fmean(self.batches), 2) if self.batches else None,
+                "model_threads": {str(n): self.threads.count(n) for n in sorted(set(self.threads))}}
 
 
 def spans(record: dict) -> list:
@@ -276,7 +289,10 @@ def run(args: argparse.Namespace) -> dict:
 
     texts = read_texts(args)
     baseline, records = offline(args.model, args.runtime, texts, args.threads)
-    server = Server(args.model, args.runtime, args.threads, args.server_arg)
+    serve_threads = args.serve_threads or str(args.threads)
+    server = Server(args.model, args.runtime, serve_threads, args.server_arg)
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
     phases, tallies = [], []
     try:
         for clients in args.clients:
@@ -310,13 +326,16 @@ def run(args: argparse.Namespace) -> dict:
     growth = (rss[-1][1] - rss[0][1]) / rss[0][1] if len(rss) > 1 else None
     return {"offline": baseline, "phases": phases, "sigterm": shutdown, "rss_mib": rss,
             "rss_growth": round(growth, 4) if growth is not None else None, "threads": args.threads,
-            "server_args": args.server_arg, "seconds": args.seconds, "cpu": cpu_line(), "load_1min": os.getloadavg()[0]}
+            "serve_threads": serve_threads, "client_cpus": args.client_cpus, "server_args": args.server_arg,
+            "seconds": args.seconds, "cpu": cpu_line(), "load_1min": os.getloadavg()[0]}
 
 
 def report(result: dict) -> None:
     base = result["offline"]
-    print(f"{base['sentences']:,} sentences, {result['threads']} thread(s); CPU: {result['cpu']}; load "
-          f"{result['load_1min']:.2f} (the client shares this machine)")
+    pinned = f"pinned to CPUs {result['client_cpus']}" if result["client_cpus"] else "on every core"
+    print(f"{base['sentences']:,} sentences, offline {result['threads']} thread(s), served --threads "
+          f"{result['serve_threads']}; CPU: {result['cpu']}; load {result['load_1min']:.2f} (the client shares this "
+          f"machine, {pinned})")
     print(f"  offline predict: {base['sentences_per_s']:,.1f} sentences/s; batch-1 latency {base['batch1_ms']:.2f} ms "
           f"[{base['model']}]")
     for phase in [*result["phases"], result["sigterm"]]:
@@ -324,7 +343,7 @@ def report(result: dict) -> None:
         print(f"  {phase['phase']:12s} {phase['requests_per_s']:8,.1f} req/s ({share:5.1%} of offline)  p50 "
               f"{phase['p50_ms']:7.2f}  p95 {phase['p95_ms']:7.2f}  p99 {phase['p99_ms']:7.2f} ms  errors "
               f"{phase['errors']}  mixed {phase['mixed_records']}  batch {phase['mean_batch']}  same as offline "
-              f"{phase['same_as_offline']:.1%}")
+              f"{phase['same_as_offline']:.1%}  model threads {phase['model_threads']}")
     term = result["sigterm"]
     print(f"  SIGTERM under load ({term['in_flight_at_signal']} requests in flight): the server accepted "
           f"{term['server_accepted']} requests in all, the clients received "
