@@ -492,14 +492,15 @@ def test_the_serve_bench_runs_at_tiny_settings_and_sigterm_under_load_loses_noth
 
 def test_the_thread_policy_gives_a_light_load_every_core_and_a_pile_up_one_fewer():
     """Adaptive (no --threads): every core while fewer than --busy-requests requests are in the batch and the queue
-    together, one fewer from there on; --threads N: N whatever the load; a single core: never fewer."""
+    together and in flight over HTTP, one fewer from there on; --threads N: N whatever the load; a single core: never
+    fewer."""
     from biodistil.serving.batching import Load
     from biodistil.serving.threads import ThreadPolicy
 
     policy = ThreadPolicy.of(None, 2, busy_requests=8)
     assert policy.counts == (2, 1)
-    loads = [Load(1, 0), Load(4, 3), Load(1, 7), Load(4, 4), Load(30, 2)]
-    assert [policy.threads(load) for load in loads] == [2, 2, 1, 1, 1]
+    loads = [Load(1, 0, 1), Load(4, 3, 7), Load(1, 7), Load(4, 4), Load(30, 2), Load(2, 0, 8), Load(2, 0, 30)]
+    assert [policy.threads(load) for load in loads] == [2, 2, 1, 1, 1, 1, 1]
     assert ThreadPolicy.of(None, 4).threads(Load(32, 32)) == 3
     fixed = ThreadPolicy.of(2, 4, busy_requests=1)
     assert fixed.counts == (2,) and fixed.threads(Load(32, 100)) == 2

@@ -121,7 +121,8 @@ def create_app(settings: ServeSettings, load: Callable[[], Any], on_failure: Cal
     `.facts()`); it is loaded in the model's thread after the server starts listening, and readiness waits for it.
     `on_failure()` is told when loading fails (the command then stops the server)."""
     metrics, state = ServerMetrics(), _State()
-    batcher = Batcher(lambda documents, load: state.service(documents, load), settings.batching, metrics.on_batch)
+    batcher = Batcher(lambda documents, load: state.service(documents, load), settings.batching, metrics.on_batch,
+                      metrics.requests_in_flight)
 
     async def load_service() -> None:
         try:

@@ -2,12 +2,13 @@
 
 Requests wait in one queue, oldest first. While the model runs, requests gather; when it is free, the batcher takes
 queued requests while their sub-words fit the token budget (the first always goes, however large) and hands their
-documents to `run` with the load it met (requests in the batch, requests still queued: `threads.py` chooses the model's
-CPU threads from it) — one call, in one worker thread, so that concurrent calls never fight over the cores — and each
-request gets back its own records, in its own order. An idle model waits up to `max_wait_ms` after a request arrives
-for others to join it. A full queue refuses the next request (`Overloaded`, answered 429 with a Retry-After worked out
-from the recent throughput). A batch that fails is run again request by request, so that only the request that makes
-the model fail is answered with the error. No web framework here: `app.py` puts HTTP around it.
+documents to `run` with the load it met (requests in the batch, requests still queued, HTTP requests in flight:
+`threads.py` chooses the model's CPU threads from it) — one call, in one worker thread, so that concurrent calls
+never fight over the cores — and each request gets back its own records, in its own order. An idle model waits up to
+`max_wait_ms` after a request arrives for others to join it. A full queue refuses the next request (`Overloaded`,
+answered 429 with a Retry-After worked out from the recent throughput). A batch that fails is run again request by
+request, so that only the request that makes the model fail is answered with the error. No web framework here:
+`app.py` puts HTTP around it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from biodistil.serving.settings import BatchSettings
 
 @dataclass(frozen=True)
 class Load:
-    """What a model call meets: `requests` in its batch, `waiting` still queued behind it."""
+    """What a model call meets: `requests` in its batch, `waiting` still queued behind it, and `in_flight` HTTP
+    requests the server is answering (these, and those it is still reading, parsing or writing back)."""
 
     requests: int = 1
     waiting: int = 0
+    in_flight: int = 0
 
 
 Run = Callable[[Sequence[Any], Load], list[Any]]  # one result per document (a record, a predicted document), in order
@@ -68,10 +71,12 @@ class _Job:
 class Batcher:
     """Runs `run(documents) -> records` (one record per document, in order) on the documents of queued requests."""
 
-    def __init__(self, run: Run, settings: BatchSettings, on_batch: OnBatch | None = None):
+    def __init__(self, run: Run, settings: BatchSettings, on_batch: OnBatch | None = None,
+                 in_flight: Callable[[], int] | None = None):
         """`run(documents, load)`: one result per document; `on_batch(documents, tokens, seconds)` hears of every
-        model call (the metrics)."""
+        model call (the metrics); `in_flight()`: the HTTP requests being answered (for `Load`)."""
         self._run, self.settings, self._on_batch = run, settings, on_batch
+        self._in_flight = in_flight or (lambda: 0)
         self._queue: deque[_Job] = deque()
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="biodistil-model")
@@ -157,7 +162,7 @@ class Batcher:
     async def _answer(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
         documents = [document for job in jobs for document in job.documents]
-        load = Load(len(jobs), len(self._queue))
+        load = Load(len(jobs), len(self._queue), self._in_flight())
         try:
             records = await self.call(lambda: self._run(documents, load))
         except Exception as error:  # answered to the requests, never raised into the loop

@@ -7,8 +7,9 @@ model, and every core shortens the call. A heavy load is throughput-bound: while
 dozens of requests to read and answer, and a model call spread over every core waits for its slowest thread whenever
 the event loop takes one of them (measured on 2 cores: the model at 2 threads met the open loop's latency target, at
 1 thread the throughput target at 32 clients; docs/deployment.md). So the policy gives the model every core while
-fewer than `busy_requests` requests are in the batch and the queue together, and leaves one core to the HTTP layer
-from there on. `--threads N` fixes the count instead.
+fewer than `busy_requests` requests are in the server — in the batch and the queue together, or in flight over HTTP
+(read, parsed, queued or written back: a starved HTTP layer feeds the batcher small batches while many requests wait
+on it) — and leaves one core to the HTTP layer from there on. `--threads N` fixes the count instead.
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ class ThreadPolicy:
         return (self.cores, self.cores - 1) if self.adaptive else (self.cores,)
 
     def threads(self, load: Load) -> int:
-        """All the cores under a light load; one fewer from `busy_requests` requests in the batch and queue."""
-        if self.adaptive and load.requests + load.waiting >= self.busy_requests:
+        """All the cores under a light load; one fewer from `busy_requests` requests in the batch and queue, or in
+        flight over HTTP."""
+        if self.adaptive and max(load.requests + load.waiting, load.in_flight) >= self.busy_requests:
             return self.cores - 1
         return self.cores
 
     def describe(self) -> str:
         if not self.adaptive:
             return f"{self.cores} thread{'s' * (self.cores != 1)}"
-        return (f"{self.cores} threads, {self.cores - 1} from {self.busy_requests} requests in the batch and queue "
-                "(one core left to the HTTP layer)")
+        return (f"{self.cores} threads, {self.cores - 1} from {self.busy_requests} requests in the batch and queue or "
+                "in flight (one core left to the HTTP layer)")
