@@ -15,8 +15,7 @@ Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.p
    `lost` is the requests the server says it accepted (its closing line) less the answers the clients received over
    the whole run (a refused connection after the signal was not accepted; `disconnected` counts requests cut off).
 Per phase: requests/s, documents/s, p50/p95/p99 latency (ms), errors (non-200 or transport errors), mixed records
-(a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), how
-many answers ran on each thread count (x-model-threads), and the
+(a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), and the
 share of records whose entities (or labels) are the offline ones (an int8 graph's activation scales follow the batch:
 near-ties may fall otherwise; scores move in their last digits). The client runs in this process (asyncio + httpx)
 and takes CPU from the server on a small machine: said in the heading with the load average (`--client-cpus`
@@ -51,7 +50,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="the model's CPU threads offline, and served unless "
                         "--serve-threads says otherwise")
     parser.add_argument("--serve-threads", default=None, metavar="N|auto", help="the server's --threads (default: "
-                        "--threads); auto: none given, the server's own policy (every core, one fewer under load)")
+                        "--threads); auto: none given, the server's default (the usable cores)")
     parser.add_argument("--client-cpus", type=int, nargs="+", metavar="CPU", help="pin this process (the load client) "
                         "to these CPUs once the server has started (the server keeps every core)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each load phase")
@@ -101,7 +100,7 @@ class Server:
     """`biodistil serve` in a process of its own on a free port."""
 
     def __init__(self, model: str, runtime: str, threads: str, extra: list[str]):
-        """`threads`: the server's --threads, or "auto" (none given: the server's policy)."""
+        """`threads`: the server's --threads, or "auto" (none given: the server's default)."""
         env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
         threaded = [] if threads == "auto" else ["--threads", threads]
         command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--runtime", runtime,
@@ -152,7 +151,6 @@ class Tally:
         self.latencies: list[float] = []
         self.sent, self.ok, self.errors, self.mixed, self.same, self.refused, self.disconnected = 0, 0, 0, 0, 0, 0, 0
         self.batches: list[int] = []
-        self.threads: list[int] = []
         self.kinds: dict[str, int] = {}
 
     def count(self, index: int, seconds: float, response: httpx.Response | None, error: Exception | None) -> None:
@@ -174,7 +172,6 @@ class Tally:
         self.mixed += not fits(record, self.texts[index])
         self.same += spans(record) == spans(self.expected[index])
         self.batches.append(int(response.headers.get("x-batch-size", 1)))
-        self.threads.append(int(response.headers.get("x-model-threads", 0)))
 
     def summary(self, name: str, seconds: float) -> dict:
         answered = len(self.latencies)
@@ -184,8 +181,7 @@ class Tally:
                 "p50_ms": round(percentile(ms, 50), 2), "p95_ms": round(percentile(ms, 95), 2),
                 "p99_ms": round(percentile(ms, 99), 2), "errors": self.errors, "error_kinds": self.kinds,
                 "mixed_records": self.mixed, "same_as_offline": round(self.same / max(self.ok, 1), 4),
-                "mean_batch": round(statistics.fmean(self.batches), 2) if self.batches else None,
-                "model_threads": {str(n): self.threads.count(n) for n in sorted(set(self.threads))}}
+                "mean_batch": round(statistics.fmean(self.batches), 2) if self.batches else None}
 
 
 def spans(record: dict) -> list:
@@ -343,7 +339,7 @@ def report(result: dict) -> None:
         print(f"  {phase['phase']:12s} {phase['requests_per_s']:8,.1f} req/s ({share:5.1%} of offline)  p50 "
               f"{phase['p50_ms']:7.2f}  p95 {phase['p95_ms']:7.2f}  p99 {phase['p99_ms']:7.2f} ms  errors "
               f"{phase['errors']}  mixed {phase['mixed_records']}  batch {phase['mean_batch']}  same as offline "
-              f"{phase['same_as_offline']:.1%}  model threads {phase['model_threads']}")
+              f"{phase['same_as_offline']:.1%}")
     term = result["sigterm"]
     print(f"  SIGTERM under load ({term['in_flight_at_signal']} requests in flight): the server accepted "
           f"{term['server_accepted']} requests in all, the clients received "

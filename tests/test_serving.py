@@ -339,7 +339,7 @@ def test_the_batcher_keeps_to_the_token_budget_and_answers_what_is_left_over():
 
     calls, running = [], []
 
-    def run(documents, load):
+    def run(documents):
         running.append(1)
         assert len(running) == 1, "one model call at a time"
         time.sleep(0.05)
@@ -370,11 +370,11 @@ class Gated:
     def __init__(self, service: Service, gate: threading.Event):
         self.service, self.gate = service, gate
 
-    def __call__(self, documents, load):
+    def __call__(self, documents):
         self.gate.wait(30)
         if any("poison" in d.text for d in documents):
             raise RuntimeError("a failure deep in the model")
-        return self.service(documents, load)
+        return self.service(documents)
 
     def __getattr__(self, name):
         return getattr(self.service, name)
@@ -488,51 +488,3 @@ def test_the_serve_bench_runs_at_tiny_settings_and_sigterm_under_load_loses_noth
     assert "Stopped on SIGTERM" in term["closing_line"]
     assert len(result["rss_mib"]) >= 3 and result["offline"]["sentences_per_s"] > 0
     assert json.loads((tmp_path / "bench.json").read_text())["sigterm"]["lost"] == 0
-
-
-def test_the_thread_policy_gives_a_light_load_every_core_and_a_pile_up_one_fewer():
-    """Adaptive (no --threads): every core while fewer than --busy-requests requests are in the batch and the queue
-    together and in flight over HTTP, one fewer from there on; --threads N: N whatever the load; a single core: never
-    fewer."""
-    from biodistil.serving.batching import Load
-    from biodistil.serving.threads import ThreadPolicy
-
-    policy = ThreadPolicy.of(None, 2, busy_requests=8)
-    assert policy.counts == (2, 1)
-    loads = [Load(1, 0, 1), Load(4, 3, 7), Load(1, 7), Load(4, 4), Load(30, 2), Load(2, 0, 8), Load(2, 0, 30)]
-    assert [policy.threads(load) for load in loads] == [2, 2, 1, 1, 1, 1, 1]
-    assert ThreadPolicy.of(None, 4).threads(Load(32, 32)) == 3
-    fixed = ThreadPolicy.of(2, 4, busy_requests=1)
-    assert fixed.counts == (2,) and fixed.threads(Load(32, 100)) == 2
-    alone = ThreadPolicy.of(None, 1, busy_requests=1)
-    assert alone.counts == (1,) and alone.threads(Load(32, 100)) == 1
-
-
-def test_records_stay_unmixed_while_the_thread_count_changes_between_batches(ner, monkeypatch):
-    """The adaptive policy on 2 cores with --busy-requests 3: a lone request runs on 2 threads, a crowd of thirty on
-    1 (the x-model-threads header), and every answer holds its own documents' records."""
-    import biodistil.training.machine as machine
-
-    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
-    settings = ServeSettings(str(ner), busy_requests=3, batching=BatchSettings(max_wait_ms=30))
-    requests = [sentences(1 + i % 3, seed=200 + i) for i in range(30)]
-    predictor = Predictor(ner, threads=1)
-    expected = [predictor(texts) for texts in requests]
-
-    async def crowd(url: str) -> list:
-        async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*[client.post(f"{url}/v1/predict", json={"texts": texts})
-                                          for texts in requests])
-
-    with live(settings) as url:
-        wait_ready(url)
-        alone = httpx.post(f"{url}/v1/predict", json={"texts": requests[0]})
-        answers = asyncio.run(crowd(url))
-        assert "one core left to the HTTP layer" in httpx.get(f"{url}/v1/model").json()["threads"]
-    assert alone.headers["x-model-threads"] == "2"
-    close(alone.json()["records"], expected[0])
-    assert [a.status_code for a in answers] == [200] * len(requests)
-    for answer, records in zip(answers, expected, strict=True):
-        close(answer.json()["records"], records)
-    threads = {a.headers["x-model-threads"] for a in answers}
-    assert "1" in threads, f"the crowd ran on one core fewer: {threads}"

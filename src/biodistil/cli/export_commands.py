@@ -74,13 +74,13 @@ def _serve(args: argparse.Namespace) -> object:
 
     try:
         from biodistil.serving.command import run_serve
-        from biodistil.serving.settings import BUSY_REQUESTS, BatchSettings, Limits, ServeSettings, read_api_key
+        from biodistil.serving.settings import BatchSettings, Limits, ServeSettings, read_api_key
     except ImportError as err:
         raise BiodistilError(f"biodistil serve needs the optional extra `serve` ({err.name} is missing): pip install "
                              "-e \".[serve]\"") from None
     settings = ServeSettings(
-        args.model, args.runtime, args.host, args.port, args.threads, args.busy_requests or BUSY_REQUESTS,
-        args.batch_size, args.max_length, args.threshold, args.device,
+        args.model, args.runtime, args.host, args.port, args.threads, args.batch_size, args.max_length,
+        args.threshold, args.device,
         BatchSettings(args.max_batch_tokens, args.max_wait_ms, args.max_queue),
         Limits(args.max_body_bytes, args.max_documents, args.max_chars, args.request_timeout),
         read_api_key(args.api_key_file) if args.api_key_file else None)
@@ -106,12 +106,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (8000; 0: any free port, printed)")
     parser.add_argument("--runtime", choices=["auto", "pytorch", "pytorch-bf16", "onnx", "onnx-int8"],
                         default="auto", help="as for predict: auto (default) = the fastest the folder holds")
-    parser.add_argument("--threads", type=positive_int, help="CPU threads of every model call (default: chosen per "
-                        "call: every usable core, one fewer from --busy-requests requests on; one call runs at a "
-                        "time)")
-    parser.add_argument("--busy-requests", type=positive_int, help="without --threads: from this many requests in a "
-                        "batch and the queue together, the model runs on one core fewer, left to the HTTP layer "
-                        "(default: serving.settings.BUSY_REQUESTS, measured on 2 cores)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads of the model call (default: the usable "
+                        "cores; one call runs at a time)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where a PyTorch model runs (ONNX graphs run on the CPU)")
     parser.add_argument("--batch-size", type=positive_int, default=1, help="windows per model call inside a gathered "

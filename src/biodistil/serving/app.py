@@ -121,8 +121,7 @@ def create_app(settings: ServeSettings, load: Callable[[], Any], on_failure: Cal
     `.facts()`); it is loaded in the model's thread after the server starts listening, and readiness waits for it.
     `on_failure()` is told when loading fails (the command then stops the server)."""
     metrics, state = ServerMetrics(), _State()
-    batcher = Batcher(lambda documents, load: state.service(documents, load), settings.batching, metrics.on_batch,
-                      metrics.requests_in_flight)
+    batcher = Batcher(lambda documents: state.service(documents), settings.batching, metrics.on_batch)
 
     async def load_service() -> None:
         try:
@@ -224,8 +223,7 @@ async def _predict(request: Request, limits: Limits, state: _State, batcher: Bat
     metrics.queued.observe(answer.queue_seconds)
     headers = {"x-total-time": _ms(total), "x-tokenization-time": _ms(tokenized - counted),
                "x-queue-time": _ms(answer.queue_seconds), "x-inference-time": _ms(answer.inference_seconds),
-               "x-batch-size": str(answer.batch_documents), "x-compute-tokens": str(tokens),
-               "x-model-threads": str(state.service.policy.threads(answer.load))}
+               "x-batch-size": str(answer.batch_documents), "x-compute-tokens": str(tokens)}
     return _respond(parsed, answer.records, headers)
 
 

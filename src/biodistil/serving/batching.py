@@ -2,13 +2,11 @@
 
 Requests wait in one queue, oldest first. While the model runs, requests gather; when it is free, the batcher takes
 queued requests while their sub-words fit the token budget (the first always goes, however large) and hands their
-documents to `run` with the load it met (requests in the batch, requests still queued, HTTP requests in flight:
-`threads.py` chooses the model's CPU threads from it) — one call, in one worker thread, so that concurrent calls
-never fight over the cores — and each request gets back its own records, in its own order. An idle model waits up to
-`max_wait_ms` after a request arrives for others to join it. A full queue refuses the next request (`Overloaded`,
-answered 429 with a Retry-After worked out from the recent throughput). A batch that fails is run again request by
-request, so that only the request that makes the model fail is answered with the error. No web framework here:
-`app.py` puts HTTP around it.
+documents to `run` — one call, in one worker thread, so that concurrent calls never fight over the cores — and each
+request gets back its own records, in its own order. An idle model waits up to `max_wait_ms` after a request arrives
+for others to join it. A full queue refuses the next request (`Overloaded`, answered 429 with a Retry-After worked out
+from the recent throughput). A batch that fails is run again request by request, so that only the request that makes
+the model fail is answered with the error. No web framework here: `app.py` puts HTTP around it.
 """
 
 from __future__ import annotations
@@ -24,18 +22,7 @@ from typing import Any
 
 from biodistil.serving.settings import BatchSettings
 
-
-@dataclass(frozen=True)
-class Load:
-    """What a model call meets: `requests` in its batch, `waiting` still queued behind it, and `in_flight` HTTP
-    requests the server is answering (these, and those it is still reading, parsing or writing back)."""
-
-    requests: int = 1
-    waiting: int = 0
-    in_flight: int = 0
-
-
-Run = Callable[[Sequence[Any], Load], list[Any]]  # one result per document (a record, a predicted document), in order
+Run = Callable[[Sequence[Any]], list[Any]]  # one result per document (a record, a predicted document), in order
 OnBatch = Callable[[int, int, float], None]
 
 
@@ -57,7 +44,6 @@ class Answer:
     inference_seconds: float
     batch_documents: int
     batch_tokens: int
-    load: Load = Load()
 
 
 @dataclass
@@ -71,12 +57,9 @@ class _Job:
 class Batcher:
     """Runs `run(documents) -> records` (one record per document, in order) on the documents of queued requests."""
 
-    def __init__(self, run: Run, settings: BatchSettings, on_batch: OnBatch | None = None,
-                 in_flight: Callable[[], int] | None = None):
-        """`run(documents, load)`: one result per document; `on_batch(documents, tokens, seconds)` hears of every
-        model call (the metrics); `in_flight()`: the HTTP requests being answered (for `Load`)."""
+    def __init__(self, run: Run, settings: BatchSettings, on_batch: OnBatch | None = None):
+        """`on_batch(documents, tokens, seconds)` hears of every model call (the metrics)."""
         self._run, self.settings, self._on_batch = run, settings, on_batch
-        self._in_flight = in_flight or (lambda: 0)
         self._queue: deque[_Job] = deque()
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="biodistil-model")
@@ -162,9 +145,8 @@ class Batcher:
     async def _answer(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
         documents = [document for job in jobs for document in job.documents]
-        load = Load(len(jobs), len(self._queue), self._in_flight())
         try:
-            records = await self.call(lambda: self._run(documents, load))
+            records = await self.call(lambda: self._run(documents))
         except Exception as error:  # answered to the requests, never raised into the loop
             await self._alone(jobs, error)
             return
@@ -178,8 +160,7 @@ class Batcher:
             mine = records[start:start + len(job.documents)]
             start += len(job.documents)
             if not job.future.done():
-                job.future.set_result(Answer(mine, started - job.arrived, seconds, len(documents), tokens,
-                                              load))
+                job.future.set_result(Answer(mine, started - job.arrived, seconds, len(documents), tokens))
 
     async def _alone(self, jobs: list[_Job], error: Exception) -> None:
         """A failed batch: each request again on its own, so that one bad request does not fail the others."""

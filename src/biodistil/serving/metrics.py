@@ -43,10 +43,6 @@ class ServerMetrics:
         self.inference.observe(seconds)
         self.documents.inc(documents)
 
-    def requests_in_flight(self) -> int:
-        """HTTP requests being answered now (every route)."""
-        return int(self.registry.get_sample_value("biodistil_requests_in_flight") or 0)
-
     def predict_counts(self) -> tuple[int, int]:
         """(prediction requests accepted, answered — with records or an error)."""
         answered = sum(sample.value for metric in self.requests.collect() for sample in metric.samples

@@ -19,10 +19,8 @@ from typing import Any
 
 from biodistil.documents.model import SpanDocument
 from biodistil.export.predict import Document, Predictor
-from biodistil.serving.batching import Load
 from biodistil.serving.formats import FORMATS
 from biodistil.serving.settings import ServeSettings
-from biodistil.serving.threads import ThreadPolicy
 
 WARM_UP_TEXT = "BRCA1 and BRCA2 mutations increase the risk of breast and ovarian cancer in women."
 
@@ -32,50 +30,30 @@ class Service:
     latency measured."""
 
     def __init__(self, settings: ServeSettings):
-        """Loads the model in the calling thread (the model's own). Its CPU threads per call come from
-        `self.policy` (`threads.py`): `settings.threads` for every call, or unset every usable core under a light load
-        and one fewer once requests pile up — an ONNX graph then has a session for each count (ONNX Runtime fixes a
-        session's threads when it is made), a PyTorch model one set of weights and `torch.set_num_threads` per call."""
+        """Loads the model in the calling thread (the model's own), with `settings.threads` CPU threads (default: the
+        usable cores — one model call runs at a time, so it may have them all)."""
         import torch
 
         from biodistil.training.machine import usable_cores
 
         self.settings = settings
-        self.policy = ThreadPolicy.of(settings.threads, usable_cores(), settings.busy_requests)
-        torch.set_num_threads(self.policy.cores)
-        self.predictor = self._load(self.policy.cores)
-        shared = self.predictor.variant.runtime == "pytorch"  # torch's threads are set per call instead
-        self._predictors = {n: self.predictor if shared or n == self.policy.cores else self._load(n)
-                            for n in self.policy.counts}
+        threads = settings.threads or usable_cores()
+        torch.set_num_threads(threads)
+        self.predictor = Predictor(settings.model, settings.runtime, settings.batch_size, settings.threshold,
+                                   threads, settings.max_length, settings.device)
         # a tokenizer of its own for counting on the event loop while the model thread encodes: a fast tokenizer
         # shared by two threads can fail ("Already borrowed") when one sets its truncation as the other encodes
         self.counter, self._counting = copy.deepcopy(self.predictor.tokenizer), threading.Lock()
         self.batch1_ms = self._warm_up()
 
-    def _load(self, threads: int) -> Predictor:
-        settings = self.settings
-        return Predictor(settings.model, settings.runtime, settings.batch_size, settings.threshold, threads,
-                         settings.max_length, settings.device)
-
-    def __call__(self, documents: Sequence[Document | SpanDocument], load: Load | None = None) -> list[Any]:
+    def __call__(self, documents: Sequence[Document | SpanDocument]) -> list[Any]:
         """One result per document, in order: a `Document`'s record (`Predictor.__call__`), a `SpanDocument` with its
-        predicted spans (`Predictor.predict_documents`), on the threads the policy gives `load` (None: a
-        lone request). `Predictor` batches each kind by length."""
-        predictor = self._on_threads(self.policy.threads(load or Load()))
+        predicted spans (`Predictor.predict_documents`). `Predictor` batches each kind by length."""
         plain = [d for d in documents if isinstance(d, Document)]
         annotated = [d for d in documents if isinstance(d, SpanDocument)]
-        records = iter(predictor(plain) if plain else [])
-        predicted = iter(predictor.predict_documents(annotated) if annotated else [])
+        records = iter(self.predictor(plain) if plain else [])
+        predicted = iter(self.predictor.predict_documents(annotated) if annotated else [])
         return [next(records) if isinstance(d, Document) else next(predicted) for d in documents]
-
-    def _on_threads(self, threads: int) -> Predictor:
-        """The predictor that runs on `threads` CPU threads (a PyTorch model's: torch's count set to it)."""
-        import torch
-
-        predictor = self._predictors[threads]
-        if predictor.variant.runtime == "pytorch" and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        return predictor
 
     def formats(self) -> tuple[str, ...]:
         """The formats this model answers in: a token classifier every one, a classifier its records alone."""
@@ -89,12 +67,10 @@ class Service:
         return sum(len(ids) for ids in encoded["input_ids"])
 
     def _warm_up(self) -> float:
-        """Run the first batches (allocators, kernels chosen per shape) on every thread count before any client waits
-        for them; the median milliseconds of one document alone, on every core."""
+        """Run the first batches (allocators, kernels chosen per shape) before any client waits for them; the
+        median milliseconds of one document alone."""
         lengths = [WARM_UP_TEXT[: max(8, len(WARM_UP_TEXT) * n // 8)] for n in range(1, 9)]
-        for threads in reversed(self.policy.counts):
-            self._on_threads(threads)(lengths * max(1, self.settings.batch_size // len(lengths)))
-        self._on_threads(self.policy.cores)
+        self.predictor(lengths * max(1, self.settings.batch_size // len(lengths)))
         times = []
         for _ in range(7):
             began = time.perf_counter()
@@ -113,7 +89,7 @@ class Service:
             "task": {"kind": encoding.kind, "name": _task_name(variant.folder), "max_length": encoding.max_length,
                      "labels": list(encoding.labels)},
             "card": card_header(variant.folder), "provenance": provenance_facts(variant.folder),
-            "batch1_ms": round(self.batch1_ms, 2), "threads": self.policy.describe(),
+            "batch1_ms": round(self.batch1_ms, 2),
             "batching": {"max_batch_tokens": batching.max_batch_tokens, "max_wait_ms": batching.max_wait_ms,
                          "max_queue": batching.max_queue, "batch_size": self.settings.batch_size},
             "limits": {"max_body_bytes": limits.max_body_bytes, "max_documents": limits.max_documents,

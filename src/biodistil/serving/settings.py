@@ -8,8 +8,6 @@ from pathlib import Path
 
 from biodistil.errors import BiodistilError
 
-BUSY_REQUESTS = 8  # requests in a batch and the queue from which the model leaves a core to HTTP (docs/deployment.md)
-
 
 @dataclass(frozen=True)
 class BatchSettings:
@@ -53,8 +51,7 @@ class ServeSettings:
     runtime: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
-    threads: int | None = None  # None: every usable core, one fewer under load (threads.py); N: N for every call
-    busy_requests: int = BUSY_REQUESTS
+    threads: int | None = None
     batch_size: int = 1  # windows per model call inside a gathered batch (docs/deployment.md: measured)
     max_length: int | None = None
     threshold: float = 0.5
@@ -66,8 +63,6 @@ class ServeSettings:
     def check(self) -> None:
         self.batching.check()
         self.limits.check()
-        if self.busy_requests < 1:
-            raise BiodistilError(f"--busy-requests {self.busy_requests}: expected a whole number of 1 or more")
         if not 0 <= self.port <= 65535:
             raise BiodistilError(f"--port {self.port}: expected 0 (any free port) to 65535")
 
