@@ -5,7 +5,8 @@
 Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.py), then:
 1. offline: `Predictor` in this process on all of them (batches of 64, as `predict`): sentences/s, and the model's
    batch-1 latency (the median of one sentence at a time);
-2. starts `biodistil serve MODEL --port 0` (its own process, `--threads`, `--server-arg` passed on) and, each phase
+2. starts `biodistil serve MODEL --port 0` (its own process, `--threads` or `--serve-threads`, `--server-arg` passed
+   on) and, each phase
    for `--seconds`, sends one sentence a request: closed loops of 1, 8 and 32 clients (each sends its next request
    when the last is answered), then an open loop at `--rate` requests/s (sent on schedule whatever the answers; the
    latency counts from the scheduled time, so a server that falls behind shows it);
@@ -17,7 +18,8 @@ Per phase: requests/s, documents/s, p50/p95/p99 latency (ms), errors (non-200 or
 (a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), and the
 share of records whose entities (or labels) are the offline ones (an int8 graph's activation scales follow the batch:
 near-ties may fall otherwise; scores move in their last digits). The client runs in this process (asyncio + httpx)
-and takes CPU from the server on a small machine: said in the heading with the load average. Prints a table and,
+and takes CPU from the server on a small machine: said in the heading with the load average (`--client-cpus`
+pins it, e.g. to one core; the server and its threads may still use every core). Prints a table and,
 last, one JSON line. Tests never assert on these timings.
 """
 
@@ -45,7 +47,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("model", help="model folder, export folder or .onnx file (as `biodistil serve`)")
     parser.add_argument("--runtime", default="auto")
     parser.add_argument("--sentences", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=2, help="the model's CPU threads, offline and served")
+    parser.add_argument("--threads", type=int, default=2, help="the model's CPU threads offline, and served unless "
+                        "--serve-threads says otherwise")
+    parser.add_argument("--serve-threads", default=None, metavar="N|auto", help="the server's --threads (default: "
+                        "--threads); auto: none given, the server's default (the usable cores)")
+    parser.add_argument("--client-cpus", type=int, nargs="+", metavar="CPU", help="pin this process (the load client) "
+                        "to these CPUs once the server has started (the server keeps every core)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each load phase")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="closed-loop client counts")
     parser.add_argument("--rate", type=float, default=50.0, help="open loop: requests per second")
@@ -92,10 +99,12 @@ def offline(model: str, runtime: str, texts: list[str], threads: int) -> tuple[d
 class Server:
     """`biodistil serve` in a process of its own on a free port."""
 
-    def __init__(self, model: str, runtime: str, threads: int, extra: list[str]):
+    def __init__(self, model: str, runtime: str, threads: str, extra: list[str]):
+        """`threads`: the server's --threads, or "auto" (none given: the server's default)."""
         env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        threaded = [] if threads == "auto" else ["--threads", threads]
         command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--runtime", runtime,
-                   "--threads", str(threads), *extra]
+                   *threaded, *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.signalled = False
         line = ""
@@ -276,7 +285,10 @@ def run(args: argparse.Namespace) -> dict:
 
     texts = read_texts(args)
     baseline, records = offline(args.model, args.runtime, texts, args.threads)
-    server = Server(args.model, args.runtime, args.threads, args.server_arg)
+    serve_threads = args.serve_threads or str(args.threads)
+    server = Server(args.model, args.runtime, serve_threads, args.server_arg)
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
     phases, tallies = [], []
     try:
         for clients in args.clients:
@@ -310,13 +322,16 @@ def run(args: argparse.Namespace) -> dict:
     growth = (rss[-1][1] - rss[0][1]) / rss[0][1] if len(rss) > 1 else None
     return {"offline": baseline, "phases": phases, "sigterm": shutdown, "rss_mib": rss,
             "rss_growth": round(growth, 4) if growth is not None else None, "threads": args.threads,
-            "server_args": args.server_arg, "seconds": args.seconds, "cpu": cpu_line(), "load_1min": os.getloadavg()[0]}
+            "serve_threads": serve_threads, "client_cpus": args.client_cpus, "server_args": args.server_arg,
+            "seconds": args.seconds, "cpu": cpu_line(), "load_1min": os.getloadavg()[0]}
 
 
 def report(result: dict) -> None:
     base = result["offline"]
-    print(f"{base['sentences']:,} sentences, {result['threads']} thread(s); CPU: {result['cpu']}; load "
-          f"{result['load_1min']:.2f} (the client shares this machine)")
+    pinned = f"pinned to CPUs {result['client_cpus']}" if result["client_cpus"] else "on every core"
+    print(f"{base['sentences']:,} sentences, offline {result['threads']} thread(s), served --threads "
+          f"{result['serve_threads']}; CPU: {result['cpu']}; load {result['load_1min']:.2f} (the client shares this "
+          f"machine, {pinned})")
     print(f"  offline predict: {base['sentences_per_s']:,.1f} sentences/s; batch-1 latency {base['batch1_ms']:.2f} ms "
           f"[{base['model']}]")
     for phase in [*result["phases"], result["sigterm"]]:

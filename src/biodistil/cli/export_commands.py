@@ -118,8 +118,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "keep it")
     parser.add_argument("--max-batch-tokens", type=positive_int, default=4096, help="sub-words a batch gathers from "
                         "queued requests (4096; a larger request runs alone)")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long an idle model waits after a "
-                        "request for others to batch with it (2 ms)")
+    parser.add_argument("--max-wait-ms", type=float, default=0.0, help="how long an idle model waits after a "
+                        "request for others to batch with it (0 ms: under load batches gather while the model runs; "
+                        "a wait only delays a lone request, docs/deployment.md)")
     parser.add_argument("--max-queue", type=positive_int, default=256, help="requests that may wait; the next is "
                         "answered 429 with Retry-After (256)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="largest request body (1 MiB)")
