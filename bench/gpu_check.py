@@ -98,15 +98,7 @@ def emit(section: str, name: str, ok: bool = True, **figures) -> None:
 
 
 def failure(section: str, name: str, began: float) -> None:
-    emit(section, name, ok=False, seconds=round(time.perf_counter() - began, 1),
-         error=traceback.format_exc()[-3000:])
-
-
-def synchronize(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    emit(section, name, ok=False, seconds=round(time.perf_counter() - began, 1), error=traceback.format_exc()[-3000:])
 
 
 def peak_tflops(device, size: int) -> tuple[float, str]:
@@ -115,8 +107,10 @@ def peak_tflops(device, size: int) -> tuple[float, str]:
     may run in float32 there: an MFU against the emulated rate alone exceeds 1)."""
     import torch
 
+    from biodistil.evaluation.bench import matmul_flops
+
     dtypes = [torch.bfloat16] if device.type == "cuda" else [torch.bfloat16, torch.float32]
-    rates = {str(dtype).removeprefix("torch."): matmul_tflops(device, size, dtype) for dtype in dtypes}
+    rates = {str(dtype).removeprefix("torch."): matmul_flops(dtype, device, size)[0] / 1e12 for dtype in dtypes}
     best = max(rates, key=rates.__getitem__)
     return rates[best], best
 
@@ -144,23 +138,6 @@ def mfu_figures(tflops: float, measured: float, datasheet: float | None, step_ms
 
     return {"mfu": share(measured), "device_mfu": share(measured, device_share),
             "mfu_datasheet": share(datasheet), "device_mfu_datasheet": share(datasheet, device_share)}
-
-
-def matmul_tflops(device, size: int, dtype) -> float:
-    """TFLOP/s of a [size × size] matmul in `dtype`, best of 10 after 3 warm-ups."""
-    import torch
-
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    best = float("inf")
-    for repeat in range(13):
-        synchronize(device)
-        began = time.perf_counter()
-        a @ b
-        synchronize(device)
-        if repeat >= 3:
-            best = min(best, time.perf_counter() - began)
-    return 2 * size**3 / best / 1e12
 
 
 # ------------------------------------------------------------------------------------------ sections

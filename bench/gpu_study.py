@@ -111,8 +111,7 @@ def tiny_sizes(stages: dict[str, dict[str, Any]], work: Path) -> None:
     study["student_layers"] = [0, 2]
     study["tasks"][0]["teacher_overrides"]["finetune"].update(epochs=1)
     finetune = study["defaults"]["finetune"]
-    finetune["task"]["max_length"] = 64
-    finetune["finetune"]["epochs"] = 1
+    finetune["task"]["max_length"], finetune["finetune"]["epochs"] = 64, 1
     finetune["train"].update(batch_size=8, eval_every=2, log_every=2)
     stages["deploy"]["bench"] = {"lengths": [16], "warmup": 0, "repeats": 1, "threads": 1, "memory": "off"}
 

@@ -124,9 +124,9 @@ class Server:
         raise RuntimeError("biodistil serve was not ready within 300 s")
 
     def rss_mib(self) -> float:
-        """The server's resident memory (MiB), from /proc."""
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        """The server's resident memory (MiB)."""
+        from biodistil.evaluation.bench import current_rss
+        return current_rss(self.process.pid) / 2**20
 
     def send(self, number: int = signal.SIGTERM) -> None:
         """Signal it once (a second SIGTERM after its graceful stop would interrupt its closing line)."""

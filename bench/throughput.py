@@ -67,7 +67,7 @@ from transformers import BertConfig, BertForMaskedLM
 from biodistil.config import MaskingConfig, ObjectiveConfig, TermConfig, TrainConfig
 from biodistil.data.batch import AsBatch
 from biodistil.data.masking import MaskingVocabulary, StaticMaskedBlocks, collate_masked_blocks
-from biodistil.evaluation.bench import PeakRSS, current_rss
+from biodistil.evaluation.bench import PeakRSS, current_rss, matmul_flops
 from biodistil.losses.distillation import compiled_kl_rows
 from biodistil.methods.masked_lm import MaskedLMModule
 from biodistil.methods.objective import Objective
@@ -244,28 +244,6 @@ def profile_modes(modes: list[str], step, first: int, rounds: int, device: torch
         print(profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=60))
 
 
-def matmul_gflops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5,
-                  quick_s: float = 0.05) -> tuple[float, int]:
-    """The machine's own ceiling: (GFLOP/s of a square matmul in `dtype`, best of `repeats`; its side). The side
-    doubles from 256 up to `size` while one product takes under `quick_s`: a dtype the CPU only emulates (bf16 without
-    AVX-512 BF16 or AMX, ~1 GFLOP/s) is measured at a side that takes seconds, not the minutes 2048² would."""
-    side = 256
-    while True:
-        a = torch.randn(side, side, device=device).to(dtype)
-        b = torch.randn(side, side, device=device).to(dtype)
-        a @ b
-        times = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            a @ b
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - began)
-        if side >= size or min(times) > quick_s:
-            return 2 * side ** 3 / min(times) / 1e9, side
-        side *= 2
-
-
 def measure(args: argparse.Namespace) -> dict:
     """Run the measurement `args` describe (see `parse`) in this process; returns the result `main` prints."""
     device = torch.device(args.device)
@@ -407,9 +385,9 @@ def measure(args: argparse.Namespace) -> dict:
     result["flop_bound_ratio"] = {  # the ratio to plain MLM if every mode ran at plain MLM's FLOP/s
         mode: round(sum(flops["mlm"].values()) / sum(flops[mode].values()), 3) for mode in modes} \
         if "mlm" in flops else {}
-    ceilings = {name: matmul_gflops(dtype, device) for name, dtype in (("float32", torch.float32),
-                                                                      ("bfloat16", torch.bfloat16))}
-    result["ceiling_gflops"] = {name: round(gflops, 1) for name, (gflops, _) in ceilings.items()}
+    ceilings = {name: matmul_flops(dtype, device, repeats=5) for name, dtype in (("float32", torch.float32),
+                                                                                ("bfloat16", torch.bfloat16))}
+    result["ceiling_gflops"] = {name: round(flops / 1e9, 1) for name, (flops, _) in ceilings.items()}
     result["ceiling_side"] = {name: side for name, (_, side) in ceilings.items()}
     result["cpu"] = cpu_line() if device.type == "cpu" else str(device)
     result["teacher_dtype_choice"] = dtype_note(args.teacher_dtype, dtype, device)

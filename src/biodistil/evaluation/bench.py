@@ -150,9 +150,9 @@ def round_robin(runs: dict[str, Callable[[], float]], warmup: int, repeats: int)
 # ------------------------------------------------------------------------------------------ memory
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(field: str, pid: int | None = None) -> int | None:
     try:
-        for line in _STATUS.read_text().splitlines():
+        for line in (_STATUS if pid is None else Path(f"/proc/{pid}/status")).read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
@@ -182,17 +182,44 @@ def memory_method(device: torch.device, memory: str = "isolated") -> str:
             "returned first with malloc_trim; activations and workspace, weights excluded)")
 
 
-def current_rss() -> int:
-    """This process's resident set size in bytes."""
+def current_rss(pid: int | None = None) -> int:
+    """The resident set size in bytes of this process, or of process `pid`."""
     try:
         import psutil
 
-        return int(psutil.Process().memory_info().rss)
+        return int(psutil.Process(pid).memory_info().rss)
     except ImportError:
-        kib = _status_kib("VmRSS")
+        kib = _status_kib("VmRSS", pid)
         if kib is None:
-            raise BiodistilError("bench: cannot read this process's memory on this system") from None
+            raise BiodistilError("bench: cannot read a process's memory on this system") from None
         return kib * 1024
+
+
+def matmul_flops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 10,
+                 quick_s: float = 0.05) -> tuple[float, int]:
+    """The chip's own dense ceiling: (FLOP/s of a square matmul in `dtype`, best of `repeats` after 3 warm-ups; its
+    side). The side doubles from 256 up to `size` while one product takes under `quick_s`: a dtype the CPU only
+    emulates (bf16 without AVX-512 BF16 or AMX, ~1 GFLOP/s) is measured at a side that takes seconds, not minutes."""
+    side = 256
+    while True:
+        a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
+        for _ in range(3):
+            a @ b
+        best = math.inf
+        for _ in range(repeats):
+            _synchronize(device)
+            began = time.perf_counter()
+            a @ b
+            _synchronize(device)
+            best = min(best, time.perf_counter() - began)
+        if side >= size or best > quick_s:
+            return 2 * side**3 / best, side
+        side *= 2
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class PeakRSS:
