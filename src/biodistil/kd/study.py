@@ -252,8 +252,9 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
         models = _teacher_models(study_task, recipe, root)
         for split, key, file in (("test", "share", TEST_PREDICTIONS), ("dev", "share_dev", DEV_PREDICTIONS)):
             task, examples = _split(recipe, study_task, models, split)
+            teachers = _teacher_predictions(task, examples, models, recipe, root)  # once per split, for every row
             for row in (row for row in rows if row["task"] == task.name):
-                row[key] = _share(task, row["metric"], examples, models, _row_runs(runs, row), file, recipe, root)
+                row[key] = _share(task, row["metric"], teachers, _row_runs(runs, row), file, root)
 
 
 def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]:
@@ -264,19 +265,28 @@ def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]
     return [[run for run in mine if run.start == start] for start in dict.fromkeys(run.start for run in mine)]
 
 
-def _share(task: TaskSpec, metric: str, examples: list[Example], teachers: list[str], groups: list[list[StudyRun]],
-           file: str, recipe: StudyRecipe, root: Path) -> dict[str, Any]:
+def _teacher_predictions(task: TaskSpec, examples: list[Example], models: list[str], recipe: StudyRecipe,
+                         root: Path) -> list[Path] | BiodistilError:
+    """Each teacher's predictions on the split (from the store, scored once), or why there are none."""
+    if not examples:
+        return BiodistilError(f"task {task.name} has no such split")
+    try:
+        return [teacher_test_predictions(model, task, examples, _cache(recipe, root)) for model in models]
+    except BiodistilError as err:
+        return err
+
+
+def _share(task: TaskSpec, metric: str, teachers: list[Path] | BiodistilError, groups: list[list[StudyRun]],
+           file: str, root: Path) -> dict[str, Any]:
     positive_at = positive_index(task) if task.kind != "token_classification" else None
     scored = partial(read_scored_run, metric=task.metric, key=metric, positive_at=positive_at, **task.metric_options)
     try:
-        if not examples:
-            raise BiodistilError(f"task {task.name} has no such split")
-        teacher_runs = [scored(teacher_test_predictions(model, task, examples, _cache(recipe, root)))
-                        for model in teachers]
+        if isinstance(teachers, BiodistilError):
+            raise teachers
         students: list[Any] = [[scored(run.folder / file) for run in group] for group in groups]
         if all(len(group) == 1 for group in students):  # one run per group: the one-level draw
             students = [group[0] for group in students]
-        return share_interval(students, teacher_runs).as_record()
+        return share_interval(students, [scored(path) for path in teachers]).as_record()
     except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
         return {"why_none": str(err).replace(str(root), ".")}
 
