@@ -112,3 +112,38 @@ def test_a_reinitialised_baseline_keeps_the_architecture_and_draws_new_weights_f
     assert (weights["first"] - weights["layers"]).abs().max() > 1e-3
     teacher_layer = dict(source.named_parameters())["encoder.layer.2.attention.self.query.weight"]
     assert torch.equal(weights["layers"], teacher_layer)
+
+
+def test_the_vekd_study_gives_every_arm_the_same_student_steps_and_fixes_its_seeds():
+    """recipes/studies/vekd.yaml (Study 7) is what issue 56 asks: VE-KD, Adapt-and-Distill and plain KD with the same
+    student steps and batch, 3 distillation seeds each, two NER tasks, the task teacher with 2 seeds on the students'
+    dev-selected schedule; VE-KD's terms in every distillation stage, so that only the design differs."""
+    recipe = load_recipe(PipelineRecipe, STUDIES / "vekd.yaml")
+    stages = {stage.name: stage for stage in recipe.stages}
+    study = stages.pop("study").settings
+    stages.pop("teacher-mlm"), stages.pop("teacher-adapted")  # teacher stages: not the students' steps
+
+    def student_steps(prefixes: tuple[str, ...], seed: int) -> tuple[int, int]:
+        runs = [stages[f"{prefix}-{seed}"].settings["train"] for prefix in prefixes]
+        assert {run["batch_size"] for run in runs} == {16}
+        return sum(run["max_steps"] for run in runs), len(runs)
+
+    arms = {"vekd": ("vekd",), "kd": ("kd",), "ad": ("ad-general", "ad-adapted", "ad-final")}
+    steps = {(arm, seed): student_steps(prefixes, seed)[0] for arm, prefixes in arms.items() for seed in (1, 2, 3)}
+    assert set(steps.values()) == {48}
+    seeds = {name: next((int(item.split("=")[1]) for item in stage.overrides if item.startswith("run.seed=")),
+                        stage.settings["run"]["seed"]) for name, stage in stages.items()}
+    assert len(stages) == 15 and all(seeds[name] == int(name[-1]) for name in stages)
+    for seed in (1, 2, 3):  # each Adapt-and-Distill run continues its own seed's previous stage
+        chain = [stages[f"ad-adapted-{seed}"], stages[f"ad-final-{seed}"]]
+        assert f"${{ad-general-{seed}}}" in str([chain[0].settings["model"], chain[0].overrides])
+        assert f"${{ad-adapted-{seed}}}" in str([chain[1].settings["student"], chain[1].overrides])
+    terms = {str(stage.settings["objective"]) for stage in stages.values() if stage.command == "distill"}
+    assert len(terms) == 1 and "logit_kl" in terms.pop()
+    expanded = [name for name, stage in stages.items() if stage.settings.get("student", {}).get("vocab_expansion")]
+    assert sorted(expanded) == ["vekd-1", "vekd-2", "vekd-3"]
+    assert [task["name"] for task in study["tasks"]] == ["ncbi_disease", "bc5cdr_disease"]
+    assert all(task["teacher_seeds"] == [1, 2] for task in study["tasks"])
+    assert all(len(arm["starts"]) == 3 for arm in study["arms"])
+    schedule = study["defaults"]["finetune"]
+    assert schedule["train"]["eval_every"] > 0 and schedule["finetune"]["epochs"] == 3  # teacher and students alike

@@ -754,6 +754,93 @@ def _deploy_table(deploy: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ study 7
+
+PAPER_VEKD_GAIN = 0.7  # paper 004 (VE-KD), Table 1: VE-KD − Adapt-and-Distill, points on the average of its 12 tasks
+VEKD_PAIRS = (("ft-vekd", "ft-adapt-distill"), ("ft-vekd", "ft-kd"))
+VEKD_ARMS = {"ft-vekd": ("vekd",), "ft-kd": ("kd",), "ft-adapt-distill": ("ad-general", "ad-adapted", "ad-final")}
+AVERAGE = "average"  # the comparisons on each distillation run's mean over the tasks
+
+
+def vekd_tables(record: dict[str, Any]) -> str:
+    """Study 7 (the `pipeline.json` of recipes/studies/vekd.yaml): each task's teachers, every arm's F1 over its
+    distillation runs with its share of the teacher on test and dev (paired bootstrap intervals), VE-KD against
+    Adapt-and-Distill and against plain KD per task and on the tasks' average (one family), and the stages."""
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary = stages["study"]["summary"]
+    teachers = "; ".join(
+        f"{TASK_TITLES.get(task, task)} {num(entry['test']['f1'], 1, 100)} (seeds "
+        f"{', '.join(num(seed['test']['f1'], 1, 100) for seed in entry['teacher_seeds'].values())})"
+        for task, entry in summary["teachers"].items())
+    lines = [f"Teachers (T fine-tuned, the best dev checkpoint of the students' schedule; test F1, mean of its seeds): "
+             f"{teachers}.", "",
+             "| task | arm | F1 (mean ± sd) | 95% CI | distillation runs | share of the teacher, test | share, dev |",
+             "|---|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        flag = " (degenerate)" if row["degenerate_seeds"] else ""
+        lines.append(f"| {TASK_TITLES.get(row['task'], row['task'])} | {row['arm']} | {pm(row['mean'], row['sd'])}{flag}"
+                     f" | {_mean_interval(row['start_scores'])} | "
+                     f"{', '.join(f'{100 * s:.1f}' for s in row['start_scores'])} | {_bootstrap_share(row['share'])} | "
+                     f"{_bootstrap_share(row.get('share_dev'))} |")
+    lines += ["", "| comparison | on | difference (F1) | verdict |", "|---|---|---|---|"]
+    for (first, second, on), result in vekd_family(summary).items():
+        title = "mean of the tasks" if on == AVERAGE else TASK_TITLES.get(on, on)
+        lines.append(f"| {first} − {second} | {title} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
+    lines += ["", "| arm | stages per distillation run | steps | tokens | minutes (mean of 3 runs) |", "|---|---|---|---|---|"]
+    for arm, prefixes in VEKD_ARMS.items():
+        runs = [[stages[f"{prefix}-{seed}"]["summary"]["result"] for prefix in prefixes] for seed in (1, 2, 3)]
+        minutes = statistics.fmean(sum(part["seconds"] for part in run) for run in runs) / 60
+        lines.append(f"| {arm} | {' → '.join(prefixes)} | {sum(part['steps'] for part in runs[0])} | "
+                     f"{sum(part['tokens_seen'] for part in runs[0]):,} | {minutes:.1f} |")
+    return "\n".join([*lines, "", _vekd_wall_time(record)])
+
+
+def vekd_family(summary: dict[str, Any]) -> dict[tuple[str, str, str], Comparison]:
+    """VE-KD against each other arm on each task and on the tasks' mean, one family (Welch on the distillation runs'
+    scores: each run is fine-tuned once per task, so a run's mean over the tasks is one unit)."""
+    rows = {(row["task"], row["arm"]): row["start_scores"] for row in summary["rows"]}
+    tasks = list(dict.fromkeys(task for task, _ in rows))
+    runs = {arm: [statistics.fmean(values) for values in zip(*(rows[task, arm] for task in tasks), strict=True)]
+            for _, arm in rows}
+    keys = [(first, second, task) for task in tasks for first, second in VEKD_PAIRS]
+    keys += [(first, second, AVERAGE) for first, second in VEKD_PAIRS]
+    pairs = [(runs[first], runs[second]) if on == AVERAGE else (rows[on, first], rows[on, second])
+             for first, second, on in keys]
+    return dict(zip(keys, family(pairs, looks=summary.get("looks", 1)), strict=True))
+
+
+def vekd_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 7's prose figures: the paper's gain (`paper-gain`), each arm's F1 per task (`f1:ARM:TASK`), each
+    comparison (`A-B:ON`, ...), the wall time in minutes (`minutes`)."""
+    summary = next(stage for stage in record["stages"] if stage["name"] == "study")["summary"]
+    figures = {"paper-gain": signed(PAPER_VEKD_GAIN), "minutes": f"{_vekd_minutes(record):.0f}"}
+    for row in summary["rows"]:
+        figures[f"f1:{row['arm']}:{row['task']}"] = num(row["mean"], 1, 100)
+    for (first, second, on), result in vekd_family(summary).items():
+        figures |= comparison_figures(f"{first}-{second}:{on}", result)
+    return figures
+
+
+def _bootstrap_share(share: dict[str, Any] | None) -> str:
+    """A share of the teacher with its bootstrap interval: "96.1% (93.0–99.2%)"."""
+    if not share or share.get("estimate") is None:
+        return "n/a"
+    return f"{pct(share['estimate'])} ({100 * share['low']:.1f}–{100 * share['high']:.1f}%)"
+
+
+def _vekd_minutes(record: dict[str, Any]) -> float:
+    stages = [stage for stage in record["stages"] if stage["name"] != "study"]
+    study = next(stage for stage in record["stages"] if stage["name"] == "study")["summary"]
+    return (sum(stage["summary"]["result"]["seconds"] for stage in stages) + study["wall_seconds"]) / 60
+
+
+def _vekd_wall_time(record: dict[str, Any]) -> str:
+    machine = record["machine"]
+    return (f"Wall time: {_vekd_minutes(record):.0f} min in all on {machine['usable_cores']} cores of {machine['cpu']} "
+            f"(CPU flags: {', '.join(machine['flags']) or 'none of avx2, avx512f, avx512_bf16, amx'}; "
+            f"{machine['bf16_why']}).")
+
+
 # ------------------------------------------------------------------------------------------ bf16
 
 
@@ -835,13 +922,13 @@ def page_figures(_: dict[str, Any]) -> dict[str, str]:
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
-           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
+           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "vekd": vekd_tables, "precision": precision_tables,
            "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
     "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
     "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
-    "seeds-scale": seeds_scale_figures, "precision": precision_figures,
+    "seeds-scale": seeds_scale_figures, "vekd": vekd_figures, "precision": precision_figures,
     "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures,
     "page": page_figures}  # "page": no record of its own
 FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
