@@ -24,7 +24,6 @@ from biodistil.losses.cross_tokenizer import (
     LOG_FLOOR,
     grouped_log_probs,
     pool_attention,
-    pool_by_ids,
     pool_to_words,
     shared_vocab_kl_loss,
     uld_loss,
@@ -52,17 +51,8 @@ def test_pool_to_words_averages_each_words_tokens() -> None:
     states = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [1.0, 3.0], [9.0, 9.0]]])
     pooling = pooling_matrix(torch.tensor([[0, 0, 1, NO_UNIT]]), 3)
     assert pool_to_words(states, pooling).tolist() == [[[1.0, 1.0], [1.0, 3.0], [0.0, 0.0]]]
-    assert pool_by_ids(states, torch.tensor([[0, 0, 1, NO_UNIT]]), 3).tolist() == [[[1.0, 1.0], [1.0, 3.0], [0.0, 0.0]]]
     with pytest.raises(ValueError, match="pooling"):
         pool_to_words(states, pooling[:, :, :3])
-
-
-def test_pool_by_ids_agrees_with_the_pooling_matrix() -> None:
-    generator = torch.Generator().manual_seed(0)
-    states = torch.randn(2, 7, 5, generator=generator)
-    unit_ids = torch.tensor([[0, 0, 1, 2, 2, 2, NO_UNIT], [NO_UNIT, 0, 1, 1, 3, NO_UNIT, NO_UNIT]])
-    dense = pool_to_words(states, pooling_matrix(unit_ids, 4))
-    torch.testing.assert_close(pool_by_ids(states, unit_ids, 4), dense, rtol=1e-6, atol=1e-6)
 
 
 def test_pool_attention_sums_keys_averages_queries_and_renormalises() -> None:

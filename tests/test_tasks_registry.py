@@ -47,7 +47,7 @@ def test_every_builtin_task_validates():
 def test_builtin_details():
     ner = get_task("ncbi_disease")
     assert ner.label_to_id == {"O": 0, "B": 1, "I": 2}
-    assert ner.b_to_i == {1: 2} and ner.outside_id == 0
+    assert ner.b_to_i == {1: 2}
     assert ner.truncation == "split" and ner.label_policy == "first"
     assert get_task("gad").metric_options == {"positive": "1"}
     assert get_task("chemprot").metric_options == {"negative_labels": ["False"]}

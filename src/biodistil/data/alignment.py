@@ -10,7 +10,7 @@ pass `b_to_i` so a B- word's continuation pieces get the matching I- label.
 
 Evaluation: `word_predictions` maps token predictions back to one prediction per word (each word's first
 piece). Words that were truncated away get a fill label; the result records how many, so the caller can
-report it (see `WordPredictions.num_filled` and `count_truncated_words`). `chunk_words` splits a long
+report it (see `WordPredictions.num_filled`). `chunk_words` splits a long
 sentence into windows of whole words for the "split" truncation policy.
 """
 
@@ -115,11 +115,6 @@ def word_predictions(
         found[word] = int(token_predictions[position])
     labels = [found.get(word, fill_label_id) for word in range(num_words)]
     return WordPredictions(labels, num_words - len(found))
-
-
-def count_truncated_words(word_ids: Sequence[int | None], num_words: int) -> int:
-    """How many of the `num_words` words have no token in `word_ids` (lost to truncation)."""
-    return num_words - len({w for w in word_ids if w is not None})
 
 
 def chunk_words(pieces_per_word: Sequence[int], max_pieces: int,

@@ -43,20 +43,6 @@ def pool_to_words(states: torch.Tensor, pooling: torch.Tensor) -> torch.Tensor:
     return torch.bmm(pooling.to(states.dtype), states)
 
 
-def pool_by_ids(states: torch.Tensor, unit_ids: torch.Tensor, num_units: int) -> torch.Tensor:
-    """The same mean h_u = (1/|u|)·Σ_{i ∈ u} h_i from [B, L] unit ids (-1: no unit) instead of a [B, W, L] matrix: a
-    scatter over the tokens, O(B·W·D) memory whatever L."""
-    if unit_ids.shape != states.shape[:2]:
-        raise ValueError(f"unit ids {tuple(unit_ids.shape)} must be [B, L] of states {tuple(states.shape)}")
-    batch, _, width = states.shape
-    ids = unit_ids.long()
-    known = (ids >= 0).to(states.dtype)
-    target_row = torch.where(ids >= 0, ids, num_units)[..., None].expand(-1, -1, width)  # unaligned tokens: a spare row
-    sums = states.new_zeros(batch, num_units + 1, width).scatter_add(1, target_row, states * known[..., None])
-    counts = states.new_zeros(batch, num_units + 1).scatter_add(1, target_row[..., 0], known)
-    return sums[:, :num_units] / counts[:, :num_units, None].clamp_min(1.0)
-
-
 def pool_attention(attention: torch.Tensor, membership: torch.Tensor) -> torch.Tensor:
     """Word × word attention from token attention probabilities A [B, H, L, L] (rows = queries):
 

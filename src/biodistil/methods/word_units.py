@@ -6,9 +6,8 @@ words and the [CLS]/[SEP] sequence units) and, once masked (`mask_same_words`), 
 both sides).
 `WordUnits` is that record for one batch: the term kinds of `biodistil.methods.objective` read it to pool states,
 attention and Q/K/V to units (`biodistil.losses.cross_tokenizer`), and to pair the two models' logit rows at the first
-token of each masked word. Pooled states are P·h with each side's mean pooling matrix P [B, W, L] (`pool_to_words`;
-one batched product, several times faster on a CPU than the scatter of `pool_by_ids`); attention maps use the
-membership matrices. Both are built once per batch.
+token of each masked word. Pooled states are P·h with each side's mean pooling matrix P [B, W, L] (`pool_to_words`:
+one batched product); attention maps use the membership matrices. Both are built once per batch.
 """
 
 from dataclasses import dataclass, field

@@ -152,10 +152,6 @@ def _inputs_only(feature: dict[str, list]) -> dict[str, list[int]]:
     return {key: list(value) for key, value in feature.items() if key in MODEL_INPUTS}
 
 
-def _pieces_per_word(tokenizer, words: Sequence[str]) -> list[int]:
-    return _counts(tokenize_words(tokenizer, words, add_special_tokens=False).word_ids(), len(words))
-
-
 def _counts(word_ids: Sequence[int | None], words: int) -> list[int]:
     """Sub-word pieces per word, from a tokenization's word ids."""
     counts = [0] * words

@@ -235,11 +235,6 @@ class TaskSpec(BaseModel):
         return list(range(1, self.cv_folds + 1)) if self.cv_folds else []
 
     @property
-    def outside_id(self) -> int:
-        """Id of the "O" tag: the fill label for words lost to truncation (token tasks)."""
-        return self.label_to_id["O"]
-
-    @property
     def b_to_i(self) -> dict[int, int]:
         """Id of each B tag → id of the matching I tag (B → I, B-X → I-X), for label policy "all"."""
         ids = self.label_to_id
@@ -247,13 +242,6 @@ class TaskSpec(BaseModel):
         return {ids[b]: ids[i] for b, i in pairs.items() if i in ids}
 
     # ---------------------------------------------------------------------------------- files
-
-    def file_path(self, split: str, data_root: str | Path | None = None, fold: int | None = None) -> Path:
-        """The file of a split (and fold), resolved against the data folder; it need not exist."""
-        relative = self._relative_path(split, fold)
-        if Path(relative).is_absolute():
-            return Path(relative)
-        return resolve_data_root(data_root) / relative
 
     def _relative_path(self, split: str, fold: int | None) -> str:
         split = SPLIT_ALIASES.get(split, split)
