@@ -220,7 +220,7 @@ def test_bad_input_names_file_and_line_and_leaves_no_output(ner, tmp_path, teach
     out = tmp_path / "out.jsonl"
     assert main(["predict", str(model), str(bad), "--out", str(out), "--quiet"]) == 2
     assert f"{bad}:2: no text field 'text'" in capsys.readouterr().err
-    assert not out.exists() and not list(tmp_path.glob(".tmp-*")), "nothing half-written"
+    assert not out.exists() and not list(tmp_path.glob(".out.jsonl*")), "nothing half-written"
     bad.write_text('{"text": "gene"\n')
     assert main(["predict", str(model), str(bad), "--out", str(out), "--quiet"]) == 2
     assert f"{bad}:1: not a JSON record" in capsys.readouterr().err

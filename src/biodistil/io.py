@@ -11,7 +11,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,20 +24,28 @@ LOCK_FILE = ".biodistil.lock"
 STALE_SECONDS = 24 * 3600  # a temporary folder of another host is removed only when this old
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and an atomic rename."""
+@contextmanager
+def atomic_open(path: Path) -> Iterator[IO[str]]:
+    """A text file to write `path` through: a temporary file in the same folder, renamed onto `path` when the block
+    ends (removed when it raises, so a crash or Ctrl-C leaves no half-written file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and an atomic rename (`atomic_open`)."""
+    with atomic_open(path) as handle:
+        handle.write(text)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

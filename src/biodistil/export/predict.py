@@ -332,37 +332,24 @@ def write_predictions(predictor: Predictor, documents: Iterable[Document], out: 
     """Predict `documents` a chunk at a time and write one JSON line per record to `out` (`-`: standard output),
     atomically: a crash or Ctrl-C leaves no half-written file. Memory holds one chunk, whatever the input's size.
     Returns the closing line (records, seconds, records/s)."""
-    import os
     import time
+    from contextlib import nullcontext
     from itertools import islice
 
     from tqdm.auto import tqdm
 
+    from biodistil.io import atomic_open
+
     target = None if out == "-" else Path(out)
-    if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".tmp-{target.name}-{os.getpid()}")
-    handle = sys.stdout if target is None else temporary.open("w", encoding="utf-8")
-    bar = tqdm(unit="rec", disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    started, count = time.perf_counter(), 0
-    try:
-        iterator = iter(documents)
+    started, count, iterator = time.perf_counter(), 0, iter(documents)
+    with nullcontext(sys.stdout) if target is None else atomic_open(target) as handle, \
+            tqdm(unit="rec", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
         while batch := list(islice(iterator, chunk)):
             for record in predictor(batch):
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += len(batch)
             bar.update(len(batch))
         handle.flush()
-        if target is not None:
-            handle.close()
-            os.replace(temporary, target)
-    except BaseException:
-        if target is not None:
-            handle.close()
-            temporary.unlink(missing_ok=True)
-        raise
-    finally:
-        bar.close()
     seconds = time.perf_counter() - started
     return (f"Predicted {count:,} records in {seconds:.1f} s ({count / max(seconds, 1e-9):,.1f} records/s) with "
             f"{predictor.description}" + (f"; wrote {target}" if target is not None else ""))
