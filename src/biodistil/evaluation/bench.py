@@ -207,19 +207,14 @@ def matmul_flops(dtype: torch.dtype, device: torch.device, size: int = 2048, rep
             a @ b
         best = math.inf
         for _ in range(repeats):
-            _synchronize(device)
+            _sync(device)
             began = time.perf_counter()
             a @ b
-            _synchronize(device)
+            _sync(device)
             best = min(best, time.perf_counter() - began)
         if side >= size or best > quick_s:
             return 2 * side**3 / best, side
         side *= 2
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class PeakRSS:
