@@ -70,32 +70,27 @@ class JobFolder:
         counts as unfinished (`finished`) until everything is written."""
         if metrics is not None:
             atomic_write_json(self.path / "metrics.json", metrics)
-        self.write_report(report.title, report.rows, list(report.notes), report.trained)
+        self.write_report(report)
         self.write_summary(summary)
 
-    def write_report(self, title: str, rows: dict[str, object], notes: list[str] = (),
-                     trained: TrainResult | None = None) -> None:
-        """report.md: the command, the rows, what the machine decided for the training (`trained`: threads,
-        precision, compile, the GPU's peak memory) and the notes."""
+    def write_report(self, report: "Report") -> None:
+        """report.md: the command, the rows, what the machine decided for the training (`report.trained`: threads,
+        the GPU's peak memory, precision, compile, dropout, loader workers) and the notes."""
         import torch
 
-        lines = [f"# {title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|"]
-        rows = {**rows, "CPU threads": (trained and trained.threads) or torch.get_num_threads()}
+        trained = report.trained
+        rows = {**report.rows, "CPU threads": (trained and trained.threads) or torch.get_num_threads()}
         if trained is not None and trained.peak_gpu_memory_mb is not None:
             rows["GPU"] = (f"{torch.cuda.get_device_name()}, peak memory {trained.peak_gpu_memory_mb:,.0f} MiB "
                            "(torch.cuda.max_memory_allocated)")
-        if trained is not None and trained.precision is not None:
-            rows["training precision"] = trained.precision
-        if trained is not None and trained.compiled is not None:
-            rows["train.compile"] = trained.compiled
-        if trained is not None and trained.dropout is not None:
-            rows["train.dropout"] = trained.dropout
-        if trained is not None and trained.loader:
-            rows["train.num_workers"] = trained.loader
-        lines += [f"| {key} | {value} |" for key, value in rows.items()]
-        if notes:
-            lines += ["", *notes]
-        atomic_write_text(self.path / "report.md", "\n".join(lines) + "\n")
+        if trained is not None:
+            decided = {"training precision": trained.precision, "train.compile": trained.compiled,
+                       "train.dropout": trained.dropout, "train.num_workers": trained.loader or None}
+            rows.update({key: value for key, value in decided.items() if value is not None})
+        lines = [f"# {report.title}", "", f"Command: `{' '.join(sys.argv)}`", "", "| | |", "|---|---|",
+                 *(f"| {key} | {value} |" for key, value in rows.items())]
+        atomic_write_text(self.path / "report.md", "\n".join([*lines, *(["", *report.notes] if report.notes else [])])
+                          + "\n")
 
 
 class RunFolder(JobFolder):
