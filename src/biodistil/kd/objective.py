@@ -102,9 +102,9 @@ def pkd_pairs(cfg: KDOptions, student_layers: int, teacher_layers: int) -> list[
     """(student layer, teacher layer) pairs of PatientKD (PKD-Skip or PKD-Last), [] without PatientKD."""
     if cfg.patient is None:
         return []
-    layers = student_layers
-    pairs = (pkd_skip_map if cfg.patient.layer_map == "skip" else pkd_last_map)(layers, teacher_layers)
+    pairs = (pkd_skip_map if cfg.patient.layer_map == "skip" else pkd_last_map)(student_layers, teacher_layers)
     if not pairs:
         raise BiodistilError(f"PatientKD maps the student's layers 1..M−1 to teacher layers; this student has "
-                             f"{layers} layer(s), so there is nothing to map: use a deeper student or drop kd.patient")
+                             f"{student_layers} layer(s), so there is nothing to map: use a deeper student or drop "
+                             "kd.patient")
     return pairs

@@ -15,6 +15,8 @@ max(W·L − ε, 0) before its weight. Before any term runs, `weighted_sum` decl
 student's formed logits (`planned_inputs`), so the order of the terms never changes what is computed.
 """
 
+import functools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
@@ -149,12 +151,7 @@ class Objective(nn.Module):
                  if term.spec.reads == "logits" and (term.spec.needs_teacher or not teacher)}
         if not names:
             return None
-        if "all" in names:
-            return masks["all"]
-        chosen = None
-        for name in sorted(names):
-            chosen = masks[name] if chosen is None else chosen | masks[name]
-        return chosen
+        return masks["all"] if "all" in names else functools.reduce(operator.or_, (masks[n] for n in sorted(names)))
 
     def forward(self, inputs: TermInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return weighted_sum(self, self.terms, mix(self.terms, inputs, self.teachers))
@@ -238,9 +235,7 @@ def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel
 
 def _narrower(first: int | None, second: int | None) -> int | None:
     """The narrower of two attention windows (None = every key)."""
-    if first is None or second is None:
-        return second if first is None else first
-    return min(first, second)
+    return min((window for window in (first, second) if window is not None), default=None)
 
 
 def _pairs(cfg: TermConfig, reads: Reads, student_layers: int, teacher_layers: int) -> Pairs:
@@ -282,10 +277,7 @@ def _request(term: Term, teacher: bool) -> FeatureRequest:
 
 
 def _merged(requests: Iterable[FeatureRequest]) -> FeatureRequest:
-    merged = FeatureRequest()
-    for request in requests:
-        merged = merged.merge(request)
-    return merged
+    return functools.reduce(FeatureRequest.merge, requests, FeatureRequest())
 
 
 def _log_name(term: TermConfig, taken: set[str]) -> str:

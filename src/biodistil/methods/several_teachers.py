@@ -67,11 +67,8 @@ class Teachers:
         return term.spec.needs_teacher and (term.teacher == teacher or (_mixed(term) and teacher in self.readers))
 
 
-def _as_is(term: Term, teacher: int) -> Term:
-    return term
-
-
-def expand(terms: Sequence[Term], teachers: Teachers, resolve: Callable[[Term, int], Term] = _as_is) -> list[Term]:
+def expand(terms: Sequence[Term], teachers: Teachers,
+           resolve: Callable[[Term, int], Term] = lambda term, teacher: term) -> list[Term]:
     """The terms as computed: a term without a teacher (or with one teacher) as it is; a mixture term once, reading the
     mixture (`teacher` its space's name, `TermSpec.mixture`); any other teacher term once per teacher k with a share
     (`name@k`, `teacher=k`, `share=λ_k`, resolved against teacher k by `resolve`: its layer pairs, heads and

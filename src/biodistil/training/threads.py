@@ -84,8 +84,6 @@ def cpu_counters() -> tuple[str, int, int] | None:
         return None
 
 
-
-
 @dataclass
 class CpuWindow:
     """The other work on this machine since a mark: the machine's (or container's) busy CPU time less this process's
