@@ -40,8 +40,7 @@ Output: per text a `TextAlignment` (each side's unit id per token, -1 for none; 
 batch an `AlignedBatch` with both sides' model inputs, [B, L_side] unit ids and [B, W] unit and word masks. From
 them `membership` and `pooling_matrix` build the [B, W, L] matrices the losses of `biodistil.losses.cross_tokenizer`
 take (mean over a unit's tokens, or its first token). `mask_same_words` masks the same words on both sides (whole
-words), and `unit_positions` / `first_tokens` give each chosen word's first token on each side, where vocabulary
-logits are compared.
+words), and `first_tokens` gives each chosen word's first token on each side, where vocabulary logits are compared.
 """
 
 import unicodedata
@@ -382,18 +381,10 @@ def pooling_matrix(unit_ids: torch.Tensor, num_units: int, how: Pooling = "mean"
     raise ValueError(f"pooling must be 'mean' or 'first', not {how!r}")
 
 
-def unit_positions(unit_ids: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, token) of the first token of every unit where `units` [B, W] is True, in (row, unit) order, so that the
-    student's and the teacher's positions of one chosen word pair up: `logits[rows, tokens]` are their [N, V] rows."""
-    first = pooling_matrix(unit_ids, units.size(1), "first").argmax(-1)
-    rows, columns = units.nonzero(as_tuple=True)
-    return rows, first[rows, columns]
-
-
 def first_tokens(unit_ids: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
     """[B, L] bool: the first token of every unit where `units` [B, W] is True. Units are numbered in text order and
-    tokens come in text order, so the mask's positions in row-major order are `unit_positions`' (row, unit) order: a
-    model's logit rows read at this mask pair up with the other side's."""
+    tokens come in text order, so the mask's positions in row-major order are in (row, unit) order: a model's logit
+    rows read at this mask pair up with the other side's."""
     return (pooling_matrix(unit_ids, units.size(1), "first") * units[..., None]).sum(1) > 0
 
 

@@ -7,7 +7,7 @@ compares the two sides unit by unit with the loss one tokenizer would use token 
 same reductions, same directions), so a word-level term reads like its token-level twin.
 
 Vocabulary logits (masked-LM output) are compared at aligned rows, the first token of each whole-word-masked word on
-each side (`biodistil.data.token_alignment.unit_positions`): `shared_vocab_kl_loss` over the strings both
+each side (`biodistil.data.token_alignment.first_tokens`): `shared_vocab_kl_loss` over the strings both
 vocabularies name (`biodistil.data.shared_vocabulary`), and `uld_loss`, which needs no shared string at all.
 
 Conventions: student first, teacher second. As everywhere in `biodistil.losses`, nothing is detached: a teacher

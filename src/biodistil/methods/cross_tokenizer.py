@@ -118,7 +118,7 @@ def _classifier_across(kind: str, head: Head) -> TermSupport:
         return TermSupport(kind, True, "sequence", "[CLS] / <s> states at position 0 on both sides")
     if head == "sequence":
         return TermSupport(kind, True, "sequence", "one row of class logits per example on both sides")
-    return TermSupport(kind, True, "words", "class logits at each word's first token on both sides (unit_positions)")
+    return TermSupport(kind, True, "words", "class logits at each word's first token on both sides (first_tokens)")
 
 
 def _masked_lm_across(kind: str, cfg: TermConfig | None) -> TermSupport:
