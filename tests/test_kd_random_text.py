@@ -8,7 +8,6 @@ from biodistil.kd.random_text import (
     UnigramModel,
     random_pairs,
     random_passages,
-    random_questions,
 )
 
 SOURCE = [
@@ -16,6 +15,11 @@ SOURCE = [
     "the dog ate the bone and the cat slept",
     "A bird sang",
 ]
+
+
+def random_questions(model: UnigramModel, n: int, length: object, seed: int, **starters: object) -> list[str]:
+    """The questions of `random_pairs` (one-word passages)."""
+    return [question for question, _ in random_pairs(model, n, length, 1, seed, **starters)]  # type: ignore[arg-type]
 
 
 @pytest.fixture

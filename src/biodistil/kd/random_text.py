@@ -98,24 +98,6 @@ def random_passages(model: UnigramModel, n: int, length: Length, seed: int) -> l
     return [_passage(model, rng, bounds) for _ in range(n)]
 
 
-def random_questions(
-    model: UnigramModel,
-    n: int,
-    length: Length,
-    seed: int,
-    starters: Sequence[str] = DEFAULT_STARTERS,
-) -> list[str]:
-    """`n` questions: a uniformly chosen starter, then `length` words drawn uniformly from the vocabulary.
-
-    `length` (an int or an inclusive (min, max) range) counts the words after the starter.
-    """
-    _check_n(n)
-    bounds = _length_range(length, "length")
-    chosen = _check_starters(starters)
-    rng = np.random.default_rng(seed)
-    return [_question(model, rng, bounds, chosen) for _ in range(n)]
-
-
 def random_pairs(
     model: UnigramModel,
     n: int,
@@ -124,7 +106,9 @@ def random_pairs(
     seed: int,
     starters: Sequence[str] = DEFAULT_STARTERS,
 ) -> list[tuple[str, str]]:
-    """`n` (question, passage) pairs for pair tasks, sampled as in `random_questions` / `random_passages`."""
+    """`n` (question, passage) pairs for pair tasks: a question is a uniformly chosen starter, then
+    `question_length` words (after the starter) drawn uniformly from the vocabulary; a passage as in
+    `random_passages`."""
     _check_n(n)
     q_bounds = _length_range(question_length, "question_length")
     p_bounds = _length_range(passage_length, "passage_length")
