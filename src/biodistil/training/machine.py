@@ -1,20 +1,8 @@
 """The machine record: what this machine is and computes fast, measured once per process (`this_machine()`), and
-the decisions biodistil makes from it. Where each decision is made (docs/architecture.md has the table):
-
-- bf16 native (`cpu_bf16_fast`, `bf16_fast`): the CPU's flags (AMX, AVX-512 BF16), or a short measurement where the
-  flags cannot be read; a GPU with bf16.
-- the student's precision (`resolve_precision`, `train.precision: auto`) and the teacher's dtype (`teacher_dtype`,
-  `teacher.dtype: auto`): both follow bf16 native — bf16 where it is, float32 elsewhere (fp16 with loss scaling on a
-  GPU without bf16).
-- the device (`training_device`, `train.device`) and a training stage's process-wide settings (`stage_settings`: TF32
-  on CUDA; put back, with dynamo's `suppress_errors`, when the stage ends).
-- what can be compiled (`cpp_compiler`, `triton_available`), which `training.compiling.apply_compile` reads.
-- how a stage loads its batches (`loader_plan`, `train.num_workers: auto`): in the training process on a CPU; on CUDA
-  in worker processes, pinned and prefetched, so that collation overlaps the GPU's step.
-- torch's CPU threads: `training.threads.decide_threads`, from the record's `usable_cores` and the idle share measured
-  when a stage starts (not part of the record); `describe_machine` records the count in use.
-
-Provenance, reports, studies and the benches read the record (`describe_machine`, `cpu_line`).
+the decisions biodistil makes from it — bf16 native, the student's precision and the teacher's dtype, the device and
+a training stage's process-wide settings, what can be compiled, how a stage loads its batches (each function says
+how; docs/architecture.md has the table). torch's CPU threads are decided in `training.threads` from the record's
+`usable_cores`. Provenance, reports, studies and the benches read the record (`describe_machine`, `cpu_line`).
 """
 
 import contextlib
