@@ -16,12 +16,10 @@ from itertools import islice
 from pathlib import Path
 
 from biodistil.documents.model import SpanDocument
-from biodistil.documents.readers import SPAN_FORMATS, read_span_documents, read_span_text
+from biodistil.documents.readers import read_span_documents, read_span_text
 from biodistil.documents.writers import write_span_documents
 from biodistil.errors import BiodistilError
 from biodistil.export.predict import Predictor
-
-OUTPUT_FORMATS = ("jsonl", *sorted(SPAN_FORMATS))
 
 
 def read_span_inputs(sources: Sequence[str], format_name: str) -> list[SpanDocument]:

@@ -58,14 +58,12 @@ MLM_ONLY = ObjectiveConfig(temperature=1.0, terms=[TermConfig(loss="mlm", weight
 
 @dataclass
 class CorpusData:
-    """What the engine reads: training and held-out data, how a batch is collated and masked, and where the held-out
-    blocks start in their corpus (static masks and teacher caches name blocks by their index in it)."""
+    """What the engine reads: training and held-out data, how a batch is collated and masked."""
 
     train: Dataset
     held_out: Dataset | None
     collate: Collate
     prepare: PrepareBatch | None
-    held_out_first_block: int = 0
 
 
 def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) -> CorpusData:
@@ -78,12 +76,10 @@ def corpus_data(recipe: PretrainRecipe | DistillRecipe, tokenizer, accelerator) 
     first = 0 if recipe.data.eval else len(train)  # held out from the end of the training corpus, or other files
     if recipe.masking.duplication is None:
         return CorpusData(train, held_out, AsBatch(partial(collate_blocks, pad_id=pad_id)),
-                          MaskBatch(vocab, recipe.masking), first)
-    return CorpusData(
-        StaticMaskedBlocks(train, vocab, recipe.masking),
-        None if held_out is None else StaticMaskedBlocks(held_out, vocab, recipe.masking, first),
-        AsBatch(partial(collate_masked_blocks, pad_id=pad_id)), None, first,
-    )
+                          MaskBatch(vocab, recipe.masking))
+    return CorpusData(StaticMaskedBlocks(train, vocab, recipe.masking),
+                      None if held_out is None else StaticMaskedBlocks(held_out, vocab, recipe.masking, first),
+                      AsBatch(partial(collate_masked_blocks, pad_id=pad_id)), None)
 
 
 def run_pretrain(recipe: PretrainRecipe, resume: bool = False, stop_after: int | None = None) -> Path:
