@@ -202,8 +202,7 @@ def _check_teacher_head(cfg: ObjectiveConfig, teacher: PreTrainedModel) -> None:
             f"(its checkpoint lacks {', '.join(untrained[:4])}{', ...' if len(untrained) > 4 else ''}; those weights "
             "would be random). Use terms that read hidden states, attention or Q/K/V relations (hidden_cosine, "
             "hidden_mse, attention_mse, attention_kl, minilm_relations), or give the teacher an MLM head first "
-            "(biodistil pretrain with model.init=continual)."
-        )
+            "(biodistil pretrain with model.init=continual).")
 
 
 def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel | None, name: str) -> Term:
@@ -217,19 +216,13 @@ def _resolve(cfg: TermConfig, student: PreTrainedModel, teacher: PreTrainedModel
     except (IndexError, BiodistilError) as err:
         raise BiodistilError(f"Objective term {cfg.loss}: {err}") from None
     if reads == "attention" and num_heads(student.config) != num_heads(teacher.config):
-        raise BiodistilError(
-            f"Objective term {cfg.loss} compares attention maps head by head, but the student has "
-            f"{num_heads(student.config)} heads and the teacher {num_heads(teacher.config)}"
-        )
-    heads = None
-    if reads == "qkv":
-        heads = cfg.num_relation_heads or num_heads(teacher.config)
+        raise BiodistilError(f"Objective term {cfg.loss} compares attention maps head by head, but the student has "
+                             f"{num_heads(student.config)} heads and the teacher {num_heads(teacher.config)}")
+    heads = (cfg.num_relation_heads or num_heads(teacher.config)) if reads == "qkv" else None
+    if heads is not None:
         _check_relation_heads(heads, student, pairs[0][0], teacher, pairs[0][1])
-    windows = ()
-    if reads == "attention":
-        windows = tuple(
-            _narrower(attention_window(student.config, s), attention_window(teacher.config, t)) for s, t in pairs
-        )
+    windows = tuple(_narrower(attention_window(student.config, s), attention_window(teacher.config, t))
+                    for s, t in pairs) if reads == "attention" else ()
     return Term(cfg, pairs, name, heads, windows)
 
 
@@ -240,29 +233,24 @@ def _narrower(first: int | None, second: int | None) -> int | None:
 
 def _pairs(cfg: TermConfig, reads: Reads, student_layers: int, teacher_layers: int) -> Pairs:
     if cfg.layer_map is not None:
-        if cfg.layer_map == "uniform":
-            full = uniform_layer_map(student_layers, teacher_layers)
-        else:
-            full = explicit_layer_map(cfg.layer_map, teacher_layers)
+        full = (uniform_layer_map(student_layers, teacher_layers) if cfg.layer_map == "uniform"
+                else explicit_layer_map(cfg.layer_map, teacher_layers))
         if len(full) != student_layers + 2:
-            raise BiodistilError(
-                f"layer_map lists {len(full) - 2} teacher layers, but the student has {student_layers} layers"
-            )
+            raise BiodistilError(f"layer_map lists {len(full) - 2} teacher layers, but the student has "
+                                 f"{student_layers} layers")
         return tuple((layer, full[layer]) for layer in range(1, student_layers + 1))
     normalise = normalise_layer if reads == "hidden" else normalise_block
     return ((normalise(cfg.student_layer, student_layers), normalise(cfg.teacher_layer, teacher_layers)),)
 
 
-def _check_relation_heads(
-    heads: int, student: PreTrainedModel, student_layer: int, teacher: PreTrainedModel, teacher_layer: int
-) -> None:
+def _check_relation_heads(heads: int, student: PreTrainedModel, student_layer: int, teacher: PreTrainedModel,
+                          teacher_layer: int) -> None:
     for who, model, layer in (("student", student, student_layer), ("teacher", teacher, teacher_layer)):
         widths = set(qkv_widths(model, layer))
         if any(width % heads for width in widths):
-            raise BiodistilError(
-                f"minilm_relations: num_relation_heads={heads} does not divide the {who}'s Q/K/V width "
-                f"{sorted(widths)} at layer {layer}; choose a common divisor of the student and teacher widths"
-            )
+            raise BiodistilError(f"minilm_relations: num_relation_heads={heads} does not divide the {who}'s Q/K/V "
+                                 f"width {sorted(widths)} at layer {layer}; choose a common divisor of the student "
+                                 "and teacher widths")
 
 
 def _request(term: Term, teacher: bool) -> FeatureRequest:

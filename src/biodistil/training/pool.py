@@ -1,15 +1,11 @@
 """Independent runs several at a time in worker processes of this machine (`study --processes`).
 
 Small models use a CPU's cores poorly from one process: on 2 cores, two of the demo's student runs at 1 thread each
-took 118 s together, against 83 s each one after the other at 2 threads (166 s). A study whose runs are
-independent (each depends on its seed alone) can run them side by side instead: `plan_workers` decides how many at
-once and with how many torch threads each; `run_in_workers` runs them in that many spawned processes (each takes the
-next run when it finishes one, as one process takes them one after another), each with `OMP_NUM_THREADS` set so
-that its thread count stays fixed (`StageThreads`), each run's console output in a log file of its own; this
-process shows a progress bar over the runs and one line per finished run. A failed run, a worker that dies or an
-interrupt stops the others (each with a checkpoint where it trains) and is reported with the run's log; the runs not
-finished start or resume where a later call finds them, as one after another. The workers are ordinary (not
-daemonic) processes, so a run may start processes of its own (loader workers, corpus tokenisers).
+took 118 s together, against 83 s each one after the other at 2 threads (166 s). `plan_workers` decides how many runs
+go at once and with how many torch threads each; `run_in_workers` runs them in that many spawned, non-daemonic
+processes (so a run may start its own), each with `OMP_NUM_THREADS` set and each run's output in a log of its own; a
+failure or interrupt stops the others (`run_in_workers` says how), and the runs not finished start or resume where a
+later call finds them.
 """
 
 import multiprocessing

@@ -1,18 +1,8 @@
-"""torch's CPU threads: decided by one function (`decide_threads`), applied per stage by one owner (`StageThreads`).
-
-`decide_threads` turns the cores this process may use (the machine record's `usable_cores`) and the share of them
-other work leaves idle (`idle_share`, measured: `CpuWindow`) into a count, divided between the processes of a launch.
-`StageThreads` applies it for one stage and puts the count back when the stage ends: the CLI around each command
-(a 0.3 s sample), the engine around each training stage (`train.threads`), a bench around its timing (`--threads`).
-`pool.plan_workers` reads the same decision for how many runs go side by side.
-
-`train.threads`: `stage` (the default) decides once when the stage starts, from the idle share measured over 1 s (the
-process asleep so that it does not count itself), and keeps that count to the end, so a recipe runs the same way
-throughout; `auto` also re-checks every 60 s of training over the whole window since the last check, counting only
-*other* work (the machine's busy CPU time less this process's own), so a run that started beside a brief job speeds
-up when it ends and one that started alone yields when a long job arrives (each change printed once, the stage's
-report summarises them); a number N is used as given. Otherwise `OMP_NUM_THREADS`, when set, wins; several processes
-of a launch and loader worker processes (whose CPU time would count as other work) are never re-checked.
+"""torch's CPU threads: decided by one function (`decide_threads`: the usable cores of the machine record and the idle
+share measured by `CpuWindow`), applied per stage by one owner (`StageThreads`: the CLI around each command, the
+engine around each training stage, a bench around its timing), which puts the count back when the stage ends.
+`pool.plan_workers` reads the same decision. `train.threads` (`stage`, `auto`, N) and `OMP_NUM_THREADS`: see
+`StageThreads` and docs/methods.md.
 """
 
 import os
@@ -113,8 +103,11 @@ class CpuWindow:
 
 @dataclass
 class StageThreads:
-    """torch's intra-op thread count for one stage (a context manager: the count before it is put back at its end),
-    decided by `decide_threads` when it starts; re-checked every `every_seconds` only when `setting` is `auto`."""
+    """torch's intra-op thread count for one stage (a context manager: the count before it is put back at its end).
+    `stage`: decided by `decide_threads` when it starts, from the other work over `sample_seconds` (this process
+    asleep), and kept to the end; `auto`: also re-checked every `every_seconds` over the whole window since the last
+    check, counting only other work (never with several processes or loader workers); a number N: as given.
+    `OMP_NUM_THREADS`, when set, wins."""
 
     setting: ThreadSetting = "stage"
     processes: int = 1
