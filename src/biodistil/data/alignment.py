@@ -54,12 +54,8 @@ def _is_first_piece(word_ids: Sequence[int | None], position: int) -> bool:
     return position == 0 or word_ids[position - 1] != word_ids[position]
 
 
-def align_labels(
-    word_ids: Sequence[int | None],
-    word_label_ids: Sequence[int],
-    policy: LabelPolicy = "first",
-    b_to_i: dict[int, int] | None = None,
-) -> list[int]:
+def align_labels(word_ids: Sequence[int | None], word_label_ids: Sequence[int], policy: LabelPolicy = "first",
+                 b_to_i: dict[int, int] | None = None) -> list[int]:
     """One label id per token from one label id per word; special tokens (word id None) get −100.
 
     "first": only each word's first piece is labelled, other pieces −100. "all": every piece gets its word's
@@ -92,12 +88,8 @@ class WordPredictions(list[int]):
         self.num_filled = num_filled
 
 
-def word_predictions(
-    word_ids: Sequence[int | None],
-    token_predictions: Sequence[int],
-    num_words: int,
-    fill_label_id: int = 0,
-) -> WordPredictions:
+def word_predictions(word_ids: Sequence[int | None], token_predictions: Sequence[int], num_words: int,
+                     fill_label_id: int = 0) -> WordPredictions:
     """One predicted label id per word, taken from the word's first sub-word token.
 
     Words with no token (truncated away) get `fill_label_id` (e.g. the id of "O"); their number is in the

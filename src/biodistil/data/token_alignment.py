@@ -289,17 +289,10 @@ def _sequence_tokens(student: SideTokens, teacher: SideTokens, which: str) -> tu
 
 
 # ------------------------------------------------------------------------------------------ a batch
-def align_texts(
-    texts: Sequence[str],
-    student_tokenizer: PreTrainedTokenizerBase,
-    teacher_tokenizer: PreTrainedTokenizerBase,
-    *,
-    student_max_length: int | None = None,
-    teacher_max_length: int | None = None,
-    words: WordRule = "bert",
-    sequence_units: bool = True,
-    more_teachers: Sequence[tuple[PreTrainedTokenizerBase, int | None]] = (),
-) -> AlignedBatch:
+def align_texts(texts: Sequence[str], student_tokenizer: PreTrainedTokenizerBase,
+                teacher_tokenizer: PreTrainedTokenizerBase, *, student_max_length: int | None = None,
+                teacher_max_length: int | None = None, words: WordRule = "bert", sequence_units: bool = True,
+                more_teachers: Sequence[tuple[PreTrainedTokenizerBase, int | None]] = ()) -> AlignedBatch:
     """Tokenize `texts` with both fast tokenizers (each truncated at its own max length, padded to its longest text)
     and align them (`align_tokens`); units are padded to the batch's largest W. Several teachers: `more_teachers`,
     (tokenizer, max length) of each further teacher, aligned with all the others (units every side shares)."""
@@ -311,14 +304,12 @@ def align_texts(
     width = max((a.num_units for a in alignments), default=0)
     more_units = tuple((inputs, _padded([a.more_units[k] for a in alignments], inputs["input_ids"].size(1), NO_UNIT))
                        for k, (inputs, _) in enumerate(more))
-    return AlignedBatch(
-        student_inputs, teacher_inputs,
-        _padded([a.student_units for a in alignments], student_inputs["input_ids"].size(1), NO_UNIT),
-        _padded([a.teacher_units for a in alignments], teacher_inputs["input_ids"].size(1), NO_UNIT),
-        _padded([[True] * a.num_units for a in alignments], width, False).bool(),
-        _padded([a.is_word for a in alignments], width, False).bool(),
-        alignments, more_units,
-    )
+    return AlignedBatch(student_inputs, teacher_inputs,
+                        _padded([a.student_units for a in alignments], student_inputs["input_ids"].size(1), NO_UNIT),
+                        _padded([a.teacher_units for a in alignments], teacher_inputs["input_ids"].size(1), NO_UNIT),
+                        _padded([[True] * a.num_units for a in alignments], width, False).bool(),
+                        _padded([a.is_word for a in alignments], width, False).bool(),
+                        alignments, more_units)
 
 
 def _encode(
@@ -396,13 +387,8 @@ def tokens_of_units(unit_ids: torch.Tensor, units: torch.Tensor) -> torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------ whole-word masking
-def mask_same_words(
-    batch: AlignedBatch,
-    student_vocab: MaskingVocabulary,
-    teacher_vocab: MaskingVocabulary,
-    cfg: MaskingConfig,
-    generator: torch.Generator,
-) -> tuple[torch.Tensor, MaskedSide, MaskedSide]:
+def mask_same_words(batch: AlignedBatch, student_vocab: MaskingVocabulary, teacher_vocab: MaskingVocabulary,
+                    cfg: MaskingConfig, generator: torch.Generator) -> tuple[torch.Tensor, MaskedSide, MaskedSide]:
     """Whole-word MLM masking of the same words on both sides: (chosen words [B, W], student side, teacher side).
 
     Each shared word (never a sequence unit, never a word the two sides do not share) is chosen with probability
@@ -430,10 +416,8 @@ def draw_words(word_mask: torch.Tensor, cfg: MaskingConfig, generator: torch.Gen
     return chosen, to_mask, to_random
 
 
-def corrupt_side(
-    input_ids: torch.Tensor, unit_ids: torch.Tensor, words: WordDraw, vocab: MaskingVocabulary,
-    generator: torch.Generator,
-) -> MaskedSide:
+def corrupt_side(input_ids: torch.Tensor, unit_ids: torch.Tensor, words: WordDraw, vocab: MaskingVocabulary,
+                 generator: torch.Generator) -> MaskedSide:
     """One side's tokens of the drawn words corrupted as drawn (random tokens from this side's vocabulary), and its
     labels."""
     chosen, to_mask, to_random = (tokens_of_units(unit_ids, w) for w in words)

@@ -143,16 +143,14 @@ def plan_task(entry: TaskEntry, recipe: EvaluateRecipe) -> PlannedTask:
     patience = _first(entry.early_stopping_patience, train.early_stopping_patience, defaults.early_stopping_patience)
     max_folds = _first(entry.max_folds, data.max_folds)
     folds: tuple[int | None, ...] = tuple(spec.folds[:max_folds] if max_folds else spec.folds) or (None,)
-    return PlannedTask(
-        spec=spec,
-        family=entry.family or METRIC_FAMILY[spec.metric],
-        learning_rate=_first(entry.learning_rate, train.learning_rate, defaults.learning_rate),
-        batch_size=_first(entry.batch_size, train.batch_size, defaults.batch_size),
-        epochs=_first(entry.epochs, train.epochs, defaults.epochs),
-        patience=patience or None,
-        max_examples=_first(entry.max_examples, data.max_examples),
-        folds=folds,
-    )
+    return PlannedTask(spec=spec,
+                       family=entry.family or METRIC_FAMILY[spec.metric],
+                       learning_rate=_first(entry.learning_rate, train.learning_rate, defaults.learning_rate),
+                       batch_size=_first(entry.batch_size, train.batch_size, defaults.batch_size),
+                       epochs=_first(entry.epochs, train.epochs, defaults.epochs),
+                       patience=patience or None,
+                       max_examples=_first(entry.max_examples, data.max_examples),
+                       folds=folds)
 
 
 def plan_tasks(recipe: EvaluateRecipe) -> tuple[list[PlannedTask], list[dict[str, str]]]:

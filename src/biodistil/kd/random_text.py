@@ -56,9 +56,7 @@ def _length_range(length: Length, name: str) -> tuple[int, int]:
     else:
         bounds = (0, 0)
     if not 1 <= bounds[0] <= bounds[1]:
-        raise BiodistilError(
-            f"{name} must be an int >= 1 or a (min, max) range with 1 <= min <= max, got {length!r}"
-        )
+        raise BiodistilError(f"{name} must be an int >= 1 or a (min, max) range with 1 <= min <= max, got {length!r}")
     return bounds
 
 
@@ -76,9 +74,7 @@ def _passage(model: UnigramModel, rng: np.random.Generator, bounds: tuple[int, i
     return " ".join(model.words[i] for i in ids)
 
 
-def _question(
-    model: UnigramModel, rng: np.random.Generator, bounds: tuple[int, int], starters: Sequence[str]
-) -> str:
+def _question(model: UnigramModel, rng: np.random.Generator, bounds: tuple[int, int], starters: Sequence[str]) -> str:
     starter = starters[int(rng.integers(len(starters)))]
     ids = rng.integers(0, len(model.words), size=_draw_length(rng, bounds))
     return " ".join([starter, *(model.words[i] for i in ids)])
@@ -98,14 +94,8 @@ def random_passages(model: UnigramModel, n: int, length: Length, seed: int) -> l
     return [_passage(model, rng, bounds) for _ in range(n)]
 
 
-def random_pairs(
-    model: UnigramModel,
-    n: int,
-    question_length: Length,
-    passage_length: Length,
-    seed: int,
-    starters: Sequence[str] = DEFAULT_STARTERS,
-) -> list[tuple[str, str]]:
+def random_pairs(model: UnigramModel, n: int, question_length: Length, passage_length: Length, seed: int,
+                 starters: Sequence[str] = DEFAULT_STARTERS) -> list[tuple[str, str]]:
     """`n` (question, passage) pairs for pair tasks: a question is a uniformly chosen starter, then
     `question_length` words (after the starter) drawn uniformly from the vocabulary; a passage as in
     `random_passages`."""

@@ -63,10 +63,8 @@ def pool_attention(attention: torch.Tensor, membership: torch.Tensor) -> torch.T
 
 
 # ------------------------------------------------------------------------------------------ hidden states
-def word_hidden_mse_loss(
-    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_pooling: torch.Tensor,
-    teacher_pooling: torch.Tensor, unit_mask: torch.Tensor,
-) -> torch.Tensor:
+def word_hidden_mse_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_pooling: torch.Tensor,
+                         teacher_pooling: torch.Tensor, unit_mask: torch.Tensor) -> torch.Tensor:
     """Word-level hidden-state MSE: (1/(N·D))·Σ_units Σ_d (P_S·h_S − P_T·h_T)², over the N units of `unit_mask`.
 
     Hidden states [B, L_S, D] and [B, L_T, D] (project the student first when widths differ), poolings [B, W, L_side].
@@ -75,10 +73,8 @@ def word_hidden_mse_loss(
                            pool_to_words(teacher_hidden, teacher_pooling), unit_mask)
 
 
-def word_hidden_cosine_loss(
-    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_pooling: torch.Tensor,
-    teacher_pooling: torch.Tensor, unit_mask: torch.Tensor,
-) -> torch.Tensor:
+def word_hidden_cosine_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_pooling: torch.Tensor,
+                            teacher_pooling: torch.Tensor, unit_mask: torch.Tensor) -> torch.Tensor:
     """Word-level cosine loss (1/N)·Σ_units (1 − cos(P_S·h_S, P_T·h_T)) over the N units of `unit_mask`."""
     return cosine_embedding_loss(pool_to_words(student_hidden, student_pooling),
                                  pool_to_words(teacher_hidden, teacher_pooling), unit_mask)
@@ -114,11 +110,9 @@ def word_relations_loss(
     """MiniLMv2 relations on word-pooled vectors: Σ_r KL(R_T^r ‖ R_S^r) with R^r = softmax(x̄_h·x̄_hᵀ/√d_h) per
     relation head h over the units, x̄ = P·x the mean of each unit's Q (K, V) vectors [B, L, D_side] (widths may
     differ: A relation heads of D/A each), averaged over heads and query units (`minilm_relations_loss`)."""
-    return minilm_relations_loss(
-        {r: pool_to_words(x, student_pooling) for r, x in student_qkv.items()},
-        {r: pool_to_words(x, teacher_pooling) for r, x in teacher_qkv.items()},
-        unit_mask, num_relation_heads, relations,
-    )
+    return minilm_relations_loss({r: pool_to_words(x, student_pooling) for r, x in student_qkv.items()},
+                                 {r: pool_to_words(x, teacher_pooling) for r, x in teacher_qkv.items()},
+                                 unit_mask, num_relation_heads, relations)
 
 
 # ------------------------------------------------------------------------------------------ vocabulary logits
@@ -187,9 +181,7 @@ def uld_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempera
     if student_logits.size(0) == 0:
         return student_logits.sum() * 0.0
     width = max(student_logits.size(-1), teacher_logits.size(-1))
-    student, teacher = (
-        F.pad(F.softmax(z.float() / float(temperature), dim=-1).sort(dim=-1, descending=True).values,
-              (0, width - z.size(-1)))
-        for z in (student_logits, teacher_logits)
-    )
+    student, teacher = (F.pad(F.softmax(z.float() / float(temperature), dim=-1).sort(dim=-1, descending=True).values,
+                        (0, width - z.size(-1)))
+                        for z in (student_logits, teacher_logits))
     return (student - teacher).abs().sum(-1).mean()

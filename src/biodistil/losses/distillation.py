@@ -63,10 +63,8 @@ Teacher = torch.Tensor | Linear | RowSource
 KLRows = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def soft_kl_loss(
-    student_logits: torch.Tensor, teacher_logits: Teacher, temperature: float = 1.0,
-    kernel: KLRows | None = None,
-) -> torch.Tensor:
+def soft_kl_loss(student_logits: torch.Tensor, teacher_logits: Teacher, temperature: float = 1.0,
+                 kernel: KLRows | None = None) -> torch.Tensor:
     """Temperature-scaled distillation loss T²·KL(softmax(z_T/T) ‖ softmax(z_S/T)) (Hinton et al., 2015).
 
     Logits are [N, V] rows already restricted to the positions that count; the KL is summed over the
@@ -91,10 +89,8 @@ def soft_kl_loss(
     return _ChunkedSoftKL.apply(student_logits, teacher_logits, float(temperature), kernel)
 
 
-def linear_soft_kl_loss(
-    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: Teacher,
-    temperature: float = 1.0, kernel: KLRows | None = None,
-) -> torch.Tensor:
+def linear_soft_kl_loss(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, teacher: Teacher,
+                        temperature: float = 1.0, kernel: KLRows | None = None) -> torch.Tensor:
     """`soft_kl_loss` of the student logits z_S = x·Wᵀ + b (`inputs` x [N, d], `weight` W [V, d], `bias` b [V] or
     None), formed inside the loss a chunk of rows at a time (teacher logits likewise when they come as `Linear`):
     T²·(1/N)·Σ_rows KL(softmax(z_T/T) ‖ softmax(z_S/T)).
@@ -353,11 +349,9 @@ class _Matmuls:
         self.filled = 0
 
 
-def topk_kl_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_ids: torch.Tensor,
-    teacher_log_norm: torch.Tensor, temperature: float = 1.0, tail_logits: torch.Tensor | None = None,
-    tail_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def topk_kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_ids: torch.Tensor,
+                 teacher_log_norm: torch.Tensor, temperature: float = 1.0, tail_logits: torch.Tensor | None = None,
+                 tail_ids: torch.Tensor | None = None) -> torch.Tensor:
     """T²·KL from the teacher's top-k tokens, with the rest of the vocabulary as one tail bucket or, given samples of
     the tail, an unbiased estimate of the whole KL.
 
@@ -482,10 +476,8 @@ def cosine_embedding_loss(
     Hidden states are [B, L, D] with equal D (project the student first when widths differ).
     """
     if student_hidden.shape != teacher_hidden.shape:
-        raise ValueError(
-            f"student hidden {tuple(student_hidden.shape)} != teacher {tuple(teacher_hidden.shape)}; "
-            "project the student to the teacher's width first"
-        )
+        raise ValueError(f"student hidden {tuple(student_hidden.shape)} != teacher {tuple(teacher_hidden.shape)}; "
+                         "project the student to the teacher's width first")
     cos = F.cosine_similarity(student_hidden.float(), teacher_hidden.float(), dim=-1)
     return masked_mean(1.0 - cos, mask)
 

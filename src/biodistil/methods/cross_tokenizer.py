@@ -67,12 +67,8 @@ def _rules(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str, str]:
     return *parts, str((backend.get("model") or {}).get("type"))
 
 
-def term_support(
-    student_tokenizer: PreTrainedTokenizerBase,
-    teacher_tokenizer: PreTrainedTokenizerBase,
-    terms: Iterable[str | TermConfig],
-    head: Head = "masked_lm",
-) -> list[TermSupport]:
+def term_support(student_tokenizer: PreTrainedTokenizerBase, teacher_tokenizer: PreTrainedTokenizerBase,
+                 terms: Iterable[str | TermConfig], head: Head = "masked_lm") -> list[TermSupport]:
     """For each term (a kind of `TERM_SPECS`, or a recipe term whose options are checked too), whether it holds for
     the tokenizer pair on a model with this head: "masked_lm" (task-agnostic distillation), "sequence" or "token"
     (task KD of a sequence or a token classifier)."""

@@ -33,11 +33,9 @@ class MaskedLMModule(nn.Module):
     `torch.inference_mode` in eval mode) or a teacher cache. The module never asks which.
     """
 
-    def __init__(
-        self, student: PreTrainedModel, objective: Objective,
-        teacher: PreTrainedModel | TeacherSignal | Sequence[TeacherSignal] | None = None,
-        shared_vocab: int | None = None,
-    ):
+    def __init__(self, student: PreTrainedModel, objective: Objective,
+                 teacher: PreTrainedModel | TeacherSignal | Sequence[TeacherSignal] | None = None,
+                 shared_vocab: int | None = None):
         super().__init__()
         self.student = student
         self.objective = objective
@@ -85,12 +83,10 @@ class MaskedLMModule(nn.Module):
         student_features = extract_features(
             self.student, batch.inputs, self.objective.student_request(), self.objective.logit_positions(masks)
         )
-        inputs = TermInputs(
-            student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
-            attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
-            shared_vocab=self.shared_vocab, units=units[0] if units else None,
-            by_teacher=each_teacher(teachers, units),
-        )
+        inputs = TermInputs(student=student_features, teacher=teachers[0] if teachers else None, labels=labels,
+                            attention_mask=attention, masks=masks, temperature=self.objective.cfg.temperature,
+                            shared_vocab=self.shared_vocab, units=units[0] if units else None,
+                            by_teacher=each_teacher(teachers, units))
         return self.objective(inputs)
 
 

@@ -91,10 +91,8 @@ def allowed_keys(mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
     return allowed & near[None, None]
 
 
-def attention_probabilities(
-    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, window: int | None = None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
+def attention_probabilities(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, window: int | None = None,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
     """a = softmax(Q_h·K_hᵀ/√d + P + M) per head h, M = −∞ where `allowed_keys(mask, window)` is False, P the
     family's score bias (`bias`, None: 0).
 

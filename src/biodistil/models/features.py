@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from biodistil.models.attention import (
-    attention_probabilities,
-    attention_scores,
-    capture_qkv,
-    read_qkv,
-    score_bias,
-)
+from biodistil.models.attention import attention_probabilities, attention_scores, capture_qkv, read_qkv, score_bias
 from biodistil.models.families import attention_window, encoder_of, mlm_head, num_layers, takes_token_type_ids
 from biodistil.models.logits import LogitRows
 from biodistil.models.qkv import merge_heads
@@ -42,11 +36,9 @@ class FeatureRequest:
     attention_scores: set[int] = field(default_factory=set)
 
     def merge(self, other: "FeatureRequest") -> "FeatureRequest":
-        return FeatureRequest(
-            self.hidden | other.hidden, self.logits or other.logits,
-            self.attentions | other.attentions, self.qkv | other.qkv,
-            self.attention_scores | other.attention_scores,
-        )
+        return FeatureRequest(self.hidden | other.hidden, self.logits or other.logits,
+                              self.attentions | other.attentions, self.qkv | other.qkv,
+                              self.attention_scores | other.attention_scores)
 
 
 @dataclass
@@ -124,11 +116,9 @@ def extract_features(
         if positions is None:
             raise ValueError("logits requested without positions")
         logits = LogitRows(positions, mlm_head(model, last[positions]))
-    return Features(
-        hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
-        qkv={i: dict(zip("qkv", map(merge_heads, heads[i]), strict=True)) for i in qkv_layers},
-        attention_scores=scores,
-    )
+    return Features(hidden=hidden, logits=logits, num_layers=layers, attentions=attentions,
+                    qkv={i: dict(zip("qkv", map(merge_heads, heads[i]), strict=True)) for i in qkv_layers},
+                    attention_scores=scores)
 
 
 def classifier_features(logits: torch.Tensor, hidden: dict[int, torch.Tensor], num_layers: int) -> Features:

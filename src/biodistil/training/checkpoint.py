@@ -60,11 +60,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return next(iter(complete_checkpoints(run_dir)), None)
 
 
-def save_checkpoint(
-    target: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-    state: TrainerState, rng_states: list[dict[str, torch.Tensor]],
-    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
-) -> None:
+def save_checkpoint(target: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    state: TrainerState, rng_states: list[dict[str, torch.Tensor]],
+                    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None) -> None:
     """Write one checkpoint folder atomically (main process only); `extra_optimizers` go to optimizer-NAME.*."""
 
     def fill(folder: Path) -> None:
@@ -82,10 +80,8 @@ def save_checkpoint(
     atomic_directory(target, fill)
 
 
-def load_checkpoint(
-    folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
-    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None,
-) -> TrainerState:
+def load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
+                    extra_optimizers: dict[str, torch.optim.Optimizer] | None = None) -> TrainerState:
     """Restore module, optimizers, scheduler and this process's RNG states; return the trainer state. A file that
     cannot be read is a `DamagedCheckpoint` (every part is loaded again from an older checkpoint, if one serves)."""
     try:
@@ -95,16 +91,12 @@ def load_checkpoint(
                                 f"{str(err).splitlines()[0] if str(err) else ''})") from None
 
 
-def _load_checkpoint(
-    folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
-    extra_optimizers: dict[str, torch.optim.Optimizer] | None,
-) -> TrainerState:
+def _load_checkpoint(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int,
+                     extra_optimizers: dict[str, torch.optim.Optimizer] | None) -> TrainerState:
     missing, unexpected = load_model(module, str(folder / "trainable.safetensors"), strict=False)
     if missing or unexpected:
-        raise BiodistilError(
-            f"Checkpoint {folder} does not match this run's modules (missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}); was the recipe changed since it was written?"
-        )
+        raise BiodistilError(f"Checkpoint {folder} does not match this run's modules (missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]}); was the recipe changed since it was written?")
     _load_optimizer(optimizer, folder)
     for name, extra in (extra_optimizers or {}).items():
         _load_optimizer(extra, folder, f"optimizer-{name}")

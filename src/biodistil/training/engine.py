@@ -455,11 +455,9 @@ class Engine:
     def _check_data(self, data: Dataset) -> None:
         needed = self.cfg.batch_size * self.accelerator.num_processes
         if len(data) < needed:
-            raise BiodistilError(
-                f"The training data has {len(data)} examples, fewer than one batch "
-                f"({self.cfg.batch_size} x {self.accelerator.num_processes} processes); "
-                "lower train.batch_size or give more data"
-            )
+            raise BiodistilError(f"The training data has {len(data)} examples, fewer than one batch "
+                                 f"({self.cfg.batch_size} x {self.accelerator.num_processes} processes); "
+                                 "lower train.batch_size or give more data")
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.state.step % every == 0
