@@ -61,7 +61,8 @@ async def load(url: str, texts: list[str], clients: int, seconds: float, server:
         async def one(start: int, stop: float) -> None:
             index = start
             while time.perf_counter() < stop:
-                answered[0] += await post(start, {"texts": [texts[index % len(texts)]]}) == 200
+                status = await post(start, {"texts": [texts[index % len(texts)]]})
+                answered[0] += status == 200  # not `+= await ...`: that reads the count before the await
                 index += clients
 
         me, server_before = psutil.Process(), cpu_seconds(server)
