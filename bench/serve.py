@@ -17,10 +17,11 @@ Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.p
 Per phase: requests/s, documents/s, p50/p95/p99 latency (ms), errors (non-200 or transport errors), mixed records
 (a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), and the
 share of records whose entities (or labels) are the offline ones (an int8 graph's activation scales follow the batch:
-near-ties may fall otherwise; scores move in their last digits). The client runs in this process (asyncio + httpx)
-and takes CPU from the server on a small machine: said in the heading with the load average (`--client-cpus`
-pins it, e.g. to one core; the server and its threads may still use every core). Prints a table and,
-last, one JSON line. Tests never assert on these timings.
+near-ties may fall otherwise; scores move in their last digits). The client runs in this process: keep-alive HTTP/1.1
+connections on asyncio streams framed by h11 (the parser under httpx, without httpx's layers, which cost 4.8-6.6 ms of
+CPU a request here: docs/results/serve-cpu-per-request.json); it still takes CPU from the server on a small machine:
+said in the heading with the load average (`--client-cpus` pins it, e.g. to one core; the server and its threads may
+still use every core). Prints a table and, last, one JSON line. Tests never assert on these timings.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
-import httpx
+import h11
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,9 +120,10 @@ class Server:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
                 pass
             time.sleep(0.1)
         raise RuntimeError("biodistil serve was not ready within 300 s")
@@ -153,9 +158,9 @@ class Tally:
         self.batches: list[int] = []
         self.kinds: dict[str, int] = {}
 
-    def count(self, index: int, seconds: float, response: httpx.Response | None, error: Exception | None) -> None:
+    def count(self, index: int, seconds: float, response: Answer | None, error: Exception | None) -> None:
         if error is not None:
-            if isinstance(error, httpx.ConnectError):
+            if isinstance(error, Refused):
                 self.refused += 1  # not accepted (the server had stopped listening)
                 return
             self.disconnected += 1
@@ -163,12 +168,12 @@ class Tally:
             self.kinds[type(error).__name__] = self.kinds.get(type(error).__name__, 0) + 1
             return
         self.latencies.append(seconds)
-        if response.status_code != 200:
+        if response.status != 200:
             self.errors += 1
-            self.kinds[str(response.status_code)] = self.kinds.get(str(response.status_code), 0) + 1
+            self.kinds[str(response.status)] = self.kinds.get(str(response.status), 0) + 1
             return
         self.ok += 1
-        (record,) = response.json()["records"]
+        (record,) = json.loads(response.body)["records"]
         self.mixed += not fits(record, self.texts[index])
         self.same += spans(record) == spans(self.expected[index])
         self.batches.append(int(response.headers.get("x-batch-size", 1)))
@@ -203,10 +208,79 @@ def percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[index]
 
 
-async def _post(client: httpx.AsyncClient, url: str, text: str) -> tuple[httpx.Response | None, Exception | None]:
+class Answer(NamedTuple):
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Refused(ConnectionError):
+    """No connection: the server does not listen (the request was not accepted)."""
+
+
+class Dropped(ConnectionError):
+    """The connection closed (or timed out) before the whole answer came."""
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to the server, opened on first use and again after the server closes it."""
+
+    def __init__(self, url: str, timeout: float = 60.0):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port, self.timeout = host, int(port), timeout
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.protocol = h11.Connection(h11.CLIENT)
+
+    async def post(self, target: str, body: bytes) -> Answer:
+        if self.streams is None:
+            try:
+                self.streams = await asyncio.open_connection(self.host, self.port)
+            except OSError as error:
+                raise Refused(str(error)) from error
+            self.protocol = h11.Connection(h11.CLIENT)
+        headers = [("host", f"{self.host}:{self.port}"), ("content-type", "application/json"),
+                   ("content-length", str(len(body)))]
+        try:
+            answer = await asyncio.wait_for(self._exchange(h11.Request(method="POST", target=target, headers=headers),
+                                                           body), self.timeout)
+        except (OSError, EOFError, TimeoutError, h11.ProtocolError) as error:
+            self.close()
+            raise Dropped(f"{type(error).__name__}: {error}") from error
+        if self.protocol.our_state is h11.DONE and self.protocol.their_state is h11.DONE:
+            self.protocol.start_next_cycle()
+        else:  # the server said it closes the connection
+            self.close()
+        return answer
+
+    async def _exchange(self, request: h11.Request, body: bytes) -> Answer:
+        reader, writer = self.streams
+        send = self.protocol.send
+        writer.write(send(request) + send(h11.Data(data=body)) + send(h11.EndOfMessage()))
+        await writer.drain()
+        status, headers, chunks = 0, {}, []
+        while True:
+            event = self.protocol.next_event()
+            if event is h11.NEED_DATA:
+                self.protocol.receive_data(await reader.read(65536))  # b"": the server closed the connection
+            elif isinstance(event, h11.Response):
+                status, headers = event.status_code, {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return Answer(status, headers, b"".join(chunks))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise EOFError("the server closed the connection before answering")
+
+    def close(self) -> None:
+        if self.streams is not None:
+            self.streams[1].close()
+            self.streams = None
+
+
+async def _post(connection: Connection, text: str) -> tuple[Answer | None, Exception | None]:
     try:
-        return await client.post(f"{url}/v1/predict", json={"texts": [text]}), None
-    except httpx.HTTPError as error:
+        return await connection.post("/v1/predict", json.dumps({"texts": [text]}).encode()), None
+    except ConnectionError as error:
         return None, error
 
 
@@ -216,19 +290,20 @@ async def closed_loop(url: str, tally: Tally, clients: int, seconds: float, stop
     end = time.perf_counter() + seconds
     position = iter(range(10**9))
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop() -> None:
+        connection = Connection(url)
         while time.perf_counter() < end and not (stop_early and stop_early.is_set()):
             index = next(position) % len(tally.texts)
             began = time.perf_counter()
             tally.sent += 1
-            response, error = await _post(client, url, tally.texts[index])
+            response, error = await _post(connection, tally.texts[index])
             tally.count(index, time.perf_counter() - began, response, error)
-            if isinstance(error, httpx.ConnectError) and stop_early is not None:
+            if isinstance(error, Refused) and stop_early is not None:
                 stop_early.set()
+        connection.close()
 
     began = time.perf_counter()
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=clients + 4)) as client:
-        await asyncio.gather(*[client_loop(client) for _ in range(clients)])
+    await asyncio.gather(*[client_loop() for _ in range(clients)])
     return time.perf_counter() - began
 
 
@@ -237,15 +312,20 @@ async def open_loop(url: str, tally: Tally, rate: float, seconds: float) -> floa
     count = int(rate * seconds)
     began = time.perf_counter()
 
-    async def one(client: httpx.AsyncClient, number: int) -> None:
+    idle: list[Connection] = []  # a request takes an idle connection, else opens one
+
+    async def one(number: int) -> None:
         scheduled = began + number / rate
         await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
         index = number % len(tally.texts)
-        response, error = await _post(client, url, tally.texts[index])
+        connection = idle.pop() if idle else Connection(url)
+        response, error = await _post(connection, tally.texts[index])
         tally.count(index, time.perf_counter() - scheduled, response, error)
+        idle.append(connection)
 
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=512)) as client:
-        await asyncio.gather(*[one(client, n) for n in range(count)])
+    await asyncio.gather(*[one(n) for n in range(count)])
+    for connection in idle:
+        connection.close()
     return time.perf_counter() - began
 
 

@@ -6,10 +6,10 @@ load, in CPU seconds per sentence (the server's process and the load client's, m
 For each `--threads` T: (1) `Predictor` offline in this process on the first `--sentences` sentences of
 corpus/biomed.txt, one window a model call (serve's `--batch-size 1`): sentences/s and CPU ms per sentence
 (getrusage); (2) `biodistil serve MODEL --threads T` in its own process, driven by `--clients` closed-loop clients
-(asyncio + httpx, one sentence a request) in this process for `--seconds`: requests/s, the server's CPU ms per
-request (its process and children, psutil) and the client's. With both on the same cores, requests/s cannot exceed
-cores × 1000 / (server ms + client ms): the ceiling the figures give, against offline sentences/s. Prints one JSON
-line (`--out` writes it too).
+(asyncio, one sentence a request; `--client`: httpx, or bench/serve.py's h11 connections) in this process for
+`--seconds`: requests/s, the server's CPU ms per request (its process and children, psutil) and the client's. With
+both on the same cores, requests/s cannot exceed cores × 1000 / (server ms + client ms): the ceiling the figures give,
+against offline sentences/s. Prints one JSON line (`--out` writes it too).
 """
 
 import argparse
@@ -25,6 +25,8 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from serve import Connection  # noqa: E402
 
 
 def offline(model: str, texts: list[str], threads: int) -> dict:
@@ -43,16 +45,24 @@ def cpu_seconds(process: psutil.Process) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
-async def load(url: str, texts: list[str], clients: int, seconds: float, server: psutil.Process) -> dict:
+async def load(url: str, texts: list[str], clients: int, seconds: float, server: psutil.Process, kind: str) -> dict:
     answered = [0]
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=2 * clients)) as client:
-        await client.post(f"{url}/v1/predict", json={"texts": texts[:8]})
+        connections: dict[int, Connection] = {}
+
+        async def post(worker: int, payload: dict) -> int:
+            if kind == "httpx":
+                return (await client.post(f"{url}/v1/predict", json=payload)).status_code
+            connection = connections.setdefault(worker, Connection(url))
+            return (await connection.post("/v1/predict", json.dumps(payload).encode())).status
+
+        await post(-1, {"texts": texts[:8]})
 
         async def one(start: int, stop: float) -> None:
             index = start
             while time.perf_counter() < stop:
-                response = await client.post(f"{url}/v1/predict", json={"texts": [texts[index % len(texts)]]})
-                answered[0] += response.status_code == 200
+                status = await post(start, {"texts": [texts[index % len(texts)]]})
+                answered[0] += status == 200  # not `+= await ...`: that reads the count before the await
                 index += clients
 
         me, server_before = psutil.Process(), cpu_seconds(server)
@@ -66,7 +76,7 @@ async def load(url: str, texts: list[str], clients: int, seconds: float, server:
             "client_cpu_ms_per_request": round(1000 * client_cpu / n, 2)}
 
 
-def served(model: str, texts: list[str], threads: int, clients: int, seconds: float) -> dict:
+def served(model: str, texts: list[str], threads: int, clients: int, seconds: float, kind: str) -> dict:
     command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--threads", str(threads)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
@@ -76,7 +86,7 @@ def served(model: str, texts: list[str], threads: int, clients: int, seconds: fl
         url = "http://" + line.split("http://", 1)[1].split()[0].rstrip("/.,;)")
         while not _ready(url):
             time.sleep(0.2)
-        return asyncio.run(load(url, texts, clients, seconds, psutil.Process(process.pid)))
+        return asyncio.run(load(url, texts, clients, seconds, psutil.Process(process.pid), kind))
     finally:
         process.terminate()
         process.wait(60)
@@ -96,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--client", choices=["httpx", "h11"], nargs="+", default=["httpx", "h11"])
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -105,10 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     texts = [line.strip() for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()][:args.sentences]
     result = {"cpu": cpu_line(), "model": args.model, "clients": args.clients, "runs": {}}
     for threads in args.threads:
-        run = {"offline": offline(args.model, texts, threads),
-               "served": served(args.model, texts, threads, args.clients, args.seconds)}
-        cost = run["served"]["server_cpu_ms_per_request"] + run["served"]["client_cpu_ms_per_request"]
-        run["ceiling_requests_per_s"] = round(psutil.cpu_count() * 1000 / cost, 1)
+        run = {"offline": offline(args.model, texts, threads)}
+        for kind in args.client:
+            load = served(args.model, texts, threads, args.clients, args.seconds, kind)
+            cost = load["server_cpu_ms_per_request"] + load["client_cpu_ms_per_request"]
+            run[f"served_{kind}"] = {**load, "ceiling_requests_per_s": round(psutil.cpu_count() * 1000 / cost, 1)}
         result["runs"][str(threads)] = run
     line = json.dumps(result)
     print(line)

@@ -778,15 +778,16 @@ def vekd_tables(record: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         flag = " (degenerate)" if row["degenerate_seeds"] else ""
-        lines.append(f"| {TASK_TITLES.get(row['task'], row['task'])} | {row['arm']} | {pm(row['mean'], row['sd'])}{flag}"
-                     f" | {_mean_interval(row['start_scores'])} | "
-                     f"{', '.join(f'{100 * s:.1f}' for s in row['start_scores'])} | {_bootstrap_share(row['share'])} | "
-                     f"{_bootstrap_share(row.get('share_dev'))} |")
+        runs = ", ".join(f"{100 * s:.1f}" for s in row["start_scores"])
+        lines.append(f"| {TASK_TITLES.get(row['task'], row['task'])} | {row['arm']} | "
+                     f"{pm(row['mean'], row['sd'])}{flag} | {_mean_interval(row['start_scores'])} | {runs} | "
+                     f"{_bootstrap_share(row['share'])} | {_bootstrap_share(row.get('share_dev'))} |")
     lines += ["", "| comparison | on | difference (F1) | verdict |", "|---|---|---|---|"]
     for (first, second, on), result in vekd_family(summary).items():
         title = "mean of the tasks" if on == AVERAGE else TASK_TITLES.get(on, on)
         lines.append(f"| {first} − {second} | {title} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
-    lines += ["", "| arm | stages per distillation run | steps | tokens | minutes (mean of 3 runs) |", "|---|---|---|---|---|"]
+    lines += ["", "| arm | stages per distillation run | steps | tokens | minutes (mean of 3 runs) |",
+              "|---|---|---|---|---|"]
     for arm, prefixes in VEKD_ARMS.items():
         runs = [[stages[f"{prefix}-{seed}"]["summary"]["result"] for prefix in prefixes] for seed in (1, 2, 3)]
         minutes = statistics.fmean(sum(part["seconds"] for part in run) for run in runs) / 60
@@ -812,12 +813,26 @@ def vekd_family(summary: dict[str, Any]) -> dict[tuple[str, str, str], Compariso
 def vekd_figures(record: dict[str, Any]) -> dict[str, str]:
     """Study 7's prose figures: the paper's gain (`paper-gain`), each arm's F1 per task (`f1:ARM:TASK`), each
     comparison (`A-B:ON`, ...), the wall time in minutes (`minutes`)."""
-    summary = next(stage for stage in record["stages"] if stage["name"] == "study")["summary"]
-    figures = {"paper-gain": signed(PAPER_VEKD_GAIN), "minutes": f"{_vekd_minutes(record):.0f}"}
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary = stages["study"]["summary"]
+    student = stages["vekd-1"]["summary"]["result"]
+    figures = {"paper-gain": signed(PAPER_VEKD_GAIN), "minutes": f"{_vekd_minutes(record):.0f}",
+               "student-tokens": f"{student['tokens_seen']:,}"}
+    for name in ("teacher-mlm", "teacher-adapted"):
+        loss = stages[name]["summary"]["result"]["final_eval"].get("loss")
+        figures[f"mlm-loss:{name}"] = "n/a" if loss is None else f"{loss:.2f}"
+    for task, entry in summary["teachers"].items():
+        figures[f"teacher:{task}"] = num(entry["test"]["f1"], 1, 100)
     for row in summary["rows"]:
         figures[f"f1:{row['arm']}:{row['task']}"] = num(row["mean"], 1, 100)
+        figures[f"share:{row['arm']}:{row['task']}"] = _bootstrap_share(row["share"])
     for (first, second, on), result in vekd_family(summary).items():
         figures |= comparison_figures(f"{first}-{second}:{on}", result)
+        figures[f"{first}-{second}:{on}:verdict"] = "a finding" if result.finding else "inconclusive"
+        if result.low is not None:  # where the paper's gain falls against this interval
+            gain = PAPER_VEKD_GAIN / 100
+            figures[f"{first}-{second}:{on}:paper"] = ("inside" if result.low <= gain <= result.high else
+                                                       "above" if gain > result.high else "below")
     return figures
 
 
