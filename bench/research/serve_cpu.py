@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from serve import Connection  # noqa: E402
+from serve import Connection, Server  # noqa: E402
 
 
 def offline(model: str, texts: list[str], threads: int) -> dict:
@@ -77,26 +76,11 @@ async def load(url: str, texts: list[str], clients: int, seconds: float, server:
 
 
 def served(model: str, texts: list[str], threads: int, clients: int, seconds: float, kind: str) -> dict:
-    command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--threads", str(threads)]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    server = Server(model, "auto", str(threads), [])  # bench/serve.py's: started, listening and ready
     try:
-        line = ""
-        while "http://" not in line:
-            line = process.stderr.readline()
-        url = "http://" + line.split("http://", 1)[1].split()[0].rstrip("/.,;)")
-        while not _ready(url):
-            time.sleep(0.2)
-        return asyncio.run(load(url, texts, clients, seconds, psutil.Process(process.pid), kind))
+        return asyncio.run(load(server.url, texts, clients, seconds, psutil.Process(server.process.pid), kind))
     finally:
-        process.terminate()
-        process.wait(60)
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health").status_code == 200
-    except httpx.TransportError:
-        return False
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> dict:

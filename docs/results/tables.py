@@ -828,7 +828,7 @@ def vekd_figures(record: dict[str, Any]) -> dict[str, str]:
         figures[f"share:{row['arm']}:{row['task']}"] = _bootstrap_share(row["share"])
     for (first, second, on), result in vekd_family(summary).items():
         figures |= comparison_figures(f"{first}-{second}:{on}", result)
-        figures[f"{first}-{second}:{on}:verdict"] = "a finding" if result.finding else "inconclusive"
+        figures[f"{first}-{second}:{on}:verdict"] = result.verdict
         if result.low is not None:  # where the paper's gain falls against this interval
             gain = PAPER_VEKD_GAIN / 100
             figures[f"{first}-{second}:{on}:paper"] = ("inside" if result.low <= gain <= result.high else
@@ -844,9 +844,9 @@ def _bootstrap_share(share: dict[str, Any] | None) -> str:
 
 
 def _vekd_minutes(record: dict[str, Any]) -> float:
-    stages = [stage for stage in record["stages"] if stage["name"] != "study"]
-    study = next(stage for stage in record["stages"] if stage["name"] == "study")["summary"]
-    return (sum(stage["summary"]["result"]["seconds"] for stage in stages) + study["wall_seconds"]) / 60
+    """The teacher and distillation stages' training time and the study's wall time, in minutes."""
+    return sum(stage["summary"]["wall_seconds"] if stage["name"] == "study" else stage["summary"]["result"]["seconds"]
+               for stage in record["stages"]) / 60
 
 
 def _vekd_wall_time(record: dict[str, Any]) -> str:
