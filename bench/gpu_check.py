@@ -23,9 +23,6 @@ synthetic. Sections, each run in a child process (a failure in one never hides t
              `export --int8 --task` of the GPU-trained student (ONNX Runtime on the CPU, with its parity and dev-split
              checks), then `predict` of it on 2,000 corpus lines in PyTorch on the device and as the int8 graph
              (records/s, the share of PyTorch's entities the int8 graph gives alike);
-  mpnet      Study 6's route at its shapes: an MPNet 12 × 768 encoder without an MLM head (as mpnet-base) distilled
-             into its alternate layers (MLM on a fresh head, hidden cosine, attention KL with MPNet's relative-position
-             bias), fine-tuned, KD into that student, `evaluate --finetuned`, `export --int8` (unfused graph);
   modernbert a tiny ModernBERT (local and global attention, byte-level BPE) through `distill`.
 
 Prints one JSON line per measurement (`{"section", "name", "ok", ...}`), then a summary table with the targets of
@@ -33,18 +30,22 @@ docs/gpu.md; `--out FILE` also writes the JSON lines there. Exit status 0 when e
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from importlib import metadata
 from itertools import islice
 from pathlib import Path
 from unittest.mock import patch
 
 BENCH = Path(__file__).resolve().parent
-SECTIONS = ("env", "distill", "commands", "mpnet", "modernbert")
+SECTIONS = ("env", "distill", "commands", "modernbert")
 PREDICT_DOCUMENTS = 2000  # corpus lines `predict` reads (the tiny corpus has 300)
 MARK = "GPUCHECK "
 # NVIDIA's datasheet bf16 dense peaks (TFLOP/s, tensor cores, no sparsity), by what the CUDA device name contains: the
@@ -67,9 +68,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# ------------------------------------------------------------------------------------------ shapes
-
-
 class Shapes:
     """The real shapes (BERT-base teacher, 6 × 768 and 3 × 384 students) or, with --tiny, toy ones."""
 
@@ -87,9 +85,6 @@ class Shapes:
         self.task_batch = 8 if tiny else 16
         self.task_epochs = 1 if tiny else 2
         self.corpus_lines = 300 if tiny else 6000
-
-
-# ------------------------------------------------------------------------------------------ records
 
 
 def emit(section: str, name: str, ok: bool = True, **figures) -> None:
@@ -115,15 +110,12 @@ def peak_tflops(device, size: int) -> tuple[float, str]:
     return rates[best], best
 
 
-def datasheet_tflops(name: str | None) -> float | None:
-    """The datasheet's bf16 dense peak of the CUDA device `name` (`torch.cuda.get_device_name`), None when unknown."""
-    return next((peak for part, peak in DATASHEET_BF16_TFLOPS if name and part in name), None)
-
-
-def device_name(device) -> str | None:
+def datasheet_tflops(device) -> float | None:
+    """The datasheet's bf16 dense peak of a CUDA device (by its name), None on a CPU or an unknown device."""
     import torch
 
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((peak for part, peak in DATASHEET_BF16_TFLOPS if name and part in name), None)
 
 
 def mfu_figures(tflops: float, measured: float, datasheet: float | None, step_ms: float,
@@ -155,30 +147,24 @@ def section_env(args, shapes: Shapes) -> None:
         props = torch.cuda.get_device_properties(device)
         facts.update(gpu=props.name, capability=f"{props.major}.{props.minor}", memory_gib=round(
             props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count,
-            bf16=torch.cuda.is_bf16_supported(), driver=_driver())
-        try:
-            import triton
-
-            facts["triton"] = triton.__version__
-        except ImportError:
-            facts["triton"] = None
+            bf16=torch.cuda.is_bf16_supported(), driver=_driver(), triton=None)
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            facts["triton"] = metadata.version("triton")
     else:
         from biodistil.training.machine import cpu_line
 
         facts["cpu"] = cpu_line()
     peak, facts["peak_dtype"] = peak_tflops(device, 512 if shapes.tiny else 8192)
     facts["peak_tflops"] = round(peak, 3)
-    facts["datasheet_tflops"] = datasheet_tflops(device_name(device))
+    facts["datasheet_tflops"] = datasheet_tflops(device)
     emit("env", "machine", **facts)
 
 
 def _driver() -> str | None:
-    try:
-        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30)
-        return found.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip() or None
+    return None
 
 
 def section_distill(args, shapes: Shapes) -> None:
@@ -196,7 +182,7 @@ def section_distill(args, shapes: Shapes) -> None:
     own_chunk = distillation.kl_chunk_elements(device)
     other_chunk = distillation.kl_chunk_elements(torch.device("cpu" if device.type == "cuda" else "cuda"))
     peak, peak_dtype = peak_tflops(device, 512 if shapes.tiny else 8192)
-    datasheet = datasheet_tflops(device_name(device))
+    datasheet = datasheet_tflops(device)
     layers, width, heads = shapes.teacher
     warmup, repeats = shapes.rounds
     gpu = device.type == "cuda"
@@ -248,47 +234,41 @@ def section_distill(args, shapes: Shapes) -> None:
 
 
 def section_commands(args, shapes: Shapes) -> None:
-    """The CLI on synthetic data and random models of the real shapes, each command timed and checked."""
+    """The CLI on synthetic data and random models of the real shapes, each command timed and checked: `distill`
+    (also stopped halfway and resumed, against the uninterrupted run), `finetune` of the teacher, `kd` into the
+    student, `evaluate --finetuned` and `export --int8 --task` of the KD student, `predict` of it."""
     work = Path(args.workdir)
-    files = synthetic_world(work, shapes)
-    task_commands(args, shapes, files, work / "runs", section="commands", resume=True)
-
-
-def task_commands(args, shapes: Shapes, files: dict[str, Path], runs: Path, section: str,
-                  resume: bool = False) -> None:
-    """`distill` (and, with `resume`, stopped halfway and resumed against the uninterrupted run), `finetune` of the
-    teacher, `kd` into the student, `evaluate --finetuned` and `export --int8 --task` of the KD student."""
+    files, runs = synthetic_world(work, shapes), work / "runs"
     device_overrides = [f"train.device={args.device}", "train.progress_bar=false", "train.tensorboard=false"]
     if args.device == "cpu" and shapes.tiny:
         device_overrides.append("train.compile=false")  # seconds of C++ compile the tiny check need not spend
     distill = [str(files["distill_recipe"]), *device_overrides]
-    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill",
-             section=section)
-    if resume and args.device == "cuda":  # the loader workers `train.num_workers: auto` starts on CUDA, against none
+    _command("distill", ["distill", *distill, "--out", str(runs / "distill")], runs / "distill")
+    if args.device == "cuda":  # the loader workers `train.num_workers: auto` starts on CUDA, against none
         _command("distill, loader in the training process", ["distill", *distill, "train.num_workers=0", "--out",
                                                              str(runs / "distill-no-workers")],
-                 runs / "distill-no-workers", section=section)
+                 runs / "distill-no-workers")
     half = shapes.distill_steps // 2
-    if resume and _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"),
-                                                    "--stop-after", str(half)], None, section=section):
+    if _command("distill --stop-after", ["distill", *distill, "--out", str(runs / "resumed"), "--stop-after",
+                                         str(half)], None):
         _command("distill --resume", ["distill", *distill, "--out", str(runs / "resumed"), "--resume"],
-                 runs / "resumed", section=section)
+                 runs / "resumed")
         compare_weights(runs / "distill" / "model", runs / "resumed" / "model")
     finetune = ["finetune", str(files["finetune_recipe"]), *device_overrides, "--out", str(runs / "teacher-ner")]
-    if _command("finetune", finetune, runs / "teacher-ner", section=section):
+    if _command("finetune", finetune, runs / "teacher-ner"):
         kd = ["kd", str(files["kd_recipe"]), *device_overrides, "--out", str(runs / "student-ner")]
-        if _command("kd", kd, runs / "student-ner", section=section):
+        if _command("kd", kd, runs / "student-ner"):
             model = runs / "student-ner" / "model"
             _command("evaluate --finetuned", ["evaluate", "--finetuned", str(model), "--task", str(files["task"]),
                                               "--out", str(runs / "scored"), "--device", args.device], None,
-                     results=runs / "scored" / "results.json", section=section)
+                     results=runs / "scored" / "results.json")
             if _command("export --int8", ["export", str(model), "--out", str(runs / "student-onnx"), "--int8",
                                           "--task", str(files["task"]), "--split", "dev"], None,
-                        export=runs / "student-onnx" / "export.json", section=section):
-                predict_commands(args, model, runs / "student-onnx", files["corpus"], runs, section)
+                        export=runs / "student-onnx" / "export.json"):
+                predict_commands(args, model, runs / "student-onnx", files["corpus"], runs)
 
 
-def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, section: str) -> None:
+def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path) -> None:
     """`predict` of the KD student on the corpus's first documents, in PyTorch on `--device` (float32, then bf16
     autocast) and as the int8 graph (ONNX Runtime on the CPU): records/s of each and the share of float32 PyTorch's
     entities the bf16 and int8 runs give alike."""
@@ -302,7 +282,7 @@ def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, se
         began = time.perf_counter()
         if not _command(f"predict {runtime}", ["predict", str(onnx if runtime == "onnx-int8" else model),
                                                str(documents), "--runtime", runtime, *device, "--out", str(out),
-                                               "--quiet"], None, section=section):
+                                               "--quiet"], None):
             return
         seconds[runtime] = time.perf_counter() - began
     began = time.perf_counter()
@@ -316,13 +296,13 @@ def predict_commands(args, model: Path, onnx: Path, corpus: Path, runs: Path, se
         def share(runtime: str) -> float:
             return round(len(reference & entities[runtime]) / max(len(reference), 1), 4)
 
-        emit(section, "predict agreement", records=records, entities=len(reference),
+        emit("commands", "predict agreement", records=records, entities=len(reference),
              bf16_share_of_pytorch=share("pytorch-bf16"), int8_share_of_pytorch=share("onnx-int8"),
              int8_entities=len(entities["onnx-int8"]), pytorch_records_per_s=round(records / seconds["pytorch"], 1),
              bf16_records_per_s=round(records / seconds["pytorch-bf16"], 1),
              int8_records_per_s=round(records / seconds["onnx-int8"], 1), timed="the whole command, loading included")
     except Exception:
-        failure(section, "predict agreement", began)
+        failure("commands", "predict agreement", began)
 
 
 def _command(name: str, argv: list[str], run_dir: Path | None, results: Path | None = None,
@@ -391,6 +371,8 @@ def section_modernbert(args, shapes: Shapes) -> None:
     work = Path(args.workdir)
     began = time.perf_counter()
     try:
+        import torch
+
         from biodistil.config import ArchitectureConfig
         from biodistil.data.synthetic import biomedical_corpus, train_bpe
         from biodistil.models.student import model_from_architecture
@@ -398,8 +380,6 @@ def section_modernbert(args, shapes: Shapes) -> None:
         corpus = work / "modernbert-corpus.txt"
         corpus.write_text(biomedical_corpus(400, seed=5), encoding="utf-8")
         tokenizer = train_bpe(corpus.read_text().splitlines(), 600, work / "modernbert-tokenizer")
-        import torch
-
         torch.manual_seed(0)
         arch = ArchitectureConfig(model_type="modernbert", num_layers=4, hidden_size=64, num_heads=4,
                                   intermediate_size=128, max_position_embeddings=128, dropout=0.0,
@@ -425,26 +405,12 @@ def section_modernbert(args, shapes: Shapes) -> None:
              section="modernbert")
 
 
-def section_mpnet(args, shapes: Shapes) -> None:
-    """Study 6's route (recipes/studies/seeds-scale.yaml) at its real shapes with random weights: an MPNet 12 × 768
-    encoder without an MLM head (as mpnet-base) distilled into its alternate layers (MLM on a fresh head, hidden
-    cosine, attention KL with MPNet's relative-position bias), fine-tuned on the NER task, KD into the distilled
-    student, then scored and exported to ONNX int8 (unfused: ONNX Runtime has no MPNet fusion)."""
-    work, began = Path(args.workdir) / "mpnet", time.perf_counter()
-    try:
-        files = synthetic_world(work, shapes, family="mpnet")
-    except Exception:
-        failure("mpnet", "setup", began)
-        return
-    task_commands(args, shapes, files, work / "runs", section="mpnet")
-
-
 # ------------------------------------------------------------------------------------------ synthetic world
 
-def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[str, Path]:
-    """Tokenizer, corpus, NER task, a teacher of BERT-base's shape (random weights) and the recipes. `bert`: a BERT
-    teacher, distilled into its alternate layers with DistilBERT's triple loss, KD into a random 3 × 384 student;
-    `mpnet`: an MPNet teacher without an MLM head, distilled with Study 6's terms, KD into that distilled student."""
+def synthetic_world(work: Path, shapes: Shapes) -> dict[str, Path]:
+    """Tokenizer, corpus, NER task, a BERT teacher of BERT-base's shape and a 3 × 384 student (random weights), and
+    the recipes: the teacher distilled into its alternate layers with DistilBERT's triple loss, fine-tuned on the
+    task, KD into the 3 × 384 student."""
     from biodistil.data.synthetic import (
         ENTITIES,
         WORDS,
@@ -458,16 +424,10 @@ def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[st
     tokenizer = wordpiece_tokenizer(work / "tokenizer", shapes.vocab)
     corpus = work / "corpus.txt"
     corpus.write_text(biomedical_corpus(shapes.corpus_lines, seed=1), encoding="utf-8")
-    models = {"teacher": random_encoder(family, shapes.teacher, tokenizer, 0, work / "teacher")}
-    if family == "bert":
-        models["student"] = random_encoder(family, shapes.small_student, tokenizer, 1, work / "student-3x")
-        student = {"init": "teacher_layers"}
-        terms = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
-                 {"loss": "hidden_cosine"}]
-    else:
-        models["student"] = work / "runs" / "distill" / "model"
-        student = {"init": "teacher_layers", "layers": list(range(0, shapes.teacher[0], 2))}
-        terms = [{"loss": "mlm"}, {"loss": "hidden_cosine"}, {"loss": "attention_kl", "layer_map": "uniform"}]
+    teacher = random_encoder("bert", shapes.teacher, tokenizer, 0, work / "teacher")
+    student = random_encoder("bert", shapes.small_student, tokenizer, 1, work / "student-3x")
+    terms = [{"loss": "mlm", "weight": 2.0}, {"loss": "logit_kl", "weight": 5.0, "positions": "masked"},
+             {"loss": "hidden_cosine"}]
     task_folder = work / "ner"
     task = write_ner_task(task_folder, "synthetic_ner", ENTITIES, WORDS, shapes.task_sizes, length=(8, 40),
                           max_length=128)
@@ -475,7 +435,7 @@ def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[st
     recipes = {
         "distill_recipe": {
             "run": {"output_dir": str(work / "runs" / "distill"), "seed": 7},
-            "teacher": {"name_or_path": str(models["teacher"])}, "student": student,
+            "teacher": {"name_or_path": str(teacher)}, "student": {"init": "teacher_layers"},
             "data": {"train": [str(corpus)], "block_size": shapes.block, "cache_dir": str(work / "cache"),
                      "eval_fraction": 0},
             "objective": {"temperature": 2.0, "terms": terms},
@@ -483,14 +443,14 @@ def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[st
                       "learning_rate": 5e-4}},
         "finetune_recipe": {
             "run": {"output_dir": str(work / "runs" / "teacher-ner"), "seed": 1},
-            "model": {"name_or_path": str(models["teacher"])}, "task": {"name": str(task)},
+            "model": {"name_or_path": str(teacher)}, "task": {"name": str(task)},
             "finetune": {"epochs": shapes.task_epochs},
             "train": {**train, "batch_size": shapes.task_batch, "learning_rate": 5e-5, "warmup_ratio": 0.1,
                       "save_every": 0}},
         "kd_recipe": {
             "run": {"output_dir": str(work / "runs" / "student-ner"), "seed": 1},
             "teacher": {"name_or_path": str(work / "runs" / "teacher-ner" / "model")},
-            "student": {"name_or_path": str(models["student"])}, "task": {"name": str(task)},
+            "student": {"name_or_path": str(student)}, "task": {"name": str(task)},
             "transfer": {"source": {"kind": "in_domain"}, "keep_labels": True},
             "kd": {"soft_loss": "hinton", "alpha": 0.5, "beta": 0.5, "temperature": 2.0,
                    "epochs": shapes.task_epochs, "cache_dir": str(work / "teacher-store")},
@@ -507,71 +467,57 @@ def synthetic_world(work: Path, shapes: Shapes, family: str = "bert") -> dict[st
 
 
 SECTION_RUNS = {"env": section_env, "distill": section_distill, "commands": section_commands,
-                "mpnet": section_mpnet, "modernbert": section_modernbert}
+                "modernbert": section_modernbert}
 
 
 def run_section(args, section: str, workdir: Path) -> list[dict]:
-    """One section in a child process (its own CUDA context); its marked lines are the records."""
-    if args.in_process:
-        return run_section_here(args, section, workdir)
-    command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--device", args.device,
-               "--workdir", str(workdir), *(["--tiny"] if args.tiny else [])]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    if section == "commands":  # deterministic cuBLAS workspaces: resume compared bit for bit on one GPU
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    began = time.perf_counter()
-    records = []
+    """One section in a child process (its own CUDA context) or, `--in-process`, in this one (a CPU has no CUDA
+    context to keep apart); its marked lines are the records."""
+    began, records, tail = time.perf_counter(), [], []
     try:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        tail: list[str] = []
-        deadline = began + args.section_timeout
-        for line in child.stdout:
+        for line in section_lines(args, section, workdir):
             if line.startswith(MARK):
                 records.append(json.loads(line[len(MARK):]))
-                print(line[len(MARK):], end="", flush=True)
+                print(line[len(MARK):].rstrip(), flush=True)
             else:
                 tail = [*tail[-40:], line.rstrip()]
-            if time.perf_counter() > deadline:
-                child.kill()
-                raise TimeoutError(f"section {section} ran past {args.section_timeout} s")
-        code = child.wait()
-        if code != 0:
-            records.append({"section": section, "name": "process", "ok": False,
-                            "error": f"exit {code}; last output:\n" + "\n".join(tail[-25:])})
-    except Exception as err:
-        records.append({"section": section, "name": "process", "ok": False, "error": repr(err)})
-    if records and not records[-1]["ok"] and records[-1]["name"] == "process":
+    except Exception:
+        error = traceback.format_exc()[-3000:] + "last output:\n" + "\n".join(tail[-25:])
+        records.append({"section": section, "name": "process", "ok": False, "error": error})
         print(json.dumps(records[-1]), flush=True)
     print(f"# section {section}: {time.perf_counter() - began:.0f} s", flush=True)
     return records
 
 
-def run_section_here(args, section: str, workdir: Path) -> list[dict]:
-    """`--in-process`: the section in this process (on a CPU there is no CUDA context to keep apart), its marked lines
-    collected as a child's are."""
-    import contextlib
-    import io
-
-    began, printed = time.perf_counter(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            SECTION_RUNS[section](argparse.Namespace(**{**vars(args), "workdir": str(workdir)}), Shapes(args.tiny))
-        failed = None
-    except Exception:
-        failed = {"section": section, "name": "process", "ok": False, "error": traceback.format_exc()[-3000:]}
-    lines = printed.getvalue().splitlines()
-    records = [json.loads(line[len(MARK):]) for line in lines if line.startswith(MARK)] + ([failed] if failed else [])
-    for record in records:
-        print(json.dumps(record), flush=True)
-    print(f"# section {section}: {time.perf_counter() - began:.0f} s", flush=True)
-    return records
+def section_lines(args, section: str, workdir: Path) -> Iterator[str]:
+    """The section's output lines; raises when it fails, runs past `--section-timeout` or exits other than 0."""
+    if args.in_process:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                SECTION_RUNS[section](argparse.Namespace(**{**vars(args), "workdir": str(workdir)}), Shapes(args.tiny))
+        finally:
+            yield from printed.getvalue().splitlines()
+        return
+    command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--device", args.device,
+               "--workdir", str(workdir), *(["--tiny"] if args.tiny else [])]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if section == "commands":  # deterministic cuBLAS workspaces: resume compared bit for bit on one GPU
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    deadline = time.perf_counter() + args.section_timeout
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in child.stdout:
+        yield line
+        if time.perf_counter() > deadline:
+            child.kill()
+            raise TimeoutError(f"section {section} ran past {args.section_timeout} s")
+    if (code := child.wait()) != 0:
+        raise RuntimeError(f"section {section}: exit {code}")
 
 
 SHOWN = ("gpu", "capability", "driver", "torch", "cuda_build", "transformers", "triton", "cpu", "peak_tflops",
-         "peak_dtype", "datasheet_tflops",
-         "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu", "mfu_datasheet",
-         "device_mfu_datasheet", "peak_memory_mib", "seconds",
-         "steps", "tokens_per_second",
+         "peak_dtype", "datasheet_tflops", "tokens_per_s", "ratio_to_mlm", "mfu", "device_ratio_to_mlm", "device_mfu",
+         "mfu_datasheet", "device_mfu_datasheet", "peak_memory_mib", "seconds", "steps", "tokens_per_second",
          "peak_gpu_memory_mb", "bit_identical", "max_abs_diff", "best_score", "two_over_one",
          "two_over_one_plus_forward", "records", "entities", "int8_share_of_pytorch", "pytorch_records_per_s",
          "int8_records_per_s")
@@ -588,48 +534,37 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+SEQ = "distill/seq512-bf16"
+TARGETS = (  # (the records a line reads, as a and b; the line): a line is printed where its records hold its figures
+    ((f"{SEQ}/mlm",), "plain MLM, 6 x 768, bf16, seq 512: MFU {a[mfu]:.1%}, {a[device_mfu]:.1%} without the batch's "
+     "collation (target >= 40% of the measured peak)"),
+    ((f"{SEQ}/mlm",), "the same against the datasheet's {a[datasheet_tflops]} TFLOP/s: MFU {a[mfu_datasheet]:.1%}, "
+     "{a[device_mfu_datasheet]:.1%} without the collation (target >= 32%)"),
+    ((f"{SEQ}-compiled/mlm",), "the same, encoders compiled (train.compile: true): MFU {a[mfu]:.1%}, "
+     "{a[device_mfu]:.1%} without the collation"),
+    *(((f"{SEQ}/{mode}",), f"{mode}: {{a[ratio_to_mlm]:.2f}} x plain MLM, {{a[device_ratio_to_mlm]:.2f}} without the "
+       f"collation (target >= {goal})") for mode, goal in (("live-masked", 0.72), ("cache-head", 0.9))),
+    *(((f"{SEQ}-two-teachers/{mode}-x2 cost",), f"two cached teachers ({mode}): {{a[two_over_one]:.3f}} x one's step "
+       "(target <= 1.1)") for mode in ("cache-head", "cache-top-k")),
+    *(((f"{SEQ}-two-teachers/{mode}-x2 cost",), f"two live teachers ({mode}): {{a[two_over_one_plus_forward]:.3f}} x "
+       "(one-teacher step + the second's forward) (target <= 1.15)") for mode in ("live-all", "live-masked")),
+    *(((f"{SEQ}/{mode}", f"{SEQ}-other-kl-chunk/{mode}"), f"{mode}, the KL in chunks of {{a[kl_chunk_elements]:,}} "
+       "values: {a[tokens_per_s]:,.0f} tokens/s; in chunks of {b[kl_chunk_elements]:,}: {b[tokens_per_s]:,.0f}")
+      for mode in ("live-all", "live-masked", "cache-head")),
+    (("commands/distill", "commands/distill, loader in the training process"), "distill command, {a[loader]}: "
+     "{a[tokens_per_second]:,.0f} tokens/s; loader in the training process: {b[tokens_per_second]:,.0f}"),
+    (("commands/resume equals uninterrupted",), "resume: bit-identical {a[bit_identical]} (max |diff| "
+     "{a[max_abs_diff]:.2e})"),
+)
+
+
 def targets(records: list[dict]) -> list[str]:
     """The issue's GPU targets, read off the records (only where the records hold them)."""
     found = {f"{r['section']}/{r['name']}": r for r in records if r["ok"]}
     lines = []
-    mlm = found.get("distill/seq512-bf16/mlm")
-    if mlm:
-        lines.append(f"plain MLM, 6 x 768, bf16, seq 512: MFU {mlm['mfu']:.1%}, {mlm['device_mfu']:.1%} without the "
-                     "batch's collation (target >= 40% of the measured peak)")
-        if mlm.get("mfu_datasheet") is not None:
-            lines.append(f"the same against the datasheet's {mlm['datasheet_tflops']} TFLOP/s: MFU "
-                         f"{mlm['mfu_datasheet']:.1%}, {mlm['device_mfu_datasheet']:.1%} without the collation "
-                         "(target >= 32%)")
-    compiled = found.get("distill/seq512-bf16-compiled/mlm")
-    if compiled:
-        lines.append(f"the same, encoders compiled (train.compile: true): MFU {compiled['mfu']:.1%}, "
-                     f"{compiled['device_mfu']:.1%} without the collation")
-    for mode, goal in (("live-masked", 0.72), ("cache-head", 0.9)):
-        record = found.get(f"distill/seq512-bf16/{mode}")
-        if record:
-            lines.append(f"{mode}: {record['ratio_to_mlm']:.2f} x plain MLM, {record['device_ratio_to_mlm']:.2f} "
-                         f"without the collation (target >= {goal})")
-    for mode, goal in (("cache-head", 1.1), ("cache-top-k", 1.1)):
-        record = found.get(f"distill/seq512-bf16-two-teachers/{mode}-x2 cost")
-        if record:
-            lines.append(f"two cached teachers ({mode}): {record['two_over_one']:.3f} x one's step (target <= {goal})")
-    for mode in ("live-all", "live-masked"):
-        record = found.get(f"distill/seq512-bf16-two-teachers/{mode}-x2 cost")
-        if record and "two_over_one_plus_forward" in record:
-            lines.append(f"two live teachers ({mode}): {record['two_over_one_plus_forward']:.3f} x (one-teacher step "
-                         "+ the second's forward) (target <= 1.15)")
-    for mode in ("live-all", "live-masked", "cache-head"):
-        own, other = (found.get(f"distill/seq512-bf16{variant}/{mode}") for variant in ("", "-other-kl-chunk"))
-        if own and other:
-            lines.append(f"{mode}, the KL in chunks of {own['kl_chunk_elements']:,} values: {own['tokens_per_s']:,.0f} "
-                         f"tokens/s; in chunks of {other['kl_chunk_elements']:,}: {other['tokens_per_s']:,.0f}")
-    workers, none = found.get("commands/distill"), found.get("commands/distill, loader in the training process")
-    if workers and none:
-        lines.append(f"distill command, {workers.get('loader')}: {workers['tokens_per_second']:,.0f} tokens/s; "
-                     f"loader in the training process: {none['tokens_per_second']:,.0f}")
-    resume = found.get("commands/resume equals uninterrupted")
-    if resume:
-        lines.append(f"resume: bit-identical {resume['bit_identical']} (max |diff| {resume['max_abs_diff']:.2e})")
+    for keys, line in TARGETS:
+        with contextlib.suppress(KeyError, TypeError):  # a record or a figure missing (None: a CPU's datasheet)
+            lines.append(line.format_map({name: found[key] for name, key in zip("ab", keys, strict=False)}))
     failed = [f"{r['section']}/{r['name']}" for r in records if not r["ok"]]
     lines.append(f"every measurement ran: {'yes' if not failed else 'NO, failed: ' + ', '.join(failed)}")
     return lines

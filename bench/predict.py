@@ -5,15 +5,15 @@
 Reads the first `--sentences` sentences of corpus/biomed.txt (the data folder's; lines split at sentence ends) and
 runs each MODEL on them through `write_predictions` (the command's writer, output to a temporary file), one model at
 a time in this process, in the order given, the first being the reference (`--rounds N`: N times round robin, each
-model's fastest round kept). Per model: records/s, its ratio to the
-reference, the share of the wall time spent outside the model's forward calls (tokenising, windowing, word and
-character offsets, JSON writing: the `predict` overhead), and peak memory (ru_maxrss of a fresh child process that
-predicts half the sentences, then of one that predicts all of them: a peak that does not grow with the input's size
-is the same twice). MODEL: a model folder (PyTorch fp32), an export folder (`--runtime`, default auto: its int8 graph)
-or NAME=PATH; `@RUNTIME` after it runs that one with `predict --runtime RUNTIME` (e.g. `student=MODEL@pytorch-bf16`:
-a model folder under bf16 autocast). `--int8-fallback MARGIN...` adds, after each int8 model, a row per margin with
-`predict --int8-fallback` (the windows int8 is unsure of predicted again by the fp32 graph; the share of windows it
-reran). Prints a table and, last, one JSON line. Tests never assert on these timings.
+model's fastest round kept). Per model: records/s, its ratio to the reference, the share of the wall time spent
+outside the model's forward calls (tokenising, windowing, word and character offsets, JSON writing: the `predict`
+overhead), and peak memory (ru_maxrss of a fresh child process that predicts half the sentences, then of one that
+predicts all of them: a peak that does not grow with the input's size is the same twice). MODEL: a model folder
+(PyTorch fp32), an export folder (`--runtime`, default auto: its int8 graph) or NAME=PATH; `@RUNTIME` after it runs
+that one with `predict --runtime RUNTIME` (e.g. `student=MODEL@pytorch-bf16`: a model folder under bf16 autocast).
+`--int8-fallback MARGIN...` adds, after each int8 model, a row per margin with `predict --int8-fallback` (the
+windows int8 is unsure of predicted again by the fp32 graph; the share of windows it reran). Prints a table and,
+last, one JSON line. Tests never assert on these timings.
 
     python bench/predict.py teacher=TEACHER student=EXPORT --int8-fallback 0.1 --task ncbi_disease --split dev
     python bench/predict.py teacher=TEACHER student=STUDENT student-bf16=STUDENT@pytorch-bf16 --task ncbi_disease
@@ -90,15 +90,15 @@ def sentences(data: str | None, count: int) -> list[str]:
 
 
 class ModelClock:
-    """Seconds spent inside the model's calls."""
+    """Seconds spent inside the model's calls (`start` and `stop` are also a PyTorch module's forward hooks)."""
 
     def __init__(self) -> None:
         self.seconds, self._began = 0.0, 0.0
 
-    def start(self) -> None:
+    def start(self, *_) -> None:
         self._began = time.perf_counter()
 
-    def stop(self) -> None:
+    def stop(self, *_) -> None:
         self.seconds += time.perf_counter() - self._began
 
 
@@ -126,9 +126,9 @@ def run(model: str, runtime: str, texts: list[str], threads: int, fallback: floa
     torch.set_num_threads(threads)
     predictor = Predictor(model, runtime=runtime, threads=threads, int8_fallback=fallback)
     clock = ModelClock()
-    if isinstance(predictor.model, torch.nn.Module):  # the time between its forward pre-hook and its forward hook
-        predictor.model.register_forward_pre_hook(lambda *_: clock.start())
-        predictor.model.register_forward_hook(lambda *_: clock.stop())
+    if isinstance(predictor.model, torch.nn.Module):
+        predictor.model.register_forward_pre_hook(clock.start)
+        predictor.model.register_forward_hook(clock.stop)
     else:
         predictor.model = TimedModel(predictor.model, clock)
     if predictor.fallback is not None:

@@ -6,22 +6,19 @@ Reads the first `--sentences` sentences of corpus/biomed.txt (as bench/predict.p
 1. offline: `Predictor` in this process on all of them (batches of 64, as `predict`): sentences/s, and the model's
    batch-1 latency (the median of one sentence at a time);
 2. starts `biodistil serve MODEL --port 0` (its own process, `--threads` or `--serve-threads`, `--server-arg` passed
-   on) and, each phase
-   for `--seconds`, sends one sentence a request: closed loops of 1, 8 and 32 clients (each sends its next request
-   when the last is answered), then an open loop at `--rate` requests/s (sent on schedule whatever the answers; the
-   latency counts from the scheduled time, so a server that falls behind shows it);
+   on) and, each phase for `--seconds`, sends one sentence a request: closed loops of 1, 8 and 32 clients (each sends
+   its next request when the last is answered), then an open loop at `--rate` requests/s (sent on schedule whatever
+   the answers; the latency counts from the scheduled time, so a server that falls behind shows it);
 3. a soak: 8 clients for `--soak-seconds` (600), the server's RSS sampled every `--rss-every` seconds;
-4. SIGTERM under load: 32 clients, the signal after a second; every request the server accepted must be answered:
-   `lost` is the requests the server says it accepted (its closing line) less the answers the clients received over
-   the whole run (a refused connection after the signal was not accepted; `disconnected` counts requests cut off).
+4. SIGTERM under load: 32 clients, the signal after a second; `lost` is the requests the server says it accepted (its
+   closing line) less the answers the clients received over the whole run (a refused connection after the signal was
+   not accepted; `disconnected` counts requests cut off).
 Per phase: requests/s, documents/s, p50/p95/p99 latency (ms), errors (non-200 or transport errors), mixed records
 (a record whose id or entity offsets do not fit the text sent), the mean batch size (the x-batch-size header), and the
 share of records whose entities (or labels) are the offline ones (an int8 graph's activation scales follow the batch:
-near-ties may fall otherwise; scores move in their last digits). The client runs in this process: keep-alive HTTP/1.1
-connections on asyncio streams framed by h11 (the parser under httpx, without httpx's layers, which cost 4.8-6.6 ms of
-CPU a request here: docs/results/serve-cpu-per-request.json); it still takes CPU from the server on a small machine:
-said in the heading with the load average (`--client-cpus` pins it, e.g. to one core; the server and its threads may
-still use every core). Prints a table and, last, one JSON line. Tests never assert on these timings.
+near-ties may fall otherwise). The client (`Connection`) runs in this process and takes CPU from the server on a small
+machine: said in the heading with the load average (`--client-cpus` pins it). Prints a table and, last, one JSON line.
+Tests never assert on these timings.
 """
 
 from __future__ import annotations
@@ -36,8 +33,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -110,23 +105,12 @@ class Server:
         command = [sys.executable, "-m", "biodistil", "serve", model, "--port", "0", "--runtime", runtime,
                    *threaded, *extra]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.signalled = False
-        line = ""
-        while "http://" not in line:
+        self.signalled, self.url, line = False, "", ""
+        while "Ready: " not in line:  # logged when the model is loaded and warm: GET /health answers 200 from then
             line = self.process.stderr.readline()
             if not line and self.process.poll() is not None:
-                raise RuntimeError(f"biodistil serve exited ({self.process.returncode}) before it listened")
-        self.url = re.search(r"http://[\d.]+:\d+", line).group(0)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("biodistil serve was not ready within 300 s")
+                raise RuntimeError(f"biodistil serve exited ({self.process.returncode}) before it was ready")
+            self.url = self.url or next(iter(re.findall(r"http://[\d.]+:\d+", line)), "")
 
     def rss_mib(self) -> float:
         """The server's resident memory (MiB)."""
@@ -223,7 +207,9 @@ class Dropped(ConnectionError):
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection to the server, opened on first use and again after the server closes it."""
+    """One keep-alive HTTP/1.1 connection to the server, opened on first use and again after the server closes it:
+    asyncio streams framed by h11, the parser under httpx without its layers (0.48 against 8.69 ms of client CPU a
+    request: docs/results/serve-cpu-clients.json)."""
 
     def __init__(self, url: str, timeout: float = 60.0):
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -369,25 +355,25 @@ def run(args: argparse.Namespace) -> dict:
     server = Server(args.model, args.runtime, serve_threads, args.server_arg)
     if args.client_cpus:
         os.sched_setaffinity(0, args.client_cpus)
-    phases, tallies = [], []
+    phases, tallies, rss = [], [], []
+
+    def phase(stopping: bool = False) -> Tally:
+        tallies.append(Tally(texts, records, stopping))
+        return tallies[-1]
+
     try:
         for clients in args.clients:
-            tally = Tally(texts, records)
-            tallies.append(tally)
+            tally = phase()
             phases.append(tally.summary(f"closed {clients}", asyncio.run(closed_loop(server.url, tally, clients,
                                                                                      args.seconds))))
-        tally = Tally(texts, records)
-        tallies.append(tally)
+        tally = phase()
         phases.append(tally.summary(f"open {args.rate:g}/s", asyncio.run(open_loop(server.url, tally, args.rate,
                                                                                  args.seconds))))
-        rss: list[list[float]] = []
         if args.soak_seconds > 0:
-            tally = Tally(texts, records)
-            tallies.append(tally)
+            tally = phase()
             took, rss = asyncio.run(soak(server, tally, args.soak_seconds, args.rss_every))
             phases.append(tally.summary("soak 8", took))
-        tally = Tally(texts, records, stopping=True)
-        tallies.append(tally)
+        tally = phase(stopping=True)
         took, code, line, pending = asyncio.run(sigterm_under_load(server, tally))
     finally:
         if server.process.poll() is None:

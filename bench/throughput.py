@@ -34,18 +34,7 @@ each mode's estimated GFLOP/s (`flops_per_token`) and its FLOP bound (the ratio 
 MLM's FLOP/s: above it, a mode computes its extra work more efficiently than the student's own step), the median
 milliseconds of each phase of its step (reading and collating the batch, forward, backward, optimizer) and the
 machine's own ceiling: a 2048² float32 and bfloat16 matmul measured in the same process. The last line is JSON.
-
-    --student-precision bf16   every mode's student step under bf16 autocast (`train.precision: bf16`), plus the
-                               mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up;
-    --compile auto|true|false  as `train.compile` (default auto: the vocabulary KL's row kernel compiled where a C++
-                               compiler is found; true: the student's encoder and the live teacher's too); the
-                               compile happens in the unmeasured warm-up rounds and its seconds are printed;
-    --teachers 2               each teacher mode also with two teachers (`<mode>-x2`: a second random teacher of the
-                               same shape, online or from its own cache; the logit KL on their mixture, from top-k
-                               caches one KL per teacher; the cosine once per teacher), plus `forward-2` (the second
-                               teacher's forward alone, live modes): the cost of two against one teacher per step
-                               (median over rounds of one-teacher tokens/s over two-teacher tokens/s) and, live, the
-                               two-teacher step against the one-teacher step plus the second forward.
+`--student-precision`, `--compile` and `--teachers` say what they add in `--help`.
 """
 
 import argparse
@@ -103,13 +92,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", choices=MODES + PEER_MODES,
                         help="run these modes (default: all but the peer's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--student-precision", choices=("no", "bf16"), default="no")
+    parser.add_argument("--student-precision", choices=("no", "bf16"), default="no",
+                        help="bf16: every mode's student step under bf16 autocast (`train.precision: bf16`), plus "
+                             "the mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up")
     parser.add_argument("--compile", choices=("auto", "true", "false", "rows"), default="auto",
                         help="as `train.compile`: auto = the KL's row kernel where a C++ compiler is found; true = "
                              "also the student's encoder and the live teacher's; false = nothing; rows = the KL's "
-                             "row kernel alone, on any device")
+                             "row kernel alone, on any device; the compile happens in the unmeasured warm-up "
+                             "rounds and its seconds are printed")
     parser.add_argument("--teachers", type=int, choices=(1, 2), default=1,
-                        help="2: each teacher mode also with two teachers (module docstring)")
+                        help="2: each teacher mode also with two teachers (`<mode>-x2`: a second random teacher "
+                             "of the same shape, live or from its own cache; the logit KL on their mixture, from "
+                             "top-k caches one KL per teacher), plus `forward-2` (the second teacher's forward "
+                             "alone): two against one teacher's step time, and live, against the one-teacher step "
+                             "plus the second forward")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")

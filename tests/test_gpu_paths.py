@@ -79,7 +79,7 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
     assert code == 0, printed[-3000:]
     records = {f"{r['section']}/{r['name']}": r for r in map(json.loads, out.read_text().splitlines())}
     assert all(record["ok"] for record in records.values())
-    assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "mpnet", "modernbert"}
+    assert {name.split("/")[0] for name in records} == {"env", "distill", "commands", "modernbert"}
     mlm, live = records["distill/seq64-bf16/mlm"], records["distill/seq64-bf16/live-all"]
     assert mlm["ratio_to_mlm"] == 1.0 and mlm["tokens_per_s"] > 0 and 0 < mlm["mfu"] < 1
     assert mlm["mfu"] <= mlm["device_mfu"], "the device phases are a part of the step"
@@ -107,10 +107,6 @@ def test_the_gpu_check_runs_on_the_cpu_with_tiny_shapes(tmp_path, gpu_check, cap
         assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2"]["tokens_per_s"] > 0, mode
         assert records[f"distill/seq64-bf16-two-teachers/{mode}-x2 cost"]["two_over_one"] > 0, mode
     assert records["distill/seq64-bf16-two-teachers/live-all-x2 cost"]["two_over_one_plus_forward"] > 0
-    for command in ("distill", "finetune", "kd", "evaluate --finetuned", "export --int8"):  # Study 6's route
-        assert f"mpnet/{command}" in records, command
-    assert records["mpnet/kd"]["steps"] > 0 and "f1" in records["mpnet/kd"]["test"]
-    assert records["mpnet/export --int8"]["export"]["checks"]["fp32"]["max_abs_diff"] < 1e-3
 
 
 def test_mfu_is_reported_against_the_measured_and_the_datasheet_peak(gpu_check):
