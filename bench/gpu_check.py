@@ -110,11 +110,8 @@ def peak_tflops(device, size: int) -> tuple[float, str]:
     return rates[best], best
 
 
-def datasheet_tflops(device) -> float | None:
-    """The datasheet's bf16 dense peak of a CUDA device (by its name), None on a CPU or an unknown device."""
-    import torch
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+def datasheet_tflops(name: str | None) -> float | None:
+    """The datasheet's bf16 dense peak of the CUDA device `name` (`torch.cuda.get_device_name`), None when unknown."""
     return next((peak for part, peak in DATASHEET_BF16_TFLOPS if name and part in name), None)
 
 
@@ -156,7 +153,7 @@ def section_env(args, shapes: Shapes) -> None:
         facts["cpu"] = cpu_line()
     peak, facts["peak_dtype"] = peak_tflops(device, 512 if shapes.tiny else 8192)
     facts["peak_tflops"] = round(peak, 3)
-    facts["datasheet_tflops"] = datasheet_tflops(device)
+    facts["datasheet_tflops"] = datasheet_tflops(facts.get("gpu"))
     emit("env", "machine", **facts)
 
 
@@ -182,7 +179,7 @@ def section_distill(args, shapes: Shapes) -> None:
     own_chunk = distillation.kl_chunk_elements(device)
     other_chunk = distillation.kl_chunk_elements(torch.device("cpu" if device.type == "cuda" else "cuda"))
     peak, peak_dtype = peak_tflops(device, 512 if shapes.tiny else 8192)
-    datasheet = datasheet_tflops(device)
+    datasheet = datasheet_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
     layers, width, heads = shapes.teacher
     warmup, repeats = shapes.rounds
     gpu = device.type == "cuda"
