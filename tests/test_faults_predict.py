@@ -60,6 +60,17 @@ def test_option_values_out_of_range_are_refused_at_parse_time(project, capsys, o
         Predictor("model", max_length=0)
 
 
+@pytest.mark.parametrize("command", ["predict", "serve"])
+def test_a_padding_share_outside_0_to_1_is_refused(project, capsys, command):
+    paths = ["model", "notes.txt", "--out", "p.jsonl"] if command == "predict" else ["model"]
+    with pytest.raises(SystemExit) as stopped:
+        main([command, *paths, "--max-padding", "1.5"])
+    assert stopped.value.code == 2
+    assert "argument --max-padding: expected a number from 0 to 1, got '1.5'" in capsys.readouterr().err
+    with pytest.raises(BiodistilError, match="max_padding 1.5: expected a share from 0 to 1"):
+        Predictor("model", max_padding=1.5)
+
+
 def test_a_cut_short_int8_graph_is_named_with_what_to_do(project, capsys):
     graph = project / "onnx" / "model.int8.onnx"
     graph.write_bytes(graph.read_bytes()[:graph.stat().st_size // 2])

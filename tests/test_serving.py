@@ -90,6 +90,12 @@ def server(ner) -> Iterator[str]:
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
+DEFAULTS = ServeSettings("")
+
+
+def predictor_as_served(model: Path) -> Predictor:
+    """A `Predictor` that batches windows as the server does by default (an int8 graph's scales follow its batch)."""
+    return Predictor(model, threads=1, batch_size=DEFAULTS.batch_size, max_padding=DEFAULTS.max_padding)
 
 
 def close(served: list[dict], expected: list[dict]) -> None:
@@ -105,9 +111,9 @@ def close(served: list[dict], expected: list[dict]) -> None:
 
 def test_records_are_predicts_records(server, ner):
     """One request alone is one `Predictor` call on its documents: exactly the records of a `Predictor` with the
-    server's settings (its --batch-size: 1 window a model call), ids included."""
+    server's settings (--batch-size, --max-padding), ids included."""
     texts = [*sentences(6, seed=1), "  protein\tkinase — α-synuclein\n\nbinding  receptor gene "]
-    expected = Predictor(ner, threads=1, batch_size=1)(texts)
+    expected = predictor_as_served(ner)(texts)
     response = httpx.post(f"{server}/v1/predict", json={"texts": texts}, headers=AUTH)
     assert response.status_code == 200, response.text
     assert response.json() == {"records": expected}
@@ -210,7 +216,7 @@ def test_a_pair_classifier_answers_labels_and_probabilities(pair_task, teacher_d
     class's probability."""
     model = save_teacher(teacher_dir, pair_task, tmp_path / "qa-model", seed=4)
     pairs = [("is protein binding", "the receptor binds the kinase in cells"), ("is dose therapy", "mice levels")]
-    expected = Predictor(model, threads=1, batch_size=1)(pairs)
+    expected = predictor_as_served(model)(pairs)
     with live(ServeSettings(str(model), threads=1)) as url:
         wait_ready(url)
         documents = [{"id": str(i), "text": text, "text_pair": pair} for i, (text, pair) in enumerate(pairs)]
@@ -232,9 +238,9 @@ MEDIA = {"pubtator": "text/plain; charset=utf-8", "bioc": "application/xml; char
 
 
 def predicted(ner: Path, source: Path, out: Path, *how: str) -> None:
-    """`biodistil predict` with the server's settings (one window a model call, one thread)."""
-    assert main(["predict", str(ner), str(source), *how, "--out", str(out), "--batch-size", "1", "--threads", "1",
-                 "--quiet"]) == 0
+    """`biodistil predict` with the server's settings (its batches of windows, one thread)."""
+    assert main(["predict", str(ner), str(source), *how, "--out", str(out), "--batch-size", str(DEFAULTS.batch_size),
+                 "--max-padding", str(DEFAULTS.max_padding), "--threads", "1", "--quiet"]) == 0
 
 
 def test_document_formats_are_what_predict_writes_for_the_same_documents(server, ner, tmp_path):
@@ -322,7 +328,7 @@ def test_an_int8_export_serves_predicts_records(ner, tmp_path):
     the runtime and the export's source."""
     assert main(["export", str(ner), "--out", str(tmp_path / "onnx"), "--int8"]) == 0
     texts = sentences(5, seed=11)
-    expected = Predictor(tmp_path / "onnx", threads=1, batch_size=1)(texts)
+    expected = predictor_as_served(tmp_path / "onnx")(texts)
     with live(ServeSettings(str(tmp_path / "onnx"), threads=1)) as url:
         wait_ready(url)
         assert httpx.post(f"{url}/v1/predict", json={"texts": texts}).json() == {"records": expected}

@@ -6,7 +6,7 @@ from kd_fixtures import save_teacher, write_token_task
 from biodistil.models.loading import load_tokenizer
 from biodistil.tasks.classifier import build_classifier
 from biodistil.tasks.encoding import collator_for, encode_split
-from biodistil.tasks.prediction import predict
+from biodistil.tasks.prediction import length_batches, predict
 from biodistil.tasks.registry import get_task
 
 
@@ -20,9 +20,23 @@ def test_length_batched_predictions_equal_one_example_at_a_time(teacher_dir, pai
         assert lengths != sorted(lengths), "the split is not already in length order"
         together = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size=5)
         alone = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size=1)
-        assert together.labels == alone.labels
+        padded_less = predict(model, task, examples, encoded, collator_for(task, tokenizer), batch_size=5,
+                              max_padding=0.2)
+        assert together.labels == alone.labels == padded_less.labels
         if alone.scores:
             assert np.allclose(together.scores, alone.scores, atol=1e-5)
+            assert np.allclose(padded_less.scores, alone.scores, atol=1e-5)
+
+
+def test_length_batches_end_where_the_padding_would_pass_its_share():
+    lengths = [10, 30, 11, 12, 29, 50]  # in length order: indices 0, 2, 3, 4, 1, 5
+    assert length_batches(lengths, 4) == [[0, 2, 3, 4], [1, 5]]
+    # 0.1: [10, 11, 12] pads 3 of 36 positions (8%); adding 29 would pad 54 of 116, so it starts a batch; [29, 30]
+    # pads 1 of 60; adding 50 would pad 41 of 150
+    assert length_batches(lengths, 4, max_padding=0.1) == [[0, 2, 3], [4, 1], [5]]
+    assert length_batches(lengths, 2, max_padding=0.1) == [[0, 2], [3], [4, 1], [5]]
+    assert length_batches([5, 5, 6], 8, max_padding=0.0) == [[0, 1], [2]]
+    assert length_batches([], 4, max_padding=0.1) == []
 
 
 def test_degenerate_predictions_are_named(pair_task, tmp_path):

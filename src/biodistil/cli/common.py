@@ -46,7 +46,7 @@ def positive_int(value: str) -> int:
 
 
 def probability(value: str) -> float:
-    """A number from 0 to 1 (--threshold, --int8-fallback)."""
+    """A number from 0 to 1 (--threshold, --int8-fallback, --max-padding)."""
     try:
         number = float(value)
     except ValueError:

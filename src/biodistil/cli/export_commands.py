@@ -35,7 +35,7 @@ def _predict(args: argparse.Namespace) -> object:
     refuse_output_among_inputs(args.out, args.inputs)  # before anything is read: the output would replace an input
     out_format = args.out_format or (args.format if args.format in SPAN_FORMATS else "jsonl")
     predictor = Predictor(args.model, args.runtime, args.batch_size, args.threshold, args.threads, args.max_length,
-                          args.device, args.int8_fallback)
+                          args.device, args.int8_fallback, args.max_padding)
     if out_format != "jsonl" or args.format in SPAN_FORMATS:
         return _predict_spans(args, predictor, out_format)
     task_format = None if args.format in (None, "jsonl") else args.format
@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace) -> object:
         args.threshold, args.device,
         BatchSettings(args.max_batch_tokens, args.max_wait_ms, args.max_queue),
         Limits(args.max_body_bytes, args.max_documents, args.max_chars, args.request_timeout),
-        read_api_key(args.api_key_file) if args.api_key_file else None)
+        read_api_key(args.api_key_file) if args.api_key_file else None, args.max_padding)
     return run_serve(settings)
 
 
@@ -110,9 +110,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "cores; one call runs at a time)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where a PyTorch model runs (ONNX graphs run on the CPU)")
-    parser.add_argument("--batch-size", type=positive_int, default=1, help="windows per model call inside a gathered "
-                        "batch, grouped by length (1: a gathered batch mixes lengths, and on 2 AVX2 cores padding them "
-                        "cost more than larger calls saved; raise it on a GPU; docs/deployment.md)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="windows per model call inside a "
+                        "gathered batch, sorted by length (16; docs/deployment.md)")
+    parser.add_argument("--max-padding", type=probability, default=0.1, help="a model call also ends before padding "
+                        "would pass this share of its positions (0.1: a gathered batch mixes lengths; 1 window a call "
+                        "and calls padded freely both cost more on 2 AVX2 cores, docs/deployment.md; 1: no limit)")
     parser.add_argument("--max-length", type=positive_int, help="sub-words per window (default: as predict)")
     parser.add_argument("--threshold", type=probability, default=0.5, help="multi-label: a label's probability to "
                         "keep it")
@@ -192,6 +194,8 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
                         "--out-format pubtator")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="windows per batch (64, as evaluation "
                         "scores), grouped by length")
+    parser.add_argument("--max-padding", type=probability, help="a batch also ends before padding would pass this "
+                        "share of its positions (as `serve --max-padding`; default: none)")
     parser.add_argument("--threshold", type=probability, default=0.5,
                         help="multi-label: a label's probability to keep it")
     parser.add_argument("--max-length", type=positive_int, help="sub-words per window (default: the length the "

@@ -97,15 +97,18 @@ class Predictor:
 
     def __init__(self, model: str | Path, runtime: str = "auto", batch_size: int = 64, threshold: float = 0.5,
                  threads: int | None = None, max_length: int | None = None, device: str = "auto",
-                 int8_fallback: float | None = None):
+                 int8_fallback: float | None = None, max_padding: float | None = None):
         """`device`: where a PyTorch model runs, as `train.device` names one (auto: a CUDA GPU when one is visible);
         ONNX graphs run on the CPU. `runtime="pytorch-bf16"`: a PyTorch model under bf16 autocast, which a CPU
         without native bf16 (`training.machine.cpu_bf16_fast`) only emulates, more slowly than float32: said on
         stderr. `int8_fallback`: with an int8 graph, the windows whose `decision_margin` is under this are predicted
-        again by the export's fp32 graph."""
+        again by the export's fp32 graph. `max_padding`: a batch of windows (sorted by length) also ends before its
+        padding would pass this share of its positions (`tasks.prediction.length_batches`)."""
         if batch_size < 1 or (max_length is not None and max_length < 1):
             raise BiodistilError(f"batch_size {batch_size}, max_length {max_length}: expected whole numbers of 1 or "
                                  "more (max_length None: the model's own)")
+        if max_padding is not None and not 0 <= max_padding <= 1:
+            raise BiodistilError(f"max_padding {max_padding}: expected a share from 0 to 1 (1: no limit)")
         self.variant = choose_variant(model, runtime)
         self.model, self.tokenizer, head = load_deployed(self.variant, threads, device)
         self.autocast = torch.bfloat16 if self.variant.precision == "bf16" else None
@@ -124,7 +127,7 @@ class Predictor:
         length = min(max_length or recorded_max_length(Path(model)) or limit, limit)
         self.encoding = EncodingSpec(head, tuple(labels), length,
                                      "split" if head == "token_classification" else "truncate")
-        self.batch_size, self.threshold = batch_size, threshold
+        self.batch_size, self.threshold, self.max_padding = batch_size, threshold, max_padding
 
     def _fallback(self, model: str | Path, margin: float, threads: int | None) -> Fallback:
         if self.variant.precision != "int8":
@@ -202,7 +205,7 @@ class Predictor:
     def _predict(self, examples: Sequence[Example]):
         encoded = encode_inputs(self.encoding, examples, self.tokenizer)
         return predict(self.model, self.encoding, examples, encoded, collator_for(self.encoding, self.tokenizer),
-                       self.batch_size, self.fallback, self.autocast)
+                       self.batch_size, self.fallback, self.autocast, self.max_padding)
 
 
 def recorded_max_length(model: Path) -> int | None:

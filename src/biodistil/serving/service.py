@@ -40,10 +40,13 @@ class Service:
         threads = settings.threads or usable_cores()
         torch.set_num_threads(threads)
         self.predictor = Predictor(settings.model, settings.runtime, settings.batch_size, settings.threshold,
-                                   threads, settings.max_length, settings.device)
-        # a tokenizer of its own for counting on the event loop while the model thread encodes: a fast tokenizer
-        # shared by two threads can fail ("Already borrowed") when one sets its truncation as the other encodes
-        self.counter, self._counting = copy.deepcopy(self.predictor.tokenizer), threading.Lock()
+                                   threads, settings.max_length, settings.device, max_padding=settings.max_padding)
+        # a Rust tokenizer of its own for counting on the event loop while the model thread encodes (a fast tokenizer
+        # shared by two threads can fail, "Already borrowed", when one sets its truncation as the other encodes),
+        # called without transformers' wrapper, which costs more than the count itself
+        self.counter, self._counting = copy.deepcopy(self.predictor.tokenizer.backend_tokenizer), threading.Lock()
+        self.counter.no_truncation()
+        self.counter.no_padding()
         self.batch1_ms = self._warm_up()
 
     def __call__(self, documents: Sequence[Document | SpanDocument]) -> list[Any]:
@@ -63,8 +66,8 @@ class Service:
         """Sub-words of `documents` with their special tokens: what they weigh against the batch's token budget."""
         texts = [d.text if getattr(d, "text_pair", None) is None else f"{d.text} {d.text_pair}" for d in documents]
         with self._counting:  # the event loop counts small requests, worker threads large ones
-            encoded = self.counter(texts, add_special_tokens=True, truncation=False, verbose=False)
-        return sum(len(ids) for ids in encoded["input_ids"])
+            encoded = self.counter.encode_batch(texts, add_special_tokens=True)
+        return sum(len(encoding.ids) for encoding in encoded)
 
     def _warm_up(self) -> float:
         """Run the first batches (allocators, kernels chosen per shape) before any client waits for them; the

@@ -52,13 +52,14 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     threads: int | None = None
-    batch_size: int = 1  # windows per model call inside a gathered batch (docs/deployment.md: measured)
+    batch_size: int = 16  # windows per model call inside a gathered batch (docs/deployment.md: measured)
     max_length: int | None = None
     threshold: float = 0.5
     device: str = "auto"
     batching: BatchSettings = BatchSettings()
     limits: Limits = Limits()
     api_key: str | None = None
+    max_padding: float | None = 0.1  # a model call also ends before its padding would pass this share
 
     def check(self) -> None:
         self.batching.check()

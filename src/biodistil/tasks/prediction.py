@@ -44,17 +44,18 @@ class Fallback:
 @torch.no_grad()
 def predict(model: PreTrainedModel, task: TaskSpec | EncodingSpec, examples: Sequence[Example], encoded: EncodedSplit,
             collate: FeatureCollator, batch_size: int = 64, fallback: Fallback | None = None,
-            autocast: torch.dtype | None = None) -> Predictions:
+            autocast: torch.dtype | None = None, max_padding: float | None = None) -> Predictions:
     """Per-example predictions of a split; `model` is a Hugging Face model or anything called like one that
     returns `.logits` and has `.device` and `.eval()` (e.g. an ONNX Runtime model, `biodistil.export.runtime`).
-    Features are batched by length (little padding), and the outputs returned in feature order. With a `fallback`,
+    Features are batched by length (`length_batches`), and the outputs returned in feature order. With a `fallback`,
     the windows `model` is unsure of are predicted again by the fallback's model. With `autocast` (torch.bfloat16),
     a PyTorch model runs under autocast to that type on its device: float32 weights, bf16 matrix products."""
-    outputs = _logits(model, encoded.features, collate, batch_size, autocast)
+    outputs = _logits(model, encoded.features, collate, batch_size, autocast, max_padding)
     if fallback is not None:
         word_ids = encoded.word_ids if task.kind == "token_classification" else [None] * len(outputs)
         unsure = [i for i, row in enumerate(outputs) if decision_margin(task, row, word_ids[i]) < fallback.margin]
-        again = _logits(fallback.model, [encoded.features[i] for i in unsure], collate, batch_size)
+        again = _logits(fallback.model, [encoded.features[i] for i in unsure], collate, batch_size,
+                        max_padding=max_padding)
         for index, row in zip(unsure, again, strict=True):
             outputs[index] = row
         fallback.windows, fallback.rerun = fallback.windows + len(outputs), fallback.rerun + len(unsure)
@@ -67,14 +68,32 @@ def predict(model: PreTrainedModel, task: TaskSpec | EncodingSpec, examples: Seq
     return Predictions([task.labels[int(p.argmax())] for p in probs], [p.tolist() for p in probs])
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, max_padding: float | None = None) -> list[list[int]]:
+    """Indices of `lengths` in batches, shortest first, `batch_size` a batch; with `max_padding`, a batch also ends
+    before the next index would make padding more than that share of its positions (a batch pads to its longest)."""
+    batches: list[list[int]] = []
+    tokens = 0
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        length, batch = lengths[index], batches[-1] if batches else []
+        fits = max_padding is None or tokens + length >= (1 - max_padding) * (len(batch) + 1) * length
+        if batch and len(batch) < batch_size and fits:
+            batch.append(index)
+            tokens += length
+        else:
+            batches.append([index])
+            tokens = length
+    return batches
+
+
 def _logits(model: Any, features: Sequence[dict], collate: FeatureCollator, batch_size: int,
-            autocast: torch.dtype | None = None) -> list[np.ndarray]:
-    """The model's logits for each feature, in the features' order, batched by length (under `autocast`, if given)."""
+            autocast: torch.dtype | None = None, max_padding: float | None = None) -> list[np.ndarray]:
+    """The model's logits for each feature, in the features' order, in `length_batches` (under `autocast`, if
+    given)."""
     model.eval()
-    by_length = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-    loader = DataLoader([features[i] for i in by_length], batch_size=batch_size, collate_fn=collate)
-    outputs: list[np.ndarray] = [np.empty(0)] * len(by_length)
-    rows = iter(by_length)
+    batches = length_batches([len(feature["input_ids"]) for feature in features], batch_size, max_padding)
+    loader = DataLoader(features, batch_sampler=batches, collate_fn=collate)
+    outputs: list[np.ndarray] = [np.empty(0)] * len(features)
+    rows = (index for batch in batches for index in batch)
     # one autocast region for every batch: autocast casts each weight to bf16 once in a region, not once a batch
     with torch.autocast(model.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         for batch in loader:
