@@ -18,7 +18,7 @@ DOCS = RECIPES.parent / "docs"
 STUDY_RECIPES = {"task-agnostic": "task-agnostic.yaml", "transfer-data": "transfer-data.yaml",
                  "meta-kd": "meta-kd.yaml", "cross-tokenizer": "cross-tokenizer.yaml",
                  "users-setting": "users-setting.yaml", "multi-teacher": "multi-teacher.yaml",
-                 "seeds-scale": "seeds-scale.yaml"}
+                 "seeds-scale": "seeds-scale.yaml", "vekd": "vekd.yaml"}
 RUN_SPECIFIC = {"run", "data_dir"}  # output folder, data folder
 
 
@@ -95,6 +95,21 @@ def test_the_seeds_scale_record_was_produced_by_the_committed_pipeline():
     assert minutes < 90, "distillation and the study leave the deploy stage its share of the 2 hours"
 
 
+def test_the_vekd_record_was_produced_by_the_committed_pipeline():
+    """Study 7's record: the committed pipeline's stages, every arm on both tasks over its 3 distillation runs with no
+    one-class run, the task teachers with 2 seeds, the study's defaults those of the recipe."""
+    record = json.loads((DOCS / "results" / "vekd.json").read_text())
+    recipe = load_recipe(PipelineRecipe, RECIPES / "studies" / "vekd.yaml").model_dump(mode="json")
+    assert record["recipe"]["stages"] == recipe["stages"]
+    summary = {stage["name"]: stage for stage in record["stages"]}["study"]["summary"]
+    assert {(row["task"], row["arm"]) for row in summary["rows"]} == {
+        (task, arm) for task in ("ncbi_disease", "bc5cdr_disease") for arm in ("ft-vekd", "ft-adapt-distill", "ft-kd")}
+    assert all(row["starts"] == 3 and len(row["start_scores"]) == 3 and not row["degenerate_seeds"]
+               for row in summary["rows"])
+    assert all(len(teacher["teacher_seeds"]) == 2 for teacher in summary["teachers"].values())
+    assert holds(summary["settings"]["defaults"], recipe["stages"][-1]["settings"]["defaults"])
+
+
 def test_gap_cells_say_when_a_seed_has_no_gap_to_close():
     tables = results_tables()
     assert tables.gap_cell([0.5, 0.7]) == "60 ± 14%"
@@ -119,8 +134,8 @@ def test_every_marked_prose_figure_is_the_one_its_record_gives():
 
 # The sections of docs/results.md whose prose figures are all generated (or listed below), by their headings: every
 # section of the page (a test fails when the page has one this list does not name).
-COVERED = ["intro", "Study 1 ", "Study 2 ", "Study 3 ", "Study 4 ", "Study 5 ", "Study 6 ", "bf16 on the CPU ",
-           "Distillation across tokenizers ", "Re-running"]
+COVERED = ["intro", "Study 1 ", "Study 2 ", "Study 3 ", "Study 4 ", "Study 5 ", "Study 6 ", "Study 7 ",
+           "bf16 on the CPU ", "Distillation across tokenizers ", "Re-running"]
 # Figures of the prose that are settings or givens, not results: the phrase that holds them, and why.
 SETTINGS = {
     "95% CI": "the interval's level", "97.5% CI": "the interval's level at α/2",
