@@ -937,13 +937,13 @@ def page_figures(_: dict[str, Any]) -> dict[str, str]:
 
 STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
-           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "precision": precision_tables,
-           "demo": demo_tables}
+           "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "vekd": vekd_tables,
+           "precision": precision_tables, "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
     "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
     "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
-    "seeds-scale": seeds_scale_figures, "precision": precision_figures,
+    "seeds-scale": seeds_scale_figures, "vekd": vekd_figures, "precision": precision_figures,
     "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures,
     "page": page_figures}  # "page": no record of its own
 FIGURE = re.compile(r"<!-- fig: (?P<study>[\w-]+)/(?P<name>[^ ]+) -->(?P<quoted>.*?)<!-- /fig -->", re.S)
