@@ -67,7 +67,7 @@ def test_a_padding_share_outside_0_to_1_is_refused(project, capsys, command):
         main([command, *paths, "--max-padding", "1.5"])
     assert stopped.value.code == 2
     assert "argument --max-padding: expected a number from 0 to 1, got '1.5'" in capsys.readouterr().err
-    with pytest.raises(BiodistilError, match="max_padding 1.5: expected a share from 0 to 1"):
+    with pytest.raises(BiodistilError, match=r"max_padding 1\.5: expected a share from 0 to 1"):
         Predictor("model", max_padding=1.5)
 
 
