@@ -385,6 +385,10 @@ class ModelConfig(Section):
         None, description="keep only these transformer layers (0-based), e.g. [0, 2, 4]: a student made of a "
         "pre-trained model's alternate layers (written once to <run>/init_model)",
     )
+    reinitialise: bool = Field(
+        False, description="draw fresh weights for the architecture (seeded by run.seed): the same model with no "
+        "pre-training, a baseline (written once to <run>/init_model)",
+    )
 
 
 class PretrainModelConfig(Section):

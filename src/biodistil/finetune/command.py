@@ -56,7 +56,8 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
     started = time.perf_counter()
     run, accelerator = open_run(recipe, resume, [(recipe.model.name_or_path, "model.name_or_path", False)])
     with accelerator.main_process_first():
-        path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path)
+        path = init_model_path(recipe.model.name_or_path, recipe.model.layers, run.path, recipe.model.reinitialise,
+                               recipe.run.seed)
     task = fit_length_to_model(task_spec(recipe.task), path)
     init = _init_scores(recipe, task, path) if accelerator.is_main_process else {}
     outcome = finetune_on_task(path, task, recipe.task.data_dir, recipe.train, run.path, recipe.run.seed,

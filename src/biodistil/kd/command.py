@@ -113,7 +113,8 @@ def setup_kd(recipe: KDRecipe, run_dir: Path, accelerator: Any) -> KDSetup:
     from accelerate.utils import set_seed
 
     with accelerator.main_process_first():
-        student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir)
+        student_path = init_model_path(recipe.student.name_or_path, recipe.student.layers, run_dir,
+                                       recipe.student.reinitialise, recipe.run.seed)
     task = kd_task(recipe, student_path)
     teachers = _teacher_table(recipe, task) if recipe.teachers is not None else []
     if accelerator.is_local_main_process and teachers:
@@ -282,7 +283,7 @@ def prepare_teacher_outputs(recipe: KDRecipe) -> None:
     online teachers, a student built from chosen layers (its folder is made inside the run), or on a GPU machine
     (where the runs would compute them on the GPU, perhaps in another dtype)."""
     if (recipe.outputs_mode() != "cached" or recipe.kd.soft_loss == "none" or recipe.student.layers is not None
-            or torch.cuda.is_available()):
+            or recipe.student.reinitialise or torch.cuda.is_available()):
         return
     task = kd_task(recipe, recipe.student.name_or_path)
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,

@@ -210,8 +210,9 @@ class KDRecipe(Section, NamesTeachers):
     def _consistent(self) -> KDRecipe:
         if (self.teacher is None) == (self.teachers is None):
             raise ValueError("give the teacher (teacher:) or several (teachers:), not both")
-        if self.teacher is not None and self.teacher.layers is not None:
-            raise ValueError("teacher.layers: the teacher is used whole; layers applies to the student")
+        if self.teacher is not None and (self.teacher.layers is not None or self.teacher.reinitialise):
+            raise ValueError("teacher.layers / teacher.reinitialise: the teacher is used as it is; they apply to the "
+                             "student")
         if self.teachers is not None and self.meta is not None:
             raise ValueError("meta-learning updates one teacher: give teacher:, not teachers:")
         if self.teachers is not None and self.kd.patient is not None:
