@@ -2,10 +2,17 @@
 
 import json
 
+import pytest
+import torch
 from kd_fixtures import write_pair_task
 from recipe_fixtures import QUIET, RECIPES
+from transformers import AutoModel
 
 from biodistil.cli.main import main
+from biodistil.config import load_recipe
+from biodistil.errors import BiodistilError
+from biodistil.finetune.init_model import init_model_path
+from biodistil.kd.recipe import KDRecipe
 
 
 def test_finetune_command_saves_model_metrics_and_predictions(tmp_path, teacher_dir):
@@ -24,6 +31,24 @@ def test_finetune_command_saves_model_metrics_and_predictions(tmp_path, teacher_
     predictions = [json.loads(line) for line in (out / "test_predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 24 and predictions[0]["predicted"] in ("yes", "no")
     assert main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), "--out", str(out), "--resume"]) == 2
+
+
+def test_a_finetune_run_can_start_from_fresh_weights_drawn_from_its_seed(tmp_path, teacher_dir):
+    """model.reinitialise, the no-pre-training baseline of a study arm: the model's layers with weights drawn from
+    run.seed, written to the run's init_model; a kd teacher refuses it (a teacher is used as it is)."""
+    out = tmp_path / "run"
+    code = main(["finetune", str(RECIPES / "finetune-bioasq.yaml"), f"model.name_or_path={teacher_dir}",
+                 "model.layers=[0,2]", "model.reinitialise=true", "run.seed=3",
+                 f"task.name={write_pair_task(tmp_path / 'task')}", "finetune.epochs=1", *QUIET, "--out", str(out)])
+    assert code == 0
+    name = "encoder.layer.1.attention.self.query.weight"
+    started = dict(AutoModel.from_pretrained(out / "init_model").named_parameters())[name]
+    drawn = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "drawn", True, seed=3))
+    copied = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "copied"))
+    assert torch.equal(started, dict(drawn.named_parameters())[name])
+    assert (started - dict(copied.named_parameters())[name]).abs().max() > 1e-3, "not the pre-trained layer"
+    with pytest.raises(BiodistilError, match="teacher.reinitialise"):
+        load_recipe(KDRecipe, RECIPES / "kd-gad-pkd.yaml", ["teacher.reinitialise=true"])
 
 
 def test_finetune_resumes_an_interrupted_run_and_restarts_a_failed_one(tmp_path, teacher_dir, capsys):

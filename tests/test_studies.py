@@ -147,3 +147,33 @@ def test_the_vekd_study_gives_every_arm_the_same_student_steps_and_fixes_its_see
     assert all(len(arm["starts"]) == 3 for arm in study["arms"])
     schedule = study["defaults"]["finetune"]
     assert schedule["train"]["eval_every"] > 0 and schedule["finetune"]["epochs"] == 3  # teacher and students alike
+
+
+def test_the_repeated_task_agnostic_study_fixes_its_seeds_and_trains_its_teacher_longest():
+    """recipes/studies/task-agnostic-seeds.yaml (Study 1 at its claims' strength, issue 56): distilbert and tinybert
+    each distilled with seeds 1, 2, 3 on the first record's budget, every start fine-tuned with 3 seeds; the teacher
+    with 3 seeds and more epochs than any student, every model dev-selected every half epoch; the random baseline
+    drawn from each seed."""
+    recipe = load_recipe(PipelineRecipe, STUDIES / "task-agnostic-seeds.yaml")
+    stages = {stage.name: stage for stage in recipe.stages}
+    study = stages.pop("study").settings
+    assert sorted(stages) == [f"{arm}-{seed}" for arm in ("distilbert", "tinybert") for seed in (1, 2, 3)]
+    for name, stage in stages.items():
+        seed = next((int(item.split("=")[1]) for item in stage.overrides if item.startswith("run.seed=")),
+                    stage.settings["run"]["seed"])
+        train = stage.settings["train"]
+        assert seed == int(name[-1])
+        assert train["max_steps"] * train["batch_size"] * stage.settings["data"]["block_size"] == 409_600
+    objectives = {name.rsplit("-", 1)[0]: str(stage.settings["objective"]) for name, stage in stages.items()}
+    assert "hidden_cosine" in objectives["distilbert"] and "attention_mse" in objectives["tinybert"]
+    arms = {arm["name"]: arm for arm in study["arms"]}
+    assert list(arms) == ["distilbert", "tinybert", "layers-only", "random-init"]
+    for arm in ("distilbert", "tinybert"):
+        assert arms[arm]["starts"] == [f"${{{arm}-{seed}}}" for seed in (1, 2, 3)]
+    assert arms["random-init"]["overrides"] == {"model": {"reinitialise": True}}
+    (task,) = study["tasks"]
+    students = study["defaults"]["finetune"]
+    assert study["seeds"] == task["teacher_seeds"] == [1, 2, 3]
+    assert task["teacher_overrides"]["finetune"]["epochs"] > students["finetune"]["epochs"] == 2
+    steps_per_epoch = -(-5424 // students["train"]["batch_size"])  # NCBI-disease's training sentences
+    assert students["train"]["eval_every"] == steps_per_epoch // 2
