@@ -139,6 +139,8 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
     assert all(row["seeds"] == 1 and "gap_closed" in row for row in summary["rows"])
     assert summary["settings"]["seeds"] == [1] and summary["machine"]["torch_threads"] >= 1
     assert all(run["wall_seconds"] > 0 and run["steps"] >= 1 for run in summary["runs"])
+    for run in [*summary["teachers"].values(), *(run for run in summary["runs"] if run["command"] == "finetune")]:
+        assert 1 <= run["best_step"] <= run["steps"] and 0 <= run["best_dev"] <= 1, "the checkpoint kept on dev"
     assert all(len(row["gap_closed_per_seed"]) == 1 for row in summary["rows"])
     for row in summary["rows"]:  # the share of the teacher over test sentences, from both sides' predictions
         share = row["share"]

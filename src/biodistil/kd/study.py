@@ -311,11 +311,10 @@ def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
     """One arm × seed in the summary: its scores, its initialisation's, steps, wall time and any degenerate test
     predictions (one class for every example)."""
     metrics = read_json(run.folder / "metrics.json")
-    train = metrics.get("train") or {}
     start = {"start": run.start} if run.start is not None else {}
     return {"task": run.task, "arm": run.arm, "command": run.command, **start, "seed": run.seed,
             "folder": recorded(run.folder, root), "test": metrics.get("test", {}), "init": metrics.get("init", {}),
-            "steps": metrics.get("steps", train.get("steps")), "wall_seconds": metrics.get("wall_seconds"),
+            **_steps(metrics), "wall_seconds": metrics.get("wall_seconds"),
             "degenerate": metrics.get("degenerate") or ""}
 
 
@@ -351,8 +350,16 @@ def _teacher_record(study_task: StudyTask, teacher: str) -> dict[str, Any]:
     if study_task.teacher is not None:
         return {"wall_seconds": None}
     metrics = read_json(Path(teacher).parent / "metrics.json")
-    return {"wall_seconds": metrics.get("wall_seconds"), "steps": (metrics.get("train") or {}).get("steps"),
+    return {"wall_seconds": metrics.get("wall_seconds"), **_steps(metrics),
             "degenerate": metrics.get("degenerate") or ""}
+
+
+def _steps(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A fine-tuning run's steps, and the step and dev score of the checkpoint it kept (where it chose on dev): a
+    best step before the last says the run's dev score had stopped rising."""
+    train = metrics.get("train") or {}
+    return {"steps": metrics.get("steps", train.get("steps")), "best_step": train.get("best_step"),
+            "best_dev": train.get("best_score")}
 
 
 def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
