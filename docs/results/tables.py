@@ -298,6 +298,98 @@ def _distillation(stage: dict[str, Any] | None) -> str:
     return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {result['seconds'] / 60:.1f} min"
 
 
+# ------------------------------------------------------------------------------------------ study 1, repeated
+
+STUDY1_PAIRS = (("distilbert", "layers-only"), ("tinybert", "layers-only"), ("distilbert", "tinybert"),
+                ("layers-only", "random-init"))
+STUDY1_STARTS = {"distilbert": "teacher layers 0, 2, 4", "tinybert": "teacher layers 0, 2, 4",
+                 "layers-only": "teacher layers 0, 2, 4", "random-init": "random, drawn from each seed"}
+
+
+def task_agnostic_seeds_tables(record: dict[str, Any]) -> str:
+    """Study 1 repeated (the `pipeline.json` of recipes/studies/task-agnostic-seeds.yaml): the teacher's seeds and
+    the dev checkpoints they kept; every arm's F1 over its distillation runs (or seeds) with its share of the teacher
+    on test and dev (two-level bootstrap intervals); the runs seed by seed; the comparisons, one family."""
+    stages = {stage["name"]: stage for stage in record["stages"]}
+    summary = stages["study"]["summary"]
+    (task, teacher), = summary["teachers"].items()
+    seeds = teacher["teacher_seeds"].values()
+    lines = [f"Teacher (`minilm-l6` fine-tuned on {TASK_TITLES.get(task, task)} for {teacher['steps']} steps; seeds "
+             f"{', '.join(teacher['teacher_seeds'])}): test F1 {', '.join(num(s['test']['f1'], 1, 100) for s in seeds)}"
+             f" (T = {num(teacher['test']['f1'], 1, 100)}); the dev checkpoints kept at steps "
+             f"{', '.join(str(s['best_step']) for s in seeds)}.", "",
+             "| model | start | distillation (each run) | F1 (mean ± sd) | 95% CI | distillation runs | share of the "
+             "teacher, test | share, dev |", "|---|---|---|---|---|---|---|---|"]
+    for row in summary["rows"]:
+        flag = " (degenerate)" if row["degenerate_seeds"] else ""
+        runs = ", ".join(f"{100 * s:.1f}" for s in row.get("start_scores", [])) or "—"
+        lines.append(f"| {row['arm']} | {STUDY1_STARTS.get(row['arm'], '')} | "
+                     f"{_distillation_runs(stages, row['arm'])} | {pm(row['mean'], row['sd'])}{flag} | "
+                     f"{_mean_interval(row.get('start_scores') or row['scores'])} | {runs} | "
+                     f"{_bootstrap_share(row['share'])} | {_bootstrap_share(row.get('share_dev'))} |")
+    lines += ["", "Run by run (test F1 ×100; a distilled arm's runs by distillation seed, fine-tuning seeds 1, 2, 3 "
+              "within each):", "", "| model | F1 |", "|---|---|"]
+    for row in summary["rows"]:
+        runs = [run for run in summary["runs"] if run["arm"] == row["arm"]]
+        starts = list(dict.fromkeys(run.get("start") for run in runs))
+        lines.append(f"| {row['arm']} | " + "; ".join(
+            ", ".join(f"{100 * run['test']['f1']:.1f}" for run in runs if run.get("start") == start)
+            for start in starts) + " |")
+    lines += ["", "| comparison | difference (F1) | verdict |", "|---|---|---|"]
+    for (first, second), result in task_agnostic_seeds_family(summary).items():
+        lines.append(f"| {first} − {second} | {100 * result.difference:+.1f} | {verdict(result, 100, 1)} |")
+    return "\n".join([*lines, "", _study_pipeline_wall_time(record)])
+
+
+def _distillation_runs(stages: dict[str, dict[str, Any]], arm: str) -> str:
+    """An arm's distillation stages (`<arm>-1`, `<arm>-2`, ...): their terms, steps and tokens, and mean minutes."""
+    runs = [stage for name, stage in stages.items() if name.rsplit("-", 1)[0] == arm and stage["command"] == "distill"]
+    if not runs:
+        return "none"
+    minutes = statistics.fmean(run["summary"]["result"]["seconds"] for run in runs) / 60
+    return f"{_distillation(runs[0]).rsplit(',', 1)[0]}; {len(runs)} runs, {minutes:.1f} min each"
+
+
+def task_agnostic_seeds_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
+    """Study 1's comparisons, one family: Welch on the distillation runs' means (a distilled arm) or the seeds' scores
+    (an arm without distillation), at α/looks."""
+    rows = {row["arm"]: row.get("start_scores") or row["scores"] for row in summary["rows"]}
+    present = [(first, second) for first, second in STUDY1_PAIRS if first in rows and second in rows]
+    results = family([(rows[first], rows[second]) for first, second in present], looks=summary.get("looks", 1))
+    return dict(zip(present, results, strict=True))
+
+
+def task_agnostic_seeds_figures(record: dict[str, Any]) -> dict[str, str]:
+    """Study 1's prose figures: the paper's share, the teacher's F1, each arm's F1, sd and shares (`f1:ARM`,
+    `share:ARM`, `share-dev:ARM`), each comparison (`A-B`, ...) and the wall time (`minutes`)."""
+    summary = {stage["name"]: stage for stage in record["stages"]}["study"]["summary"]
+    (_, teacher), = summary["teachers"].items()
+    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
+    figures = {"paper-share": f"{100 * paper:.0f}%", "minutes": f"{_study_pipeline_minutes(record):.0f}",
+               "teacher": num(teacher["test"]["f1"], 1, 100)}
+    for row in summary["rows"]:
+        figures |= {f"f1:{row['arm']}": num(row["mean"], 1, 100), f"sd:{row['arm']}": num(row["sd"], 1, 100),
+                    f"share:{row['arm']}": _bootstrap_share(row["share"]),
+                    f"share-dev:{row['arm']}": _bootstrap_share(row.get("share_dev"))}
+    for (first, second), result in task_agnostic_seeds_family(summary).items():
+        figures |= comparison_figures(f"{first}-{second}", result)
+    return figures
+
+
+def _study_pipeline_minutes(record: dict[str, Any]) -> float:
+    """The teacher and distillation stages' training time and the study's wall time, in minutes."""
+    return sum(stage["summary"]["wall_seconds"] if stage["name"] == "study" else stage["summary"]["result"]["seconds"]
+               for stage in record["stages"]) / 60
+
+
+def _study_pipeline_wall_time(record: dict[str, Any]) -> str:
+    machine = record["machine"]
+    return (f"Wall time: {_study_pipeline_minutes(record):.0f} min in all on {machine['usable_cores']} cores of "
+            f"{machine['cpu']} "
+            f"(CPU flags: {', '.join(machine['flags']) or 'none of avx2, avx512f, avx512_bf16, amx'}; "
+            f"{machine['bf16_why']}).")
+
+
 # ------------------------------------------------------------------------------------------ study 2
 
 
@@ -793,7 +885,7 @@ def vekd_tables(record: dict[str, Any]) -> str:
         minutes = statistics.fmean(sum(part["seconds"] for part in run) for run in runs) / 60
         lines.append(f"| {arm} | {' → '.join(prefixes)} | {sum(part['steps'] for part in runs[0])} | "
                      f"{sum(part['tokens_seen'] for part in runs[0]):,} | {minutes:.1f} |")
-    return "\n".join([*lines, "", _vekd_wall_time(record)])
+    return "\n".join([*lines, "", _study_pipeline_wall_time(record)])
 
 
 def vekd_family(summary: dict[str, Any]) -> dict[tuple[str, str, str], Comparison]:
@@ -816,7 +908,7 @@ def vekd_figures(record: dict[str, Any]) -> dict[str, str]:
     stages = {stage["name"]: stage for stage in record["stages"]}
     summary = stages["study"]["summary"]
     student = stages["vekd-1"]["summary"]["result"]
-    figures = {"paper-gain": signed(PAPER_VEKD_GAIN), "minutes": f"{_vekd_minutes(record):.0f}",
+    figures = {"paper-gain": signed(PAPER_VEKD_GAIN), "minutes": f"{_study_pipeline_minutes(record):.0f}",
                "student-tokens": f"{student['tokens_seen']:,}"}
     for name in ("teacher-mlm", "teacher-adapted"):
         loss = stages[name]["summary"]["result"]["final_eval"].get("loss")
@@ -841,19 +933,6 @@ def _bootstrap_share(share: dict[str, Any] | None) -> str:
     if not share or share.get("estimate") is None:
         return "n/a"
     return f"{pct(share['estimate'])} ({100 * share['low']:.1f}–{100 * share['high']:.1f}%)"
-
-
-def _vekd_minutes(record: dict[str, Any]) -> float:
-    """The teacher and distillation stages' training time and the study's wall time, in minutes."""
-    return sum(stage["summary"]["wall_seconds"] if stage["name"] == "study" else stage["summary"]["result"]["seconds"]
-               for stage in record["stages"]) / 60
-
-
-def _vekd_wall_time(record: dict[str, Any]) -> str:
-    machine = record["machine"]
-    return (f"Wall time: {_vekd_minutes(record):.0f} min in all on {machine['usable_cores']} cores of {machine['cpu']} "
-            f"(CPU flags: {', '.join(machine['flags']) or 'none of avx2, avx512f, avx512_bf16, amx'}; "
-            f"{machine['bf16_why']}).")
 
 
 # ------------------------------------------------------------------------------------------ bf16
