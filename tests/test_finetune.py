@@ -47,7 +47,7 @@ def test_a_finetune_run_can_start_from_fresh_weights_drawn_from_its_seed(tmp_pat
     copied = AutoModel.from_pretrained(init_model_path(str(teacher_dir), [0, 2], tmp_path / "copied"))
     assert torch.equal(started, dict(drawn.named_parameters())[name])
     assert (started - dict(copied.named_parameters())[name]).abs().max() > 1e-3, "not the pre-trained layer"
-    with pytest.raises(BiodistilError, match="teacher.reinitialise"):
+    with pytest.raises(BiodistilError, match=r"teacher\.reinitialise"):
         load_recipe(KDRecipe, RECIPES / "kd-gad-pkd.yaml", ["teacher.reinitialise=true"])
 
 

@@ -177,3 +177,29 @@ def test_the_repeated_task_agnostic_study_fixes_its_seeds_and_trains_its_teacher
     assert task["teacher_overrides"]["finetune"]["epochs"] > students["finetune"]["epochs"] == 2
     steps_per_epoch = -(-5424 // students["train"]["batch_size"])  # NCBI-disease's training sentences
     assert students["train"]["eval_every"] == steps_per_epoch // 2
+
+
+@pytest.mark.parametrize(("converged", "first"), [("users-setting-converged.yaml", "users-setting.yaml"),
+                                                  ("multi-teacher-converged.yaml", "multi-teacher.yaml")])
+def test_the_converged_studies_change_only_their_teachers_and_fix_their_seeds(converged, first):
+    """Studies 4 and 5 at their claims' strength (issue 56): the first records' arms and student schedules, every
+    teacher 3 epochs with dev scored every half epoch and the best checkpoint kept, the seeds fixed in the recipe
+    before its run; two teacher seeds where a teacher is the denominator of a share or gap closed (Study 4)."""
+    from biodistil.kd.recipe import StudyRecipe
+
+    new = load_recipe(StudyRecipe, STUDIES / converged, resolve_models=False)
+    old = load_recipe(StudyRecipe, STUDIES / first, resolve_models=False)
+    assert new.defaults == old.defaults
+    assert [arm.model_dump(exclude={"seeds"}) for arm in new.arms] == [arm.model_dump(exclude={"seeds"})
+                                                                       for arm in old.arms]
+    teachers = [(task.name, task.teacher_overrides) for task in new.tasks]
+    teachers += [(task.name, more.teacher_overrides) for task in new.tasks for more in task.more_teachers.values()]
+    training = {"ncbi_disease": 5424, "bc5cdr_disease": 4560}
+    for task, overrides in teachers:
+        steps_per_epoch = -(-training[task] // overrides["train"]["batch_size"])
+        assert overrides["finetune"]["epochs"] == 3 and overrides["train"]["eval_every"] == steps_per_epoch // 2
+    if first == "users-setting.yaml":
+        assert all(task.teacher_seeds == [1, 2] for task in new.tasks)
+        assert [arm.seeds for arm in new.arms] == [[1, 2, 3, 4, 5], None, None, [1, 2, 3, 4, 5], None, None]
+    else:
+        assert new.seeds == [1, 2, 3, 4, 5] and all(arm.seeds is None for arm in new.arms)
