@@ -177,6 +177,7 @@ def test_the_repeated_task_agnostic_study_fixes_its_seeds_and_trains_its_teacher
     assert task["teacher_overrides"]["finetune"]["epochs"] > students["finetune"]["epochs"] == 2
     steps_per_epoch = -(-5424 // students["train"]["batch_size"])  # NCBI-disease's training sentences
     assert students["train"]["eval_every"] == steps_per_epoch // 2
+    assert students["train"]["precision"] == "no", "one precision for every run, whichever machine resumes the study"
 
 
 @pytest.mark.parametrize(("converged", "first"), [("users-setting-converged.yaml", "users-setting.yaml"),
@@ -189,6 +190,8 @@ def test_the_converged_studies_change_only_their_teachers_and_fix_their_seeds(co
 
     new = load_recipe(StudyRecipe, STUDIES / converged, resolve_models=False)
     old = load_recipe(StudyRecipe, STUDIES / first, resolve_models=False)
+    for command in ("finetune", "kd"):  # one precision for every run, whichever machine resumes the study
+        assert new.defaults[command]["train"].pop("precision") == "no"
     assert new.defaults == old.defaults
     assert [arm.model_dump(exclude={"seeds"}) for arm in new.arms] == [arm.model_dump(exclude={"seeds"})
                                                                        for arm in old.arms]
