@@ -230,3 +230,34 @@ def test_a_study_that_runs_in_parts_trains_every_run_in_one_precision(recipe):
     found = {path: section.get("precision") for path, section in trainings(raw)
              if "overrides" not in path and not (recipe == "task-agnostic-seeds.yaml" and ".defaults." not in path)}
     assert found and set(found.values()) <= {"no", "bf16"}, found
+
+
+def test_pipeline_processes_reach_its_study_and_evaluate_stages(tmp_path, monkeypatch):
+    """`biodistil pipeline --processes 2`: a study or evaluate stage runs its fine-tuning runs side by side, as the
+    commands' own `--processes` does (what side by side does is tested with those commands)."""
+    import biodistil.evaluation.runner as evaluation_runner
+    import biodistil.kd.study as study_runner
+    from biodistil.cli.main import main
+
+    seen = {}
+
+    def runner(command: str):
+        def run(recipe, resume: bool = False, processes=1) -> Path:
+            seen[command] = processes
+            Path(recipe.run.output_dir).mkdir(parents=True, exist_ok=True)
+            return Path(recipe.run.output_dir)
+        return run
+
+    monkeypatch.setattr(study_runner, "run_study", runner("study"))
+    monkeypatch.setattr(evaluation_runner, "run_evaluate", runner("evaluate"))
+    recipe = {"stages": [
+        {"name": "study", "command": "study", "settings": {
+            "student": "minilm-l6", "teacher_init": "minilm-l6", "tasks": [{"name": "ncbi_disease"}],
+            "arms": [{"name": "ft", "command": "finetune"}]}},
+        {"name": "evaluate", "command": "evaluate", "settings": {"models": ["minilm-l6"], "tasks": ["ncbi_disease"]}}]}
+    (tmp_path / "pipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["pipeline", str(tmp_path / "pipe.yaml"), "--out", str(tmp_path / "run"), "--processes", "2"]) in (
+        0, None)
+    assert seen == {"study": 2, "evaluate": 2}
+    assert main(["pipeline", str(tmp_path / "pipe.yaml"), "--out", str(tmp_path / "run")]) in (0, None)
+    assert seen == {"study": 1, "evaluate": 1}, "one after another unless asked"

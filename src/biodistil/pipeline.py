@@ -98,9 +98,10 @@ def load_pipeline(path: str | Path, overrides: list[str] = ()) -> PipelineRecipe
     return recipe
 
 
-def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
+def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".", processes: int | Literal["auto"] = 1) -> Path:
     """Run every stage in order (finished ones skipped, an interrupted one resumed); write `pipeline.json`; return
-    the last stage's folder (its exported model for pretrain and distill)."""
+    the last stage's folder (its exported model for pretrain and distill). `processes` other than 1: a study or
+    evaluate stage runs its fine-tuning runs side by side in worker processes (as `study --processes`)."""
     root = Path(recipe.run.output_dir)
     values = {key: str(value) for key, value in recipe.vars.items()}
     output = root
@@ -109,7 +110,7 @@ def run_pipeline(recipe: PipelineRecipe, base_dir: str | Path = ".") -> Path:
 
         def run(resume: bool, stage: StageConfig = stage, stage_dir: Path = stage_dir) -> None:
             stage_recipe = stage_recipe_for(recipe, stage, Path(base_dir), values, stage_dir)
-            _run_stage(stage.command, stage_recipe, resume)
+            _run_stage(stage.command, stage_recipe, resume, processes)
 
         if stage.command in FOLDER_STAGES:  # always run: each skips its finished work (a task or seed added runs)
             output = stage_dir
@@ -166,15 +167,15 @@ def stage_recipe_for(
     return validate_recipe(recipe_cls, raw, source=source)
 
 
-def _run_stage(command: str, recipe: Section, resume: bool) -> Path:
+def _run_stage(command: str, recipe: Section, resume: bool, processes: int | Literal["auto"] = 1) -> Path:
     from biodistil.evaluation.deploy import run_deploy
     from biodistil.evaluation.runner import run_evaluate
     from biodistil.kd.study import run_study
     from biodistil.methods.task_agnostic import run_distill, run_pretrain
 
-    runner = {"pretrain": run_pretrain, "distill": run_distill, "evaluate": run_evaluate, "study": run_study,
-              "deploy": run_deploy}[command]
-    return runner(recipe, resume=resume)
+    if command in ("study", "evaluate"):
+        return {"study": run_study, "evaluate": run_evaluate}[command](recipe, resume=resume, processes=processes)
+    return {"pretrain": run_pretrain, "distill": run_distill, "deploy": run_deploy}[command](recipe, resume=resume)
 
 
 def _substitute_all(value: Any, values: dict[str, str], stage: str) -> Any:

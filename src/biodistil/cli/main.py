@@ -25,7 +25,7 @@ from typing import Any
 from safetensors import SafetensorError
 
 from biodistil.cli import eval_commands, export_commands, model_commands, task_commands
-from biodistil.cli.common import add_recipe_command, recipe_overrides, run_recipe
+from biodistil.cli.common import add_recipe_command, processes_value, recipe_overrides, run_recipe
 from biodistil.errors import BiodistilError
 
 
@@ -55,7 +55,8 @@ def _pipeline(args: argparse.Namespace) -> object:
 
     if args.stop_after is not None:
         raise BiodistilError("--stop-after applies to single commands; a pipeline resumes stage by stage")
-    return run_pipeline(load_pipeline(args.recipe, recipe_overrides(args)))  # interrupted stages always continue
+    # interrupted stages always continue
+    return run_pipeline(load_pipeline(args.recipe, recipe_overrides(args)), processes=args.processes)
 
 
 def _demo(args: argparse.Namespace) -> object:
@@ -82,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "cache-teacher", "Store a distill recipe's teacher outputs (top-k logits, hidden states) per block and "
         "mask pattern, so that distill runs without the teacher (the recipe's teacher_cache section); an "
         "interrupted build continues when run again", _cache_teacher, resume=False, stop_after=False)
-    add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill/evaluate stages in order", _pipeline,
-                       stop_after=False)
+    pipeline = add_recipe_command(sub, "pipeline", "Run a pipeline recipe: pretrain/distill/evaluate stages in order",
+                                  _pipeline, stop_after=False)
+    pipeline.add_argument("--processes", type=processes_value, default=1, metavar="N|auto",
+                          help="study and evaluate stages: run their fine-tuning runs N at a time in worker processes "
+                          "of this machine, the cores shared between them (auto: one per idle core on a CPU machine; "
+                          "default 1: one after another)")
     demo = sub.add_parser(
         "demo", help="Offline demo: what a real pretrained teacher adds to a half-depth student on NCBI-disease",
         description="Offline demo on 2 CPU cores (about 15 minutes): fine-tunes the embedded all-MiniLM-L6-v2 "
