@@ -142,6 +142,7 @@ SETTINGS = {
     "97.5% intervals": "the interval's level at α/2", "80% power": "the power the verdict rule asks for",
     "(printed beside its own p and 95% interval) is below 0.05": "the level of the verdict rule",
     "(0.05 over the family's size)": "the level of the verdict rule",
+    "3 distillation runs of 4.1 M tokens each": "seeds-scale-converged.yaml's distillation budget",
     "at most 5% of the time": "the level of the verdict rule",
     "two one-sided tests at 5% (the 90% interval)": "the level of the equivalence test",
     "t_{0.975} is 12.7 at one degree of freedom, 4.3 at two": "Student's t quantiles, not results",
