@@ -325,7 +325,7 @@ def task_agnostic_seeds_tables(record: dict[str, Any]) -> str:
         runs = ", ".join(f"{100 * s:.1f}" for s in row.get("start_scores", [])) or "—"
         lines.append(f"| {row['arm']} | {STUDY1_STARTS.get(row['arm'], '')} | "
                      f"{_distillation_runs(stages, row['arm'])} | {pm(row['mean'], row['sd'])}{flag} | "
-                     f"{_mean_interval(row.get('start_scores') or row['scores'])} | {runs} | "
+                     f"{_mean_interval(_units(row))} | {runs} | "
                      f"{_bootstrap_share(row['share'])} | {_bootstrap_share(row.get('share_dev'))} |")
     lines += ["", "Run by run (test F1 ×100; a distilled arm's runs by distillation seed, fine-tuning seeds 1, 2, 3 "
               "within each):", "", "| model | F1 |", "|---|---|"]
@@ -350,10 +350,16 @@ def _distillation_runs(stages: dict[str, dict[str, Any]], arm: str) -> str:
     return f"{_distillation(runs[0]).rsplit(',', 1)[0]}; {len(runs)} runs, {minutes:.1f} min each"
 
 
+def _units(row: dict[str, Any]) -> list[float]:
+    """What a study row's interval and t-test take (the study's `compared_scores`, without importing the library's
+    training code): its distillation runs' means where it has several starts, else its seeds' scores."""
+    return row.get("start_scores") or row["scores"]
+
+
 def task_agnostic_seeds_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
     """Study 1's comparisons, one family: Welch on the distillation runs' means (a distilled arm) or the seeds' scores
     (an arm without distillation), at α/looks."""
-    rows = {row["arm"]: row.get("start_scores") or row["scores"] for row in summary["rows"]}
+    rows = {row["arm"]: _units(row) for row in summary["rows"]}
     present = [(first, second) for first, second in STUDY1_PAIRS if first in rows and second in rows]
     results = family([(rows[first], rows[second]) for first, second in present], looks=summary.get("looks", 1))
     return dict(zip(present, results, strict=True))
