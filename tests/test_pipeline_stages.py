@@ -29,7 +29,7 @@ def sliced(out, teacher_dir, small, task_file, corpus_file):
         study["defaults"][command]["train"] = {**study["defaults"][command]["train"], "batch_size": 8,
                                                "eval_every": 0}
         study["defaults"][command][command]["epochs"] = 1
-    next(arm for arm in study["arms"] if arm.get("starts"))["seeds"] = [1, 2]  # two levels: starts, then seeds
+    next(arm for arm in study["arms"] if arm.get("starts"))["seeds"] = [1, 2]  # two levels: starts × seeds (crossed)
     # the 6 x 768 arms' code paths are the 3 x 384 ones' (and the distilled arm's finetune): two arms less to run
     study["arms"] = [arm for arm in study["arms"] if arm["name"] not in ("ft-6x768", "kd-6x768")]
     for arm in study["arms"]:
@@ -61,6 +61,9 @@ def test_the_seeds_scale_pipeline_runs_its_study_and_deploy_stages_on_a_slice(
         assert str(out / f"distilled-{start}" / "model") in config.read_text(), "each start is its distillation seed's"
     distilled = summary["rows"][0]
     assert distilled["starts"] == 3 and distilled["seeds"] == 6 and len(distilled["start_scores"]) == 3
+    runs = {(run["start"], run["seed"]): run["test"]["f1"] for run in summary["runs"] if run["arm"] == distilled["arm"]}
+    assert distilled["start_seed_scores"] == [[runs[start, seed] for seed in (1, 2)] for start in (1, 2, 3)], \
+        "the grid its t-test takes: starts × the same seeds, crossed"
     assert distilled["share"]["groups"] == [3, 2] and distilled["share"]["runs"] == [6, 2]
     assert all("estimate" in row["share_dev"] for row in summary["rows"]), \
         "the share on dev beside test, from the finetune and kd runs' dev predictions"

@@ -4,8 +4,9 @@ checked against values worked out by hand (t quantiles from tables: t_{0.975,1} 
 import math
 
 import pytest
+from scipy import stats
 
-from biodistil.tasks.significance import compare_scores, holm, seeds_needed
+from biodistil.tasks.significance import compare_scores, crossed_mean, holm, mean_estimate, seeds_needed
 
 
 def test_welch_interval_and_p_value_by_hand():
@@ -112,3 +113,45 @@ def test_a_study_report_gives_each_arm_its_verdict_against_the_first_arm():
     # one family of two: kd's p 0.005 → 0.0099 (still a finding), kd-general's 0.81 stays 0.81; seeds at α/2
     assert "p = 0.005, Holm p = 0.0099 (family of 2)): a finding |" in text
     assert "| gad | kd-general − finetune | +0.0200 auroc (95% CI" in text and "204 seeds per arm" in text
+
+
+def test_a_grid_of_starts_by_seeds_takes_the_crossed_variance_of_its_mean_by_hand():
+    # rows (starts) 1 2 6 / 2 3 7: mean 3.5, row means 3, 4, column means 1.5, 2.5, 6.5, residuals all 0;
+    # MS_rows = 3·(0.25 + 0.25)/1 = 1.5, MS_cols = 2·(4 + 1 + 9)/2 = 14, MS_res = 0;
+    # Var(ȳ) = (1.5 + 14 − 0)/6 = 2.5833, ν = 15.5²/(1.5²/1 + 14²/2) = 2.3965
+    estimate = crossed_mean([[1, 2, 6], [2, 3, 7]])
+    assert estimate.mean == pytest.approx(3.5, abs=1e-12) and estimate.units == 2 and estimate.crossed
+    assert estimate.variance == pytest.approx(15.5 / 6, abs=1e-9)
+    assert estimate.dof == pytest.approx(15.5 ** 2 / (1.5 ** 2 + 14 ** 2 / 2), abs=1e-9)
+    # the starts' means alone (3, 4: s²/n = 0.25) would miss the seeds' effect that every start shares
+    assert estimate.variance > 10 * mean_estimate([3.0, 4.0]).variance
+
+
+def test_a_grid_whose_seeds_add_nothing_is_the_t_test_on_its_starts_means():
+    # columns equal within each row: MS_cols = MS_res = 0, so Var(ȳ) = MS_rows/6 = var(1, 3)/2 = 1 with 1 dof
+    estimate = crossed_mean([[1, 1, 1], [3, 3, 3]])
+    assert estimate.variance == pytest.approx(1.0, abs=1e-12) and estimate.dof == pytest.approx(1.0, abs=1e-12)
+    assert crossed_mean([[0.5], [0.7], [0.9]]) == mean_estimate([0.5, 0.7, 0.9]), "one seed a start: per-run scores"
+
+
+def test_welch_on_a_grid_and_per_seed_scores_by_hand():
+    # grid above: V_a = 2.5833, ν_a = 2.3965; b = (0, 1, 2): V_b = 1/3, ν_b = 2;
+    # se = √2.9167 = 1.7078, ν = 2.9167²/(2.5833²/2.3965 + (1/3)²/2) = 2.9949, t = 2.5/1.7078 = 1.4639
+    result = compare_scores([[1, 2, 6], [2, 3, 7]], [0, 1, 2])
+    v_a, dof_a = 15.5 / 6, 15.5 ** 2 / (1.5 ** 2 + 14 ** 2 / 2)
+    se = math.sqrt(v_a + 1 / 3)
+    dof = (v_a + 1 / 3) ** 2 / (v_a ** 2 / dof_a + (1 / 3) ** 2 / 2)
+    assert dof == pytest.approx(2.9949, abs=1e-3)
+    assert result.test == "Welch's t-test, starts × seeds crossed" and not result.finding
+    assert result.difference == pytest.approx(2.5, abs=1e-12)
+    assert result.p_value == pytest.approx(2 * stats.t.sf(2.5 / se, dof), abs=1e-9)
+    assert result.high - result.difference == pytest.approx(stats.t.ppf(0.975, dof) * se, abs=1e-9)
+    with pytest.raises(ValueError, match="grids"):
+        compare_scores([[1, 2], [3, 4]], [[1, 2], [3, 4]], paired=True)
+
+
+def test_a_grid_counts_the_starts_it_would_need():
+    result = compare_scores([[1, 2, 6], [2, 3, 7]], [0, 1, 2])
+    assert result.seeds_needed and f"about {result.seeds_needed} starts (each with its seeds) per arm" in \
+        result.describe()
+    assert "seeds per arm" in compare_scores([1.0, 2.0, 3.5], [2.0, 3.0, 5.0]).describe()

@@ -24,14 +24,12 @@ def results_tables():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-TINY_STUDENT = {"model_type": "bert", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
-                "max_position_embeddings": 64}
 
 
-def tiny_task_agnostic(teacher: Path, corpus: Path, out: Path) -> PipelineRecipe:
-    """recipes/studies/task-agnostic.yaml at test size: 4 distillation steps per arm, 16 examples per split, 1 seed,
-    students of the tiny 4-layer teacher's layers 0 and 2."""
-    recipe = load_recipe(PipelineRecipe, STUDIES / "task-agnostic.yaml",
+def tiny_cross_tokenizer(teacher: Path, corpus: Path, out: Path) -> PipelineRecipe:
+    """recipes/studies/cross-tokenizer.yaml at test size: 4 distillation steps per arm, student vocabularies of 150
+    tokens from the tiny corpus, 16 examples per split, 1 seed, students of the tiny 4-layer teacher's layers 0, 2."""
+    recipe = load_recipe(PipelineRecipe, STUDIES / "cross-tokenizer.yaml",
                          [f"vars.teacher={teacher}", f"vars.data={data_root()}", f"run.output_dir={out}"])
     for stage in recipe.stages:
         settings = json.loads(json.dumps(stage.settings))  # the YAML anchors share nested values between stages
@@ -39,61 +37,66 @@ def tiny_task_agnostic(teacher: Path, corpus: Path, out: Path) -> PipelineRecipe
             settings["data"] = {"train": [str(corpus)], "block_size": 32, "eval_fraction": 0}
             settings["train"].update(max_steps=4, batch_size=4, warmup_steps=0, eval_every=0, save_every=2,
                                      progress_bar=False)
-            if settings["student"]["init"] == "teacher_layers":
-                settings["student"]["layers"] = [0, 2]
-            else:
-                settings["student"]["architecture"] = TINY_STUDENT
+            settings["student"]["layers"] = [0, 2]
+            if "tokenizer" in settings["student"]:
+                settings["student"]["tokenizer"].update(vocab_size=150, min_frequency=1)
             for term in settings["objective"]["terms"]:
+                if term["loss"] == "hidden_cosine":
+                    term["layer_map"] = [1, 3]
                 if term["loss"] == "minilm_relations":
                     term["num_relation_heads"] = 2
         else:
             for model in settings["models"]:
                 if model.get("layers"):
                     model["layers"] = [0, 2]
-            settings.update(num_seeds=1, tasks=[{**task, "max_examples": 16} for task in settings["tasks"]])
-            settings["train"].update(epochs=1, batch_size=8)
+            tasks = [{**task, "max_examples": 16, "epochs": 1} for task in settings["tasks"]]
+            settings.update(num_seeds=1, tasks=tasks)
+            settings["train"].update(batch_size=8)
         stage.settings = settings
     return recipe
 
 
 @needs_data
 @pytest.mark.slow
-def test_task_agnostic_study_runs_on_a_slice_and_resumes(teacher_dir, corpus_file, tmp_path):
+def test_a_pipeline_distils_then_evaluates_on_a_slice_and_resumes(teacher_dir, corpus_file, tmp_path):
+    """The cross-tokenizer study (a pipeline of distill stages, then an evaluate stage that fine-tunes their students
+    and a baseline) end to end, its record and tables, a re-run that trains nothing, a task added that runs alone."""
     out = tmp_path / "study"
-    recipe = tiny_task_agnostic(teacher_dir, corpus_file, out)
+    recipe = tiny_cross_tokenizer(teacher_dir, corpus_file, out)
     assert run_pipeline(recipe, STUDIES) == out / "evaluate"
     record = json.loads((out / "pipeline.json").read_text())
-    assert [s["name"] for s in record["stages"]] == ["distilbert", "tinybert", "minilmv2", "evaluate"]
-    for stage in record["stages"][:3]:
+    distilled = ["cross-distil", "cross-mlm", "cross-align", "same-distil"]
+    assert [s["name"] for s in record["stages"]] == [*distilled, "evaluate"]
+    for stage in record["stages"][:4]:
         assert stage["summary"]["result"]["steps"] == 4 and stage["config"]["train"]["max_steps"] == 4
-    results = record["stages"][3]["results"]
+    results = record["stages"][4]["results"]
     assert results["complete"] and results["seeds"] == [1]
     labels = [m["label"] for m in results["models"]]
-    assert labels == ["teacher", "distilbert", "tinybert", "minilmv2", "layers-only", "random-init"]
+    assert labels == [*distilled, "same-layers"]
     tasks = [task["name"] for task in recipe.stages[-1].settings["tasks"]]
-    assert tasks == ["ncbi_disease"], "the demo's evaluation scale: NCBI-disease's full training set"
-    assert {c["task"] for c in results["cells"]} == set(tasks)
-    assert len(results["cells"]) == 6 * len(tasks) and all(cell["wall_seconds"] > 0 for cell in results["cells"])
-    distilled = Path(results["models"][1]["path"])
-    assert distilled == out / "distilbert" / "model", "the evaluate stage reads the distilled student"
+    assert tasks == ["ncbi_disease"]
+    assert len(results["cells"]) == 5 * len(tasks) and all(cell["wall_seconds"] > 0 for cell in results["cells"])
+    assert Path(results["models"][0]["path"]) == out / "cross-distil" / "model", "evaluate reads the distilled student"
     assert record["machine"]["torch_threads"] >= 1
 
-    table = results_tables().task_agnostic_tables(record)
+    table = results_tables().cross_tokenizer_tables(record)
     for label in labels:
         assert f"| {label} |" in table
-    assert "layers-only − random-init" in table
-    assert "| distilbert | teacher layers 0, 2 | hidden_cosine; 4 steps" in table
+    assert "| cross-distil − cross-mlm |" in table
+    assert "| same-distil | teacher layers 0, 2, a cased vocabulary" not in table
+    assert "| cross-distil | teacher layers 0, 2, a cased vocabulary of 150 from the corpus | mlm + hidden_cosine + " \
+           "minilm_relations; 4 steps" in table
 
     cell = next((out / "evaluate" / "cells").rglob("metrics.json"))
     before = cell.stat().st_mtime_ns
-    run_pipeline(tiny_task_agnostic(teacher_dir, corpus_file, out), STUDIES)
+    run_pipeline(tiny_cross_tokenizer(teacher_dir, corpus_file, out), STUDIES)
     assert cell.stat().st_mtime_ns == before, "a finished study re-runs nothing"
 
-    wider = tiny_task_agnostic(teacher_dir, corpus_file, out)
-    wider.stages[-1].settings["tasks"].append({"name": "species800", "max_examples": 16})
+    wider = tiny_cross_tokenizer(teacher_dir, corpus_file, out)
+    wider.stages[-1].settings["tasks"].append({"name": "species800", "max_examples": 16, "epochs": 1})
     run_pipeline(wider, STUDIES)
-    results = json.loads((out / "pipeline.json").read_text())["stages"][3]["results"]
-    assert results["complete"] and len(results["cells"]) == 6 * (len(tasks) + 1), \
+    results = json.loads((out / "pipeline.json").read_text())["stages"][4]["results"]
+    assert results["complete"] and len(results["cells"]) == 5 * (len(tasks) + 1), \
         "a task added to a finished study runs"
     assert cell.stat().st_mtime_ns == before, "and only its cells run"
 

@@ -172,3 +172,25 @@ def test_groups_of_one_run_draw_as_the_flat_bootstrap(tmp_path):
                                                                                   resamples=300)
     assert (one_each.low, one_each.high) == (flat.low, flat.high)
     assert flat.groups is None and one_each.groups == (3, 1)
+
+
+def test_groups_that_share_their_seeds_draw_the_seeds_once_for_every_group(tmp_path):
+    """Three distillation runs that do not differ, each fine-tuned with the same three seeds whose hit rates differ
+    (0.5, 0.7, 0.9 in every run): the seeds' effect is shared by the runs, so the crossed draw keeps its spread (sd
+    of the mean ≈ 0.16/√3), which nine runs drawn flat — or seeds drawn anew within each run — average away
+    (≈ 0.16/√9): by hand a ratio of √3."""
+    gold = [["O", "B"] for _ in range(400)]
+    groups = []
+    for start in range(3):
+        runs = []
+        for seed, rate in enumerate((0.5, 0.7, 0.9)):
+            hit = np.random.default_rng(10 * start + seed).random(400) < rate
+            runs.append(read_scored_run(write_run(tmp_path / f"r{start}s{seed}.jsonl", gold,
+                                                  [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
+        groups.append(runs)
+    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    flat = share_interval([run for group in groups for run in group], teacher, resamples=800)
+    crossed = share_interval(groups, teacher, resamples=800)
+    assert crossed.estimate == pytest.approx(flat.estimate, abs=1e-12)
+    assert crossed.high - crossed.low > 1.4 * (flat.high - flat.low)
+    assert "crossed" in crossed.as_record()["method"]

@@ -6,7 +6,7 @@
     python docs/results/tables.py --figures  # every named figure of the prose, as its record gives it
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
-of recipes/studies/task-agnostic.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
+of recipes/studies/task-agnostic-seeds.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
 `users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml;
 `seeds-scale.json` the `pipeline.json` of recipes/studies/seeds-scale.yaml;
 `demo.json` the `report.json` of `biodistil demo --out DIR --record docs/results/demo.json` (docs/demo.md).
@@ -35,7 +35,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))  # run from a checkout: its own biodistil
-from biodistil.tasks.significance import ALPHA, Comparison, compare_scores, holm  # noqa: E402
+from biodistil.tasks.significance import ALPHA, Comparison, compare_scores, holm, mean_estimate  # noqa: E402
 
 TASK_TITLES = {"ncbi_disease": "NCBI-disease", "bc5cdr_disease": "BC5CDR-disease", "gad": "GAD", "hoc": "HoC",
                "chemprot": "ChemProt", "bioasq": "BioASQ"}
@@ -121,7 +121,8 @@ def verdict(result: Comparison, scale: float = 1.0, digits: int = 3) -> str:
     p_values += f", Holm p {result.p_holm:.2g}" if result.family > 1 else ""
     if result.finding:
         return f"finding, {interval}, {p_values}"
-    seeds = f"; ~{result.seeds_needed} seeds" if result.seeds_needed else ""
+    unit = "runs" if "crossed" in result.test else "seeds"  # a grid's units: distillation runs, with their seeds
+    seeds = f"; ~{result.seeds_needed} {unit}" if result.seeds_needed else ""
     return f"inconclusive, {interval}, {p_values}{seeds}"
 
 
@@ -134,43 +135,11 @@ def auroc_row(name: str, records: list[dict[str, Any]]) -> str:
             f"{one_class} of {len(records)} |")
 
 
-# ------------------------------------------------------------------------------------------ study 1
-
-
-TASK_AGNOSTIC_PAIRS = [("distilbert", "layers-only"), ("tinybert", "layers-only"), ("minilmv2", "random-init"),
-                       ("layers-only", "random-init"), ("distilbert", "tinybert")]
+# ------------------------------------------------------------- pipelines: distill stages, then evaluate
 
 
 CROSS_TOKENIZER_PAIRS = [("cross-distil", "cross-mlm"), ("cross-distil", "same-distil"), ("cross-mlm", "same-layers"),
                          ("same-distil", "same-layers"), ("cross-distil", "same-layers")]
-
-
-def task_agnostic_tables(record: dict[str, Any]) -> str:
-    return pipeline_tables(record, TASK_AGNOSTIC_PAIRS)
-
-
-def task_agnostic_figures(record: dict[str, Any]) -> dict[str, str]:
-    """Study 1's prose figures: each model's F1 (`f1:MODEL`, `sd:MODEL`, ×100) and share of the teacher, and each
-    comparison's difference, interval, p, Holm p and seeds (`A-B`, `A-B:ci`, ...)."""
-    results = evaluation(record)
-    summary, task = results["summary"], results["tasks"][0]["name"]
-    macro = macro_averages(record)
-    paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
-    figures = {"paper-share": f"{100 * paper:.0f}%",
-               "minutes": f"{_pipeline_minutes(record):.0f}"}
-    for label, entry in summary.items():
-        figures |= {f"f1:{label}": num(entry[task]["mean"], 1, 100), f"sd:{label}": num(entry[task]["std"], 1, 100),
-                    f"share:{label}": _share(macro[label], macro[results["reference"]])}
-    for (first, second), result in pipeline_family(record, TASK_AGNOSTIC_PAIRS).items():
-        figures |= comparison_figures(f"{first}-{second}", result)
-    return figures
-
-
-def _pipeline_minutes(record: dict[str, Any]) -> float:
-    """A pipeline's distillation and fine-tuning wall time, in minutes."""
-    distil = sum(stage["summary"]["result"]["seconds"] for stage in record["stages"] if stage["command"] != "evaluate")
-    tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in evaluation(record)["cells"])
-    return (distil + tune) / 60
 
 
 def cross_tokenizer_tables(record: dict[str, Any]) -> str:
@@ -252,13 +221,6 @@ def evaluation(record: dict[str, Any]) -> dict[str, Any]:
     return next(stage["results"] for stage in record["stages"] if stage["command"] == "evaluate")
 
 
-def macro_averages(record: dict[str, Any]) -> dict[str, float]:
-    """Each model's mean over tasks of its mean score."""
-    results = evaluation(record)
-    tasks = [task["name"] for task in results["tasks"]]
-    return {label: statistics.fmean(entry[t]["mean"] for t in tasks) for label, entry in results["summary"].items()}
-
-
 def pipeline_family(record: dict[str, Any], comparisons: list[tuple[str, str]]) -> dict[tuple[str, str], Comparison]:
     """The `comparisons` of macro averages present in the record (per seed: the mean over tasks), one family."""
     results = evaluation(record)
@@ -278,8 +240,7 @@ def _share(score: float, teacher: float) -> str:
 
 def _start(label: str, stage: dict[str, Any] | None) -> str:
     if stage is None:
-        return {"layers-only": "teacher layers 0, 2, 4", "same-layers": "teacher layers 0, 2, 4",
-                "random-init": "random"}.get(label, "pre-trained")
+        return {"same-layers": "teacher layers 0, 2, 4"}.get(label, "pre-trained")
     student = stage["config"]["student"]
     start = "random" if student["init"] == "architecture" else \
         f"teacher layers {', '.join(map(str, student['layers']))}"
@@ -298,7 +259,7 @@ def _distillation(stage: dict[str, Any] | None) -> str:
     return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {result['seconds'] / 60:.1f} min"
 
 
-# ------------------------------------------------------------------------------------------ study 1, repeated
+# ------------------------------------------------------------------------------------------ study 1
 
 STUDY1_PAIRS = (("distilbert", "layers-only"), ("tinybert", "layers-only"), ("distilbert", "tinybert"),
                 ("layers-only", "random-init"))
@@ -350,35 +311,55 @@ def _distillation_runs(stages: dict[str, dict[str, Any]], arm: str) -> str:
     return f"{_distillation(runs[0]).rsplit(',', 1)[0]}; {len(runs)} runs, {minutes:.1f} min each"
 
 
-def _units(row: dict[str, Any]) -> list[float]:
+def _units(row: dict[str, Any]) -> list[float] | list[list[float]]:
     """What a study row's interval and t-test take (the study's `compared_scores`, without importing the library's
-    training code): its distillation runs' means where it has several starts, else its seeds' scores."""
-    return row.get("start_scores") or row["scores"]
+    training code): its grid of distillation runs × fine-tuning seeds where it has several starts, else its seeds'
+    scores."""
+    return row.get("start_seed_scores") or row.get("start_scores") or row["scores"]
 
 
-def task_agnostic_seeds_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
-    """Study 1's comparisons, one family: Welch on the distillation runs' means (a distilled arm) or the seeds' scores
-    (an arm without distillation), at α/looks."""
-    rows = {row["arm"]: _units(row) for row in summary["rows"]}
+def task_agnostic_seeds_family(summary: dict[str, Any], units: Callable[[dict[str, Any]], Any] = _units,
+                               ) -> dict[tuple[str, str], Comparison]:
+    """Study 1's comparisons, one family: Welch on each arm's `units` — by default the grid of distillation runs ×
+    fine-tuning seeds of a distilled arm (crossed) or the seeds' scores of an arm without distillation — at α/looks."""
+    rows = {row["arm"]: units(row) for row in summary["rows"]}
     present = [(first, second) for first, second in STUDY1_PAIRS if first in rows and second in rows]
     results = family([(rows[first], rows[second]) for first, second in present], looks=summary.get("looks", 1))
     return dict(zip(present, results, strict=True))
 
 
+def _runs_means(row: dict[str, Any]) -> list[float]:
+    """The units the recipe first named for a distilled arm's test: its distillation runs' means (the seeds' shared
+    effect left out; docs/results.md, Study 1)."""
+    return row.get("start_scores") or row["scores"]
+
+
 def task_agnostic_seeds_figures(record: dict[str, Any]) -> dict[str, str]:
-    """Study 1's prose figures: the paper's share, the teacher's F1, each arm's F1, sd and shares (`f1:ARM`,
-    `share:ARM`, `share-dev:ARM`), each comparison (`A-B`, ...) and the wall time (`minutes`)."""
+    """Study 1's prose figures: the paper's share; the teacher's F1 (`teacher`, `teacher-seeds`) and its dev-selected
+    steps (`best-steps`, of `teacher-steps`); each arm's F1, sd, distillation runs' means and shares (`f1:ARM`,
+    `sd:ARM`, `runs:ARM`, each fine-tuning seed's mean over the runs `seed-means:ARM`, `share:ARM`,
+    `share-dev:ARM`); each comparison (`A-B`, ...) and, under the test on the
+    runs' means alone, its p and Holm p (`means:A-B:p`, `means:A-B:holm`); the wall time (`minutes`)."""
     summary = {stage["name"]: stage for stage in record["stages"]}["study"]["summary"]
     (_, teacher), = summary["teachers"].items()
+    seeds = teacher["teacher_seeds"].values()
     paper = PAPER_NCBI["DistilBioBERT (6 × 768)"] / PAPER_NCBI["BioBERT (12 × 768)"]
     figures = {"paper-share": f"{100 * paper:.0f}%", "minutes": f"{_study_pipeline_minutes(record):.0f}",
-               "teacher": num(teacher["test"]["f1"], 1, 100)}
+               "teacher": num(teacher["test"]["f1"], 1, 100), "teacher-steps": str(teacher["steps"]),
+               "teacher-seeds": ", ".join(num(seed["test"]["f1"], 1, 100) for seed in seeds),
+               "best-steps": ", ".join(str(seed["best_step"]) for seed in seeds)}
     for row in summary["rows"]:
+        columns = zip(*row.get("start_seed_scores", []), strict=True)
         figures |= {f"f1:{row['arm']}": num(row["mean"], 1, 100), f"sd:{row['arm']}": num(row["sd"], 1, 100),
+                    f"runs:{row['arm']}": ", ".join(num(score, 1, 100) for score in row.get("start_scores", [])),
+                    f"seed-means:{row['arm']}": ", ".join(num(statistics.fmean(c), 1, 100) for c in columns),
                     f"share:{row['arm']}": _bootstrap_share(row["share"]),
                     f"share-dev:{row['arm']}": _bootstrap_share(row.get("share_dev"))}
     for (first, second), result in task_agnostic_seeds_family(summary).items():
         figures |= comparison_figures(f"{first}-{second}", result)
+    for (first, second), result in task_agnostic_seeds_family(summary, _runs_means).items():
+        figures |= {f"means:{first}-{second}:p": f"{result.p_value:.2g}",
+                    f"means:{first}-{second}:holm": f"{result.p_holm:.2g}"}
     return figures
 
 
@@ -390,8 +371,12 @@ def _study_pipeline_minutes(record: dict[str, Any]) -> float:
 
 def _study_pipeline_wall_time(record: dict[str, Any]) -> str:
     machine = record["machine"]
-    return (f"Wall time: {_study_pipeline_minutes(record):.0f} min in all on {machine['usable_cores']} cores of "
-            f"{machine['cpu']} "
+    together = {stage["name"]: stage for stage in record["stages"]}["study"]["summary"].get("side_by_side")
+    apart = (f"; {together['runs']} of the study's runs ran {together['processes']} at a time at "
+             f"{together['threads']} thread each, {together['elapsed_seconds'] / 60:.0f} min elapsed"
+             if together else "")
+    return (f"Wall time: {_study_pipeline_minutes(record):.0f} min in all (each stage's and run's own wall time, "
+            f"summed{apart}) on {machine['usable_cores']} cores of {machine['cpu']} "
             f"(CPU flags: {', '.join(machine['flags']) or 'none of avx2, avx512f, avx512_bf16, amx'}; "
             f"{machine['bf16_why']}).")
 
@@ -813,15 +798,16 @@ def _int8_way_figures() -> dict[str, str]:
             "smooth-0.8": pct(smooth["per-channel", 0.8, "all"]), "no-smooth": pct(smooth["per-channel", None, None])}
 
 
-def _mean_interval(scores: list[float]) -> str:
-    """The 95% t-interval of a mean over seeds, in F1 points."""
+def _mean_interval(scores: list[float] | list[list[float]]) -> str:
+    """The 95% t-interval of a mean over seeds (or over a grid of starts × seeds, crossed:
+    `biodistil.tasks.significance.mean_estimate`), in F1 points."""
     from scipy import stats
 
-    if len(scores) < 2:
+    estimate = mean_estimate(scores)
+    if estimate.units < 2:
         return "n/a (one seed)"
-    half = stats.t.ppf(0.975, len(scores) - 1) * statistics.stdev(scores) / math.sqrt(len(scores))
-    mean = statistics.fmean(scores)
-    return f"{100 * (mean - half):.1f} to {100 * (mean + half):.1f}"
+    half = stats.t.ppf(0.975, estimate.dof) * math.sqrt(estimate.variance)
+    return f"{100 * (estimate.mean - half):.1f} to {100 * (estimate.mean + half):.1f}"
 
 
 def _deploy_table(deploy: dict[str, Any]) -> str:
@@ -878,7 +864,7 @@ def vekd_tables(record: dict[str, Any]) -> str:
         flag = " (degenerate)" if row["degenerate_seeds"] else ""
         runs = ", ".join(f"{100 * s:.1f}" for s in row["start_scores"])
         lines.append(f"| {TASK_TITLES.get(row['task'], row['task'])} | {row['arm']} | "
-                     f"{pm(row['mean'], row['sd'])}{flag} | {_mean_interval(row['start_scores'])} | {runs} | "
+                     f"{pm(row['mean'], row['sd'])}{flag} | {_mean_interval(_units(row))} | {runs} | "
                      f"{_bootstrap_share(row['share'])} | {_bootstrap_share(row.get('share_dev'))} |")
     lines += ["", "| comparison | on | difference (F1) | verdict |", "|---|---|---|---|"]
     for (first, second, on), result in vekd_family(summary).items():
@@ -1020,13 +1006,13 @@ def page_figures(_: dict[str, Any]) -> dict[str, str]:
     return {"comparisons": str(sum(len(VERDICT.findall(block)) for block in blocks))}
 
 
-STUDIES = {"task-agnostic": task_agnostic_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
+STUDIES = {"task-agnostic": task_agnostic_seeds_tables, "transfer-data": transfer_tables, "meta-kd": meta_tables,
            "cross-tokenizer": cross_tokenizer_tables, "users-setting": users_setting_tables,
            "multi-teacher": multi_teacher_tables, "seeds-scale": seeds_scale_tables, "vekd": vekd_tables,
            "precision": precision_tables, "demo": demo_tables}
 PAGES = {"demo": "demo.md"}  # the page of each block; docs/results.md for the others
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, str]]] = {  # each study's named prose figures (above)
-    "task-agnostic": task_agnostic_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
+    "task-agnostic": task_agnostic_seeds_figures, "transfer-data": transfer_figures, "meta-kd": meta_figures,
     "users-setting": users_setting_figures, "multi-teacher": multi_teacher_figures,
     "seeds-scale": seeds_scale_figures, "vekd": vekd_figures, "precision": precision_figures,
     "cross-tokenizer": cross_tokenizer_figures, "demo": demo_figures,

@@ -244,7 +244,7 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
 
 def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[dict[str, Any]], root: Path) -> None:
     """Each row's share of the teacher with its 95% interval over seeds and test sentences (`tasks.bootstrap`: runs
-    drawn per side — an arm's starts, then its seeds within each; every teacher seed — sentences paired), from the
+    drawn per side — an arm's starts and its seeds, crossed; every teacher seed — sentences paired), from the
     runs' predictions and the teachers'; `share` on the test split, `share_dev` on the dev split (the final models'
     dev predictions). A row whose predictions cannot be paired with the teachers' (another split, another metric,
     runs from before dev predictions were written) says why instead."""
@@ -258,11 +258,13 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
 
 
 def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]:
-    """A row's runs grouped by start (one group per run when the arm has one start: the one-level draw)."""
+    """A row's runs grouped by start, each start's in seed order (one group per run when the arm has one start: the
+    one-level draw)."""
     mine = [run for run in runs if run.task == row["task"] and run.arm == row["arm"]]
     if all(run.start is None for run in mine):
         return [[run] for run in mine]
-    return [[run for run in mine if run.start == start] for start in dict.fromkeys(run.start for run in mine)]
+    return [sorted((run for run in mine if run.start == start), key=lambda run: run.seed)
+            for start in dict.fromkeys(run.start for run in mine)]
 
 
 def _teacher_predictions(task: TaskSpec, examples: list[Example], models: list[str], recipe: StudyRecipe,
@@ -456,18 +458,20 @@ def summarise(runs: list[dict[str, Any]], teachers: dict[str, dict[str, Any]], m
 
 
 def _start_scores(group: list[dict[str, Any]], scores: list[float]) -> dict[str, Any]:
-    """With several starts: each start's mean score over its seeds (the units its t-test compares)."""
+    """With several starts: each start's mean score over its seeds, and the scores as a grid of starts × seeds (the
+    same seeds, in seed order, for every start: what its t-test takes)."""
     if all("start" not in run for run in group):
         return {}
     starts = list(dict.fromkeys(run["start"] for run in group))
-    means = [statistics.fmean(s for run, s in zip(group, scores, strict=True) if run["start"] == start)
-             for start in starts]
-    return {"starts": len(starts), "start_scores": means}
+    grid = [[s for _, s in sorted((run["seed"], s) for run, s in zip(group, scores, strict=True)
+                                  if run["start"] == start)] for start in starts]
+    return {"starts": len(starts), "start_scores": [statistics.fmean(row) for row in grid], "start_seed_scores": grid}
 
 
-def compared_scores(row: dict[str, Any]) -> list[float]:
-    """What a row's t-test compares: its starts' means when it has several starts, else its per-seed scores."""
-    return row.get("start_scores") or row["scores"]
+def compared_scores(row: dict[str, Any]) -> list[float] | list[list[float]]:
+    """What a row's t-test compares (`tasks.significance.compare_scores`): its grid of starts × seeds when it has
+    several starts (a record from before the grid was kept: its starts' means), else its per-seed scores."""
+    return row.get("start_seed_scores") or row.get("start_scores") or row["scores"]
 
 
 def _headline(task: str) -> str:
@@ -516,9 +520,9 @@ def _units_notes(summary: dict[str, Any]) -> list[str]:
                          for seed, seed_record in record["teacher_seeds"].items())
              + "); the share's interval draws them."
              for task, record in summary["teachers"].items() if record.get("teacher_seeds")]
-    notes += [f"- {row['task']} / {row['arm']}: {row['starts']} starts × their seeds ({row['seeds']} runs); the "
-              "interval draws starts, then seeds within each; its t-test compares the starts' means "
-              f"({', '.join(f'{score:.4f}' for score in row['start_scores'])})."
+    notes += [f"- {row['task']} / {row['arm']}: {row['starts']} starts × the same seeds ({row['seeds']} runs); the "
+              "interval draws starts and seeds, crossed; its t-test takes the crossed variance of the mean (starts' "
+              f"means {', '.join(f'{score:.4f}' for score in row['start_scores'])})."
               for row in summary["rows"] if row.get("starts")]
     return ["", *notes] if notes else []
 

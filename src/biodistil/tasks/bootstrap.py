@@ -6,9 +6,14 @@ resample draws, with replacement, the runs of each side (seed variance: of the s
 several were trained) and then the test examples, the same examples for every run (paired: a hard sentence is hard
 for both sides); the side's score is the mean over its drawn runs of the task's headline metric on the drawn examples.
 The interval is the percentile interval of the B statistics. With one run a side it is the plain paired bootstrap
-over examples. A side may also be given as groups of runs (e.g. the fine-tuning seeds of each distillation seed, or of
-each teacher seed): a resample then draws the groups, and within each drawn group its runs — the two-level bootstrap
-that keeps the variance between groups (distillation runs) as well as within them (fine-tuning seeds).
+over examples. A side may also be given as groups of runs (e.g. the fine-tuning seeds of each distillation run): a
+resample then draws the groups and the runs within them — the two-level bootstrap that keeps the variance between
+groups (distillation runs) as well as within them (fine-tuning seeds). Groups of equal size are taken as *crossed*:
+the k-th run of every group shares its seed (a study fine-tunes every start with the same seeds), so a resample draws
+the groups and, independently, the positions within a group once for the whole side, and uses every drawn group at
+every drawn position (the pigeonhole bootstrap of Owen, 2007, for crossed random effects: drawing seeds anew within
+each group would treat the seeds' shared effect as independent noise and understate it). Groups of unequal sizes
+are nested: the runs within each drawn group are drawn for that group.
 
 A resample must cost little (a study forms B = 2,000 of them for each row), so the metrics that are ratios of sums are
 formed from per-example counts: entity F1 from correct, predicted and gold entities per sentence (strict IOB2 spans,
@@ -51,7 +56,8 @@ class Interval:
         method = "paired bootstrap over test examples, runs drawn per side"
         grouped = {"groups": list(self.groups)} if self.groups else {}
         if self.groups:
-            method += " (two-level where a side has groups: groups drawn, then runs within each)"
+            method += (" (two-level where a side has groups: groups and the seeds within them drawn, crossed when the"
+                       " groups share their seeds)")
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "resamples": self.resamples,
                 "runs": list(self.runs), **grouped, "method": method}
 
@@ -205,13 +211,18 @@ def _runs(groups: list[list[ScoredRun]]) -> list[ScoredRun]:
 
 
 def _draw(groups: list[list[ScoredRun]], rng: np.random.Generator) -> list[ScoredRun]:
-    """Groups drawn with replacement, then runs within each drawn group (a group of one run draws nothing more: flat
-    runs are drawn exactly as the one-level bootstrap draws them)."""
-    drawn = []
-    for g in rng.integers(len(groups), size=len(groups)):
-        group = groups[g]
-        drawn += group if len(group) == 1 else [group[i] for i in rng.integers(len(group), size=len(group))]
-    return drawn
+    """Groups drawn with replacement, and the runs within them: groups of one size crossed (one draw of positions for
+    every drawn group), else nested (a draw per group). A group of one run draws nothing more: flat runs are drawn
+    exactly as the one-level bootstrap draws them."""
+    chosen = [groups[g] for g in rng.integers(len(groups), size=len(groups))]
+    sizes = {len(group) for group in groups}
+    if sizes == {1}:
+        return [group[0] for group in chosen]
+    if len(sizes) == 1:
+        (size,) = sizes
+        positions = rng.integers(size, size=size)
+        return [group[i] for group in chosen for i in positions]
+    return [group[i] for group in chosen for i in rng.integers(len(group), size=len(group))]
 
 
 def _mean(runs: Sequence[ScoredRun], indices: np.ndarray) -> float:

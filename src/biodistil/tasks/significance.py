@@ -6,6 +6,15 @@ the difference (`compare_scores`). A difference is a *finding* only when that in
   differences d_i = a_i − b_i, mean d̄, se = s_d/√n, n − 1 degrees of freedom.
 - Otherwise Welch's t-test: se = √(s_a²/n_a + s_b²/n_b), degrees of freedom by Welch–Satterthwaite
   ν = se⁴ / ((s_a²/n_a)²/(n_a − 1) + (s_b²/n_b)²/(n_b − 1)).
+- An arm may instead give a grid: its runs by start (rows: e.g. distillation runs) × seed (columns: the same
+  fine-tuning seeds for every start, so starts and seeds are *crossed*, not nested). Its mean is then estimated under
+  the crossed random-effects model y_ij = μ + r_i + c_j + e_ij, whose variance is
+  Var(ȳ) = σ_r²/n_r + σ_c²/n_c + σ_e²/(n_r·n_c), from the two-way ANOVA's mean squares (E MS_rows = σ_e² + n_c·σ_r²,
+  E MS_cols = σ_e² + n_r·σ_c², E MS_res = σ_e²; a negative component is set to 0), with Satterthwaite's degrees of
+  freedom for that sum of mean squares. The starts' means alone would leave out the seeds' own variance: every start
+  shares the same few seeds, so a seed that helps one arm helps all of its runs alike (`crossed_mean`). Welch's
+  test then takes se² = V_a + V_b and ν = (V_a + V_b)² / (V_a²/ν_a + V_b²/ν_b), which is the formula above for
+  plain per-seed scores (V = s²/n, ν = n − 1).
 - Interval: d̄ ± t_{0.975, ν}·se; p = 2·(1 − F_t(|d̄|/se; ν)).
 - One seed on either side, or no spread at all (every seed equal): no test; inconclusive.
 - Looking, then adding: a comparison whose arms were extended (more seeds) or re-scheduled after k − 1 earlier looks
@@ -16,7 +25,8 @@ the difference (`compare_scores`). A difference is a *finding* only when that in
   among the m tested, p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); a finding only when p̃ < 0.05. The interval
   printed stays the comparison's own 95% interval.
 - Seeds needed (an inconclusive comparison): the smallest n per arm at which the two-sided t-test at the family's
-  worst level, α/m, has 80% power against the observed difference at the observed spread (noncentral t).
+  worst level, α/m, has 80% power against the observed difference at the observed spread (noncentral t). For a
+  grid the unit is a start (with its seeds): its variance n_r·V, i.e. more starts each fine-tuned as these were.
 """
 
 import math
@@ -58,6 +68,11 @@ class Comparison:
         return self.adjusted_p is not None and self.adjusted_p < ALPHA
 
     @property
+    def unit(self) -> str:
+        """What `seeds_needed` counts: seeds, or the starts of a grid (each fine-tuned with the same seeds)."""
+        return "starts (each with its seeds)" if "crossed" in self.test else "seeds"
+
+    @property
     def verdict(self) -> str:
         return "finding" if self.finding else "inconclusive"
 
@@ -72,30 +87,85 @@ class Comparison:
             interval += f", Holm p = {self.p_holm:.2g} (family of {self.family})"
         if self.finding:
             return f"{value} ({interval}): a finding"
-        needed = f"would need about {self.seeds_needed} seeds per arm" if self.seeds_needed else \
+        needed = f"would need about {self.seeds_needed} {self.unit} per arm" if self.seeds_needed else \
             "no difference to find at this spread"
         return f"{value} ({interval}): inconclusive — {needed}"
 
 
-def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool = False, looks: int = 1
-                   ) -> Comparison:
-    """The verdict on mean(first) − mean(second) from per-seed scores (`paired`: seed i of both arms shares its seed
-    and data order; then both need the same number of seeds; `looks`: how many times the arms' scores were looked at
-    before this result was final, counting this one)."""
-    first, second = [float(x) for x in first], [float(x) for x in second]
-    difference = statistics.fmean(first) - statistics.fmean(second)
-    if min(len(first), len(second)) < 2:
+Scores = Sequence[float] | Sequence[Sequence[float]]  # per seed, or a grid: starts (rows) × the same seeds
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    """An arm's mean score, the estimated variance of that mean, its degrees of freedom and its units (seeds, or the
+    starts of a grid)."""
+
+    mean: float
+    variance: float
+    dof: float
+    units: int
+    crossed: bool = False  # from a grid of several starts × several seeds
+
+
+def crossed_mean(grid: Sequence[Sequence[float]]) -> MeanEstimate:
+    """The mean of a grid of scores, starts (rows) × seeds (columns, the same seeds in every row), and its variance
+    under the crossed random-effects model (see the module docstring); one row or one column: the t-test's s²/n."""
+    rows = [[float(x) for x in row] for row in grid]
+    n_r, n_c = len(rows), len(rows[0])
+    if any(len(row) != n_c for row in rows):
+        raise ValueError(f"a grid of starts × seeds needs every start with the same seeds ({[len(r) for r in rows]})")
+    cells = [x for row in rows for x in row]
+    mean = statistics.fmean(cells)
+    if n_r == 1 or n_c == 1:
+        return mean_estimate(cells)
+    row_means = [statistics.fmean(row) for row in rows]
+    col_means = [statistics.fmean(col) for col in zip(*rows, strict=True)]
+    ms_rows = n_c * sum((m - mean) ** 2 for m in row_means) / (n_r - 1)
+    ms_cols = n_r * sum((m - mean) ** 2 for m in col_means) / (n_c - 1)
+    ms_res = sum((rows[i][j] - row_means[i] - col_means[j] + mean) ** 2
+                 for i in range(n_r) for j in range(n_c)) / ((n_r - 1) * (n_c - 1))
+    # Var(ȳ)·n_r·n_c = n_c·σ_r² + n_r·σ_c² + σ_e², each σ² ≥ 0: (coefficient, mean square, its dof) terms
+    terms = [(1.0, ms_res, (n_r - 1.0) * (n_c - 1.0))]
+    for ms, dof in ((ms_rows, n_r - 1.0), (ms_cols, n_c - 1.0)):
+        if ms > ms_res:
+            terms += [(1.0, ms, dof)]
+            terms[0] = (terms[0][0] - 1.0, ms_res, terms[0][2])
+    total = sum(c * ms for c, ms, _ in terms)
+    parts = sum((c * ms) ** 2 / dof for c, ms, dof in terms if c)
+    return MeanEstimate(mean, total / (n_r * n_c), total ** 2 / parts if parts else n_r * n_c - 1.0, n_r, True)
+
+
+def mean_estimate(scores: Scores) -> MeanEstimate:
+    """Per-seed scores (a mean over n seeds: s²/n, n − 1 degrees of freedom) or a grid of starts × seeds."""
+    if _is_grid(scores):
+        return crossed_mean(scores)  # type: ignore[arg-type]
+    values = [float(x) for x in scores]  # type: ignore[arg-type]
+    if len(values) < 2:
+        return MeanEstimate(statistics.fmean(values), 0.0, 0.0, len(values))
+    return MeanEstimate(statistics.fmean(values), statistics.variance(values) / len(values), len(values) - 1.0,
+                        len(values))
+
+
+def compare_scores(first: Scores, second: Scores, paired: bool = False, looks: int = 1) -> Comparison:
+    """The verdict on mean(first) − mean(second) from per-seed scores, or from grids of starts × seeds (crossed; not
+    with `paired`) (`paired`: seed i of both arms shares its seed and data order; then both need the same number of
+    seeds; `looks`: how many times the arms' scores were looked at before this result was final, counting this one)."""
+    a, b = mean_estimate(first), mean_estimate(second)
+    difference = a.mean - b.mean
+    if min(a.units, b.units) < 2:
         return Comparison(difference, "", why_no_test="one seed: no spread to test against")
     if paired:
+        if _is_grid(first) or _is_grid(second):
+            raise ValueError("a paired comparison takes per-seed scores, not grids of starts × seeds")
         if len(first) != len(second):
             raise ValueError(f"a paired comparison needs as many seeds on both sides ({len(first)} vs {len(second)})")
-        variance = statistics.variance([a - b for a, b in zip(first, second, strict=True)])
+        variance = statistics.variance([float(x) - float(y) for x, y in zip(first, second, strict=True)])
         se, dof, test = math.sqrt(variance / len(first)), len(first) - 1.0, "paired t-test"
     else:
-        var_a, var_b = statistics.variance(first), statistics.variance(second)
-        se, dof, test = math.sqrt(var_a / len(first) + var_b / len(second)), _welch_dof(var_a, len(first), var_b,
-                                                                                        len(second)), "Welch's t-test"
-        variance = var_a + var_b  # of a difference of one seed each: se(n)² = variance / n at n seeds per arm
+        se = math.sqrt(a.variance + b.variance)
+        dof = _satterthwaite(a, b)
+        test = "Welch's t-test" + (", starts × seeds crossed" if a.crossed or b.crossed else "")
+        variance = a.units * a.variance + b.units * b.variance  # of one unit each: se(n)² = variance / n
     if se == 0:
         spread = "the per-seed differences do not vary" if paired else "every seed scored the same"
         return Comparison(difference, "", why_no_test=f"no seed spread: {spread}")
@@ -105,6 +175,10 @@ def compare_scores(first: Sequence[float], second: Sequence[float], paired: bool
     result = Comparison(difference, test, difference - half, difference + half, p_value, variance=variance,
                         paired=paired, looks=looks)
     return _with_seeds_needed(result)
+
+
+def _is_grid(scores: Scores) -> bool:
+    return bool(scores) and not isinstance(scores[0], (int, float))
 
 
 def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
@@ -126,10 +200,10 @@ def _with_seeds_needed(result: Comparison) -> Comparison:
                                                      ALPHA / (result.family * result.looks)))
 
 
-def _welch_dof(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
-    parts = (var_a / n_a, var_b / n_b)
-    denominator = parts[0] ** 2 / (n_a - 1) + parts[1] ** 2 / (n_b - 1)
-    return (sum(parts) ** 2) / denominator if denominator > 0 else float(n_a + n_b - 2)
+def _satterthwaite(a: MeanEstimate, b: MeanEstimate) -> float:
+    """ν = (V_a + V_b)² / (V_a²/ν_a + V_b²/ν_b): Welch's degrees of freedom when each V is s²/n with n − 1."""
+    denominator = (a.variance ** 2 / a.dof if a.dof else 0.0) + (b.variance ** 2 / b.dof if b.dof else 0.0)
+    return (a.variance + b.variance) ** 2 / denominator if denominator > 0 else a.dof + b.dof
 
 
 def seeds_needed(difference: float, variance: float, paired: bool, alpha: float = ALPHA) -> int | None:
