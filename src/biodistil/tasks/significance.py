@@ -30,6 +30,7 @@ the difference (`compare_scores`). A difference is a *finding* only when that in
 """
 
 import math
+import numbers
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -178,7 +179,7 @@ def compare_scores(first: Scores, second: Scores, paired: bool = False, looks: i
 
 
 def _is_grid(scores: Scores) -> bool:
-    return bool(scores) and not isinstance(scores[0], (int, float))
+    return len(scores) > 0 and not isinstance(scores[0], numbers.Real)
 
 
 def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
