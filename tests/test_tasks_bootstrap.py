@@ -140,20 +140,26 @@ def test_a_resample_scores_what_the_metric_function_scores_on_the_drawn_examples
         assert run.score(drawn) == pytest.approx(expected, abs=1e-12)
 
 
+def grid_of_runs(tmp_path: Path, rates: list[list[float]]) -> tuple[list[list], list]:
+    """Groups of runs on 400 one-entity sentences, run [g][s] finding each entity with probability rates[g][s]
+    (its own draw), and a teacher that finds them all."""
+    gold = [["O", "B"] for _ in range(400)]
+    groups = []
+    for group, row in enumerate(rates):
+        runs = []
+        for seed, rate in enumerate(row):
+            hit = np.random.default_rng(10 * group + seed).random(400) < rate
+            runs.append(read_scored_run(write_run(tmp_path / f"g{group}s{seed}.jsonl", gold,
+                                                  [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
+        groups.append(runs)
+    return groups, [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+
+
 def test_groups_of_runs_draw_the_groups_first_and_keep_their_spread(tmp_path):
     """Two distillation seeds (hit rates 0.6 and 0.9), each fine-tuned with three seeds close to their own rate: the
     two-level draw keeps the spread between the two groups, which six runs drawn flat mostly average away
     (sd of the mean ≈ 0.15/√2 against 0.15/√6 by hand)."""
-    gold = [["O", "B"] for _ in range(400)]
-    groups = []
-    for group, rate in enumerate((0.6, 0.9)):
-        runs = []
-        for seed in range(3):
-            hit = np.random.default_rng(10 * group + seed).random(400) < rate + 0.01 * seed
-            runs.append(read_scored_run(write_run(tmp_path / f"g{group}s{seed}.jsonl", gold,
-                                                  [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
-        groups.append(runs)
-    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    groups, teacher = grid_of_runs(tmp_path, [[rate + 0.01 * seed for seed in range(3)] for rate in (0.6, 0.9)])
     flat = share_interval([run for group in groups for run in group], teacher, resamples=800)
     grouped = share_interval(groups, teacher, resamples=800)
     assert grouped.estimate == pytest.approx(flat.estimate, abs=1e-12), "the estimate is the mean over every run"
@@ -179,16 +185,7 @@ def test_groups_that_share_their_seeds_draw_the_seeds_once_for_every_group(tmp_p
     (0.5, 0.7, 0.9 in every run): the seeds' effect is shared by the runs, so the crossed draw keeps its spread (sd
     of the mean ≈ 0.16/√3), which nine runs drawn flat — or seeds drawn anew within each run — average away
     (≈ 0.16/√9): by hand a ratio of √3."""
-    gold = [["O", "B"] for _ in range(400)]
-    groups = []
-    for start in range(3):
-        runs = []
-        for seed, rate in enumerate((0.5, 0.7, 0.9)):
-            hit = np.random.default_rng(10 * start + seed).random(400) < rate
-            runs.append(read_scored_run(write_run(tmp_path / f"r{start}s{seed}.jsonl", gold,
-                                                  [["O", "B"] if h else ["O", "O"] for h in hit]), "entity_f1"))
-        groups.append(runs)
-    teacher = [read_scored_run(write_run(tmp_path / "t.jsonl", gold, gold), "entity_f1")]
+    groups, teacher = grid_of_runs(tmp_path, [[0.5, 0.7, 0.9]] * 3)
     flat = share_interval([run for group in groups for run in group], teacher, resamples=800)
     crossed = share_interval(groups, teacher, resamples=800)
     assert crossed.estimate == pytest.approx(flat.estimate, abs=1e-12)
