@@ -121,7 +121,7 @@ def test_study_1s_crossed_test_lowers_no_p_of_the_recipes_test_and_removes_one_f
     tables = results_tables()
     summary = {stage["name"]: stage for stage in tables.load("task-agnostic")["stages"]}["study"]["summary"]
     crossed = tables.task_agnostic_seeds_family(summary)
-    means = tables.task_agnostic_seeds_family(summary, lambda row: row.get("start_scores") or row["scores"])
+    means = tables.task_agnostic_seeds_family(summary, tables._runs_means)
     assert all(crossed[pair].p_value >= means[pair].p_value - 1e-12 and
                crossed[pair].p_holm >= means[pair].p_holm - 1e-12 for pair in crossed)
     removed = [pair for pair in crossed if means[pair].finding and not crossed[pair].finding]

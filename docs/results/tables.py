@@ -121,7 +121,7 @@ def verdict(result: Comparison, scale: float = 1.0, digits: int = 3) -> str:
     p_values += f", Holm p {result.p_holm:.2g}" if result.family > 1 else ""
     if result.finding:
         return f"finding, {interval}, {p_values}"
-    unit = "runs" if "crossed" in result.test else "seeds"  # a grid's units: distillation runs, with their seeds
+    unit = "runs" if result.crossed else "seeds"  # a grid's units: distillation runs, with their seeds
     seeds = f"; ~{result.seeds_needed} {unit}" if result.seeds_needed else ""
     return f"inconclusive, {interval}, {p_values}{seeds}"
 

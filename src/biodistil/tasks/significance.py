@@ -59,6 +59,7 @@ class Comparison:
     looks: int = 1  # the scores were looked at this many times before they were final (`compare_scores`)
     variance: float = 0.0  # of one seed's difference (paired) or the sum of the arms' variances: for seeds_needed
     paired: bool = False
+    crossed: bool = False  # an arm was a grid of starts × seeds: `seeds_needed` counts starts
 
     @property
     def adjusted_p(self) -> float | None:
@@ -71,7 +72,7 @@ class Comparison:
     @property
     def unit(self) -> str:
         """What `seeds_needed` counts: seeds, or the starts of a grid (each fine-tuned with the same seeds)."""
-        return "starts (each with its seeds)" if "crossed" in self.test else "seeds"
+        return "starts (each with its seeds)" if self.crossed else "seeds"
 
     @property
     def verdict(self) -> str:
@@ -174,7 +175,7 @@ def compare_scores(first: Scores, second: Scores, paired: bool = False, looks: i
     p_value = min(1.0, looks * float(2 * stats.t.sf(abs(difference) / se, dof)))
     test += f", {looks} looks (Bonferroni)" if looks > 1 else ""
     result = Comparison(difference, test, difference - half, difference + half, p_value, variance=variance,
-                        paired=paired, looks=looks)
+                        paired=paired, looks=looks, crossed=a.crossed or b.crossed)
     return _with_seeds_needed(result)
 
 
