@@ -1,6 +1,8 @@
 """The machine record (issue 32): made once per process, the one source of the machine facts that provenance,
 studies, reports and the benches write down."""
 
+import os
+
 import torch
 
 from biodistil.config import PretrainRecipe, validate_recipe
@@ -47,3 +49,26 @@ def test_loader_workers_are_none_on_a_cpu_and_some_pinned_and_prefetched_on_cuda
     plan = loader_plan(2, cpu, cores=16)
     assert (plan.workers, plan.pin, plan.prefetch) == (2, False, 4) and plan.note.startswith("2 (as asked)")
     assert loader_plan(0, cuda, cores=16).workers == 0, "a number is taken as asked on CUDA too"
+
+
+def test_onednn_caches_are_bounded_before_a_command_or_a_stage_and_a_users_setting_is_kept(monkeypatch):
+    """oneDNN reads its cache capacity once, at its first primitive: the CLI sets it before the command runs, the
+    engine before a stage run from Python (issue 52: the caches grew a bf16 run's memory every step on AMX)."""
+    from biodistil.cli.main import main
+    from biodistil.training.engine import make_accelerator
+    from biodistil.training.onednn import CACHE_CAPACITY, CACHE_SETTINGS, bound_caches
+
+    assert CACHE_SETTINGS == ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY") and CACHE_CAPACITY == 16
+    for name in CACHE_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["models", "list"]) == 0
+    assert {name: os.environ.get(name) for name in CACHE_SETTINGS} == dict.fromkeys(CACHE_SETTINGS, "16")
+    assert describe_machine()["onednn_caches"] == dict.fromkeys(CACHE_SETTINGS, "16"), "what a run records"
+
+    for name in CACHE_SETTINGS:
+        monkeypatch.delenv(name)
+    make_accelerator("no", device="cpu")
+    assert {name: os.environ.get(name) for name in CACHE_SETTINGS} == dict.fromkeys(CACHE_SETTINGS, "16")
+
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
+    assert bound_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256", "LRU_CACHE_CAPACITY": "16"}, "the user's"

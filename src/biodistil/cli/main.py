@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from biodistil.cli import eval_commands, export_commands, model_commands, task_commands
 from biodistil.cli.common import add_recipe_command, processes_value, recipe_overrides, run_recipe
 from biodistil.errors import BiodistilError
+from biodistil.training.onednn import bound_caches
 
 
 def _pretrain(args: argparse.Namespace) -> object:
@@ -127,7 +128,8 @@ def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
 
 def _run(args: argparse.Namespace) -> Any:
     """The command, with torch's CPU threads decided for it (`training.threads`; a training stage decides again for
-    itself) and put back after it."""
+    itself) and put back after it; oneDNN's caches bounded first (`training.onednn`)."""
+    bound_caches()
     if args.command in ("report", "export", "card", "models", "score", "serve"):  # serve: its own (serving.service)
         return args.run(args)
     from biodistil.training.threads import StageThreads, announce

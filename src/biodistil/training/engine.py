@@ -51,6 +51,7 @@ from biodistil.models.dropout import FastDropout, use_fast_dropout
 from biodistil.training import checkpoint as ckpt
 from biodistil.training.compiling import apply_compile
 from biodistil.training.machine import LoaderPlan, loader_plan, resolve_precision, stage_settings, training_device
+from biodistil.training.onednn import bound_caches
 from biodistil.training.sampling import length_grouped_order
 from biodistil.training.threads import StageThreads, announce
 
@@ -136,7 +137,9 @@ def make_accelerator(precision: str, run_dir: Path | None = None, tensorboard: b
                      device: str = "auto") -> Accelerator:
     """An Accelerator on `train.device` (`training.machine.training_device`) with the recipe's precision ('auto':
     bf16 autocast where the hardware computes bf16 natively, `training.machine.resolve_precision`; said once per
-    process when it changes). On several processes Accelerate's process group is NCCL on GPUs, gloo on CPUs."""
+    process when it changes). On several processes Accelerate's process group is NCCL on GPUs, gloo on CPUs.
+    oneDNN's caches are bounded first (`training.onednn`), for a stage run from Python rather than the CLI."""
+    bound_caches()
     target = training_device(device)
     precision, why = resolve_precision(precision, target)
     if os.environ.get("LOCAL_RANK", "0") == "0":

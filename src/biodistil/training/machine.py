@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from biodistil.errors import BiodistilError
+from biodistil.training.onednn import CACHE_SETTINGS
 
 BF16_FAST = 1.3  # a bf16 matmul at least this much faster than float32: the CPU computes bf16 natively
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of native bf16 matrix instructions (Linux /proc/cpuinfo)
@@ -87,7 +88,8 @@ def describe_machine() -> dict[str, Any]:
     """What a timing or a result was measured on: the machine record and the torch threads in use now."""
     record = asdict(this_machine())
     record["flags"] = None if record["flags"] is None else list(record["flags"])
-    return {**record, "torch_threads": torch.get_num_threads()}
+    return {**record, "torch_threads": torch.get_num_threads(),
+            "onednn_caches": {name: os.environ.get(name) for name in CACHE_SETTINGS}}
 
 
 def bf16_fast(device: torch.device) -> bool:
