@@ -130,7 +130,10 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
     out = tmp_path / "study"
     side_by_side = recipe == "transfer-study.yaml"  # its runs in two worker processes (`study --processes 2`)
     study = partial(tiny_study, RECIPES / recipe, student, init, out, more_teachers=tiny_mpnet)
-    report = run_study(study(), processes=2 if side_by_side else 1)
+    users = recipe.endswith("users-setting.yaml")
+    fixed = study()
+    fixed.reference_arm = "budget" if users else None  # Study 4's replacement measures the gap from the budget
+    report = run_study(fixed, processes=2 if side_by_side else 1)
     summary = json.loads((out / "summary.json").read_text())
     expected = yaml.safe_load((RECIPES / recipe).read_text())
     arms = [arm["name"] for arm in expected["arms"]]
@@ -148,6 +151,14 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
             assert share["low"] <= share["estimate"] <= share["high"] and share["runs"] == [1, 1]
         else:  # a tiny random teacher may score 0: no share to form
             assert share == {"why_none": "the teacher scores 0 on the test set: there is no share of it to form"}
+    gaps = [row for row in summary["rows"] if "gap" in row]  # from the reference arm: three sides, paired
+    assert [row["arm"] for row in gaps] == ([row["arm"] for row in summary["rows"] if row["arm"] != "budget"]
+                                            if users else [])
+    for row in gaps:
+        for gap in (row["gap"], row["gap_dev"]):
+            assert gap["low"] <= gap["estimate"] <= gap["high"] and gap["runs"] == [1, 1, 1] if "estimate" in gap \
+                else "why_none" in gap
+    assert ("Gap closed from `budget`" in report.read_text()) == users
     assert (out / "scores.png").stat().st_size > 1000
     if recipe.startswith("studies/"):
         from test_studies import results_tables

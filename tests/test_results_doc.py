@@ -286,3 +286,23 @@ def _history_figures() -> list[str]:
 def test_figures_of_records_in_the_repositorys_history_are_the_ones_those_records_give():
     text = (DOCS / "results.md").read_text(encoding="utf-8")
     assert [phrase for phrase in _history_figures() if phrase not in text] == []
+
+
+def test_study_4s_table_takes_the_gap_and_the_teacher_seeds_from_a_record_that_has_them():
+    """Study 4's replacement (users-setting-converged.yaml: two teacher seeds, `reference_arm: budget`) records each
+    arm's gap closed with its bootstrap interval on test and dev: the table prints those, not the difference's
+    interval scaled by a fixed gap, and names the teacher's seeds with their dev-selected steps."""
+    tables = results_tables()
+    summary = json.loads((DOCS / "results" / "users-setting.json").read_text())
+    for task, record in summary["teachers"].items():
+        record["teacher_seeds"] = {"1": {"test": {"f1": 0.801}, "best_step": 425},
+                                   "2": {"test": {"f1": 0.793}, "best_step": 340}}
+        for row in summary["rows"]:
+            if row["task"] == task and row["arm"] != "budget":
+                row["gap"] = {"estimate": 0.456, "low": 0.301, "high": 0.612}
+                row["gap_dev"] = {"why_none": "no dev predictions"}
+    table = tables.users_setting_tables(summary)
+    assert "the mean of seeds 1 (80.1, dev checkpoint at step 425) and 2 (79.3, dev checkpoint at step 340)" in table
+    assert "| gap closed | gap closed, dev |" in table
+    assert "| 46% (30% to 61%) | – |" in table and "| 46% (30% to 61%); paper 48.4% | – |" in table
+    assert "64% to 116%" not in table, "the fixed-gap interval of the first record is gone"

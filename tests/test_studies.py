@@ -208,6 +208,7 @@ def test_the_converged_studies_change_only_their_teachers_and_fix_their_seeds(co
     if first == "users-setting.yaml":
         assert all(task.teacher_seeds == [1, 2] for task in new.tasks)
         assert [arm.seeds for arm in new.arms] == [[1, 2, 3, 4, 5], None, None, [1, 2, 3, 4, 5], None, None]
+        assert (new.reference_arm, old.reference_arm) == ("budget", None), "the gap closed, from the budget"
     else:
         assert new.seeds == [1, 2, 3, 4, 5] and all(arm.seeds is None for arm in new.arms)
 

@@ -12,6 +12,7 @@ from biodistil.errors import BiodistilError
 from biodistil.tasks.bootstrap import (
     difference_interval,
     entity_counts,
+    gap_interval,
     read_scored_run,
     share_interval,
 )
@@ -60,6 +61,28 @@ def test_the_share_interval_has_the_width_of_the_binomial_spread_by_hand(tmp_pat
     share = share_interval([read_scored_run(write_run(tmp_path / "s.jsonl", gold, student), "entity_f1")], [teacher])
     assert share.estimate == pytest.approx(1.6 / 1.8, abs=1e-12)
     assert (share.high - share.low) / 2 == pytest.approx(0.0242, rel=0.2)
+
+
+def test_the_gap_closed_from_a_reference_arm_is_formed_from_three_sides_by_hand(tmp_path):
+    """One gold entity per sentence; the teacher finds all (F1 1), the reference arm a seeded 50% (F1 2·0.5/1.5 =
+    2/3), the student those and 30% more (F1 2·0.8/1.8 = 8/9): the gap closed (8/9 − 2/3)/(1 − 2/3) = 2/3. The
+    interval draws the same sentences for all three; a reference that scores as the teacher leaves no gap."""
+    n = 400
+    order = np.random.default_rng(2).permutation(n)
+    gold = [["O", "B-Disease"] for _ in range(n)]
+
+    def finding(count: int, name: str):
+        hits = set(order[:count].tolist())
+        predicted = [list(g) if i in hits else ["O", "O"] for i, g in enumerate(gold)]
+        return read_scored_run(write_run(tmp_path / f"{name}.jsonl", gold, predicted), "entity_f1")
+
+    student, reference, teacher = finding(320, "s"), finding(200, "r"), finding(n, "t")
+    gap = gap_interval([student], [reference], [teacher], resamples=400)
+    assert gap.estimate == pytest.approx(2 / 3, abs=1e-12)
+    assert gap.low < gap.estimate < gap.high and gap.high - gap.low < 0.2 and gap.runs == (1, 1, 1)
+    assert gap.as_record()["runs"] == [1, 1, 1]
+    with pytest.raises(BiodistilError, match="no gap to close"):
+        gap_interval([student], [teacher], [teacher], resamples=10)
 
 
 def test_runs_of_several_seeds_widen_the_interval_by_their_spread(tmp_path):

@@ -533,38 +533,61 @@ PAPER_GAD_APPENDIX = {"euadr": 0.471, "tacred": 0.503, "bert": 0.701}
 
 
 def users_setting_tables(summary: dict[str, Any]) -> str:
-    """Per task: every arm's F1 (P/R), and each arm against the budget-only student: the difference with its
-    verdict (every task's comparisons one family) and the gap closed (S − S_budget)/(T − S_budget) with the
-    difference's interval on the same scale (T and the budget's mean taken as fixed)."""
+    """Per task: the teacher (its seeds and the dev checkpoints they kept, where it has several), every arm's F1
+    (P/R), and each arm against the budget-only student: the difference with its verdict (every task's comparisons
+    one family) and the gap closed (S − S_budget)/(T − S_budget) — with the study's bootstrap interval over both arms'
+    seeds, the teacher seeds and the sentences, on test and dev, where the record has it (`reference_arm`); else
+    the difference's interval on the same scale (T and the budget's mean taken as fixed)."""
     lines: list[str] = []
     judged = users_family(summary)
     for task in dict.fromkeys(row["task"] for row in summary["rows"]):
         rows = {row["arm"]: row for row in summary["rows"] if row["task"] == task}
-        budget, teacher = rows["budget"], summary["teachers"][task]["test"]
-        runs = [r for r in summary["runs"] if r["task"] == task]
+        budget, record = rows["budget"], summary["teachers"][task]
+        teacher, runs = record["test"], [r for r in summary["runs"] if r["task"] == task]
         gap = teacher[budget["metric"]] - budget["mean"]
+        bootstrapped = any("gap" in row for row in rows.values())
         lines += [f"**{TASK_TITLES.get(task, task)}** — teacher F1 {100 * teacher['f1']:.1f} "
-                  f"(P {100 * teacher['precision']:.1f}, R {100 * teacher['recall']:.1f}); the gap to close from the "
-                  f"budget-only student: {100 * gap:.1f} F1.", "",
-                  "| arm | F1 (mean ± sd) | P | R | seeds | − budget (F1) | verdict | gap closed |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f"(P {100 * teacher['precision']:.1f}, R {100 * teacher['recall']:.1f}){_teacher_seeds(record)}; "
+                  f"the gap to close from the budget-only student: {100 * gap:.1f} F1.", "",
+                  "| arm | F1 (mean ± sd) | P | R | seeds | − budget (F1) | verdict | gap closed |"
+                  + (" gap closed, dev |" if bootstrapped else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if bootstrapped else "")]
         for arm, row in rows.items():
             group = [r["test"] for r in runs if r["arm"] == arm]
             precision, recall = (statistics.fmean(t[key] for t in group) for key in ("precision", "recall"))
-            cells = ["", "", ""]
+            cells = ["", "", ""] + ([""] if bootstrapped else [])
             if arm != "budget":
                 result = judged[task, arm]
-                closed = f"{100 * result.difference / gap:.0f}%"
-                if result.low is not None:
-                    closed += f" ({100 * result.low / gap:.0f}% to {100 * result.high / gap:.0f}%)"
+                if bootstrapped:
+                    closed, dev = _gap_cell(row.get("gap")), [_gap_cell(row.get("gap_dev"))]
+                else:
+                    closed, dev = f"{100 * result.difference / gap:.0f}%", []
+                    if result.low is not None:
+                        closed += f" ({100 * result.low / gap:.0f}% to {100 * result.high / gap:.0f}%)"
                 if arm in PAPER_GAP:
                     closed += f"; paper {100 * PAPER_GAP[arm]:.1f}%"
-                cells = [f"{100 * result.difference:+.1f}", verdict(result, 100, 1), closed]
+                cells = [f"{100 * result.difference:+.1f}", verdict(result, 100, 1), closed, *dev]
             flag = " (degenerate)" if row["degenerate_seeds"] else ""
             lines.append(f"| {arm} | {pm(row['mean'], row['sd'])}{flag} | {100 * precision:.1f} | {100 * recall:.1f} | "
                          f"{', '.join(f'{100 * s:.1f}' for s in row['scores'])} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join([*lines, _wall_time(summary)])
+
+
+def _teacher_seeds(record: dict[str, Any]) -> str:
+    """`, mean of seeds 1 (F1 …, dev checkpoint at step …) and 2 (…)` for a teacher trained with several seeds."""
+    seeds = record.get("teacher_seeds") or {}
+    if len(seeds) < 2:
+        return ""
+    return ", the mean of seeds " + " and ".join(
+        f"{seed} ({100 * one['test']['f1']:.1f}, dev checkpoint at step {one['best_step']})"
+        for seed, one in seeds.items())
+
+
+def _gap_cell(gap: dict[str, Any] | None) -> str:
+    if not gap or "estimate" not in gap:
+        return "–"
+    return f"{100 * gap['estimate']:.0f}% ({100 * gap['low']:.0f}% to {100 * gap['high']:.0f}%)"
 
 
 def users_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:

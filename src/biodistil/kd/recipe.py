@@ -323,6 +323,10 @@ class StudyRecipe(Section):
         default_factory=dict, description="recipe values shared by all finetune / kd runs"
     )
     arms: list[StudyArm] = Field(min_length=1)
+    reference_arm: str | None = Field(None, description="the arm every other arm of a task is measured from: the "
+                                      "summary adds each row's gap closed (S − R)/(T − R), S its mean, R the "
+                                      "reference's, T the teachers', with its interval over both arms' runs, the "
+                                      "teacher seeds and the test (and dev) examples")
     earlier_looks: int = Field(0, ge=0, description="how many times the scores of this question were seen before "
                                "this recipe was fixed (e.g. a schedule changed after a first run's scores): each "
                                "comparison is then tested at α/(1 + earlier_looks + the study's own extra looks)")
@@ -370,6 +374,8 @@ class StudyRecipe(Section):
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names) or "teacher" in names:
             raise ValueError(f"arm names must be unique and not 'teacher'; got {names}")
+        if self.reference_arm is not None and self.reference_arm not in names:
+            raise ValueError(f"reference_arm {self.reference_arm!r} is not one of the arms {names}")
         for task in self.tasks:
             if task.teacher is None and (task.teacher_init or self.teacher_init) is None:
                 raise ValueError(f"task {task.name}: give its teacher (fine-tuned) or a teacher_init to fine-tune")

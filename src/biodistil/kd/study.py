@@ -31,7 +31,7 @@ from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.methods.several_teachers import ensemble_test_scores
 from biodistil.paths import recorded
-from biodistil.tasks.bootstrap import read_scored_run, share_interval
+from biodistil.tasks.bootstrap import gap_interval, read_scored_run, share_interval
 from biodistil.tasks.encoding import fit_length_to_model
 from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
@@ -235,7 +235,7 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     summary = {"rows": rows, "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
-               "side_by_side": side_by_side, "looks": looked}
+               "side_by_side": side_by_side, "looks": looked, "reference_arm": recipe.reference_arm}
     plot_study(summary["rows"], root / "scores.png")
     atomic_write_text(root / "report.md", render_study(summary, root))
     atomic_write_json(root / SUMMARY, jsonable(summary))  # last: the study's "finished" marker
@@ -246,15 +246,22 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
     """Each row's share of the teacher with its 95% interval over seeds and test sentences (`tasks.bootstrap`: runs
     drawn per side — an arm's starts and its seeds, crossed; every teacher seed — sentences paired), from the
     runs' predictions and the teachers'; `share` on the test split, `share_dev` on the dev split (the final models'
-    dev predictions). A row whose predictions cannot be paired with the teachers' (another split, another metric,
-    runs from before dev predictions were written) says why instead."""
+    dev predictions). With a `reference_arm`, every other row's gap closed from it likewise (`gap`, `gap_dev`). A
+    row whose predictions cannot be paired with the teachers' (another split, another metric, runs from before dev
+    predictions were written) says why instead."""
     for study_task in recipe.tasks:
         models = _teacher_models(study_task, recipe, root)
-        for split, key, file in (("test", "share", TEST_PREDICTIONS), ("dev", "share_dev", DEV_PREDICTIONS)):
+        for split, suffix, file in (("test", "", TEST_PREDICTIONS), ("dev", "_dev", DEV_PREDICTIONS)):
             task, examples = _split(recipe, study_task, models, split)
             teachers = _teacher_predictions(task, examples, models, recipe, root)  # once per split, for every row
-            for row in (row for row in rows if row["task"] == task.name):
-                row[key] = _share(task, row["metric"], teachers, _row_runs(runs, row), file, root)
+            mine = [row for row in rows if row["task"] == task.name]
+            for row in mine:
+                row["share" + suffix] = _interval_record(task, row["metric"], teachers, file, root,
+                                                         _row_runs(runs, row))
+            reference = next((row for row in mine if row["arm"] == recipe.reference_arm), None)
+            for row in (row for row in mine if reference is not None and row is not reference):
+                row["gap" + suffix] = _interval_record(task, row["metric"], teachers, file, root,
+                                                       _row_runs(runs, row), _row_runs(runs, reference))
 
 
 def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]:
@@ -278,17 +285,24 @@ def _teacher_predictions(task: TaskSpec, examples: list[Example], models: list[s
         return err
 
 
-def _share(task: TaskSpec, metric: str, teachers: list[Path] | BiodistilError, groups: list[list[StudyRun]],
-           file: str, root: Path) -> dict[str, Any]:
+def _interval_record(task: TaskSpec, metric: str, teachers: list[Path] | BiodistilError, file: str, root: Path,
+                     groups: list[list[StudyRun]], reference: list[list[StudyRun]] | None = None) -> dict[str, Any]:
+    """The share of the teacher of the runs in `groups` — or, given a `reference` arm's runs, the gap they close from
+    it — with its interval, as recorded; or why there is none."""
     positive_at = positive_index(task) if task.kind != "token_classification" else None
     scored = partial(read_scored_run, metric=task.metric, key=metric, positive_at=positive_at, **task.metric_options)
+
+    def side(runs: list[list[StudyRun]]) -> list[Any]:
+        sides: list[Any] = [[scored(run.folder / file) for run in group] for group in runs]
+        return [group[0] for group in sides] if all(len(group) == 1 for group in sides) else sides  # one-level draw
+
     try:
         if isinstance(teachers, BiodistilError):
             raise teachers
-        students: list[Any] = [[scored(run.folder / file) for run in group] for group in groups]
-        if all(len(group) == 1 for group in students):  # one run per group: the one-level draw
-            students = [group[0] for group in students]
-        return share_interval(students, [scored(path) for path in teachers]).as_record()
+        teacher_runs = [scored(path) for path in teachers]
+        if reference is None:
+            return share_interval(side(groups), teacher_runs).as_record()
+        return gap_interval(side(groups), side(reference), teacher_runs).as_record()
     except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
         return {"why_none": str(err).replace(str(root), ".")}
 
@@ -497,6 +511,7 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
         lines.append(f"| {row['task']} | {row['arm']} | {row['command']} | {row['metric']} | {row['mean']:.4f} ± "
                      f"{row['sd']:.4f}{flag} | {row['init']:.4f} | {row['teacher']:.4f} | {row['gap_closed']:.3f} | "
                      f"{_share_cell(row.get('share'))} | {_share_cell(row.get('share_dev'))} |")
+    lines += _gap_lines(summary)
     lines += _units_notes(summary)
     lines += _differences(summary["rows"], summary.get("looks", 1))
     notes = [_one_class_note(row) for row in summary["rows"] if row.get("degenerate_seeds")]
@@ -525,6 +540,18 @@ def _units_notes(summary: dict[str, Any]) -> list[str]:
               f"means {', '.join(f'{score:.4f}' for score in row['start_scores'])})."
               for row in summary["rows"] if row.get("starts")]
     return ["", *notes] if notes else []
+
+
+def _gap_lines(summary: dict[str, Any]) -> list[str]:
+    """The gap each arm closes from the recipe's `reference_arm`, on test and dev, with its interval."""
+    rows = [row for row in summary["rows"] if "gap" in row]
+    if not rows:
+        return []
+    return ["", f"Gap closed from `{summary['reference_arm']}`: (S − R)/(T − R) of the mean scores, R the reference "
+            "arm's, T the teachers' (95% CI over both arms' runs, the teacher seeds and the sentences, paired).", "",
+            "| task | arm | gap closed, test | gap closed, dev |", "|---|---|---|---|",
+            *(f"| {row['task']} | {row['arm']} | {_share_cell(row['gap'])} | {_share_cell(row.get('gap_dev'))} |"
+              for row in rows)]
 
 
 def _share_cell(share: dict[str, Any] | None) -> str:

@@ -1,10 +1,11 @@
 """Intervals that include the test set's sampling: a paired bootstrap over test examples (sentences, or documents),
 two-level when each side has several runs (seeds).
 
-A statistic of two sides — the share of the teacher S/T, or a difference A − B — is recomputed on B resamples. Each
-resample draws, with replacement, the runs of each side (seed variance: of the students, and of the teachers when
-several were trained) and then the test examples, the same examples for every run (paired: a hard sentence is hard
-for both sides); the side's score is the mean over its drawn runs of the task's headline metric on the drawn examples.
+A statistic of two or more sides — the share of the teacher S/T, a difference A − B, the gap closed (S − R)/(T − R) from
+a reference arm R — is recomputed on B resamples. Each resample draws, with replacement, the runs of each side (seed
+variance: of the students, and of the teachers when several were trained) and then the test examples, the same examples
+for every run (paired: a hard sentence is hard for both sides); the side's score is the mean over its drawn runs of the
+task's headline metric on the drawn examples.
 The interval is the percentile interval of the B statistics. With one run a side it is the plain paired bootstrap
 over examples. A side may also be given as groups of runs (e.g. the fine-tuning seeds of each distillation run): a
 resample then draws the groups and the runs within them — the two-level bootstrap that keeps the variance between
@@ -49,8 +50,8 @@ class Interval:
     low: float
     high: float
     resamples: int
-    runs: tuple[int, int]  # runs (seeds) on each side
-    groups: tuple[int, int] | None = None  # groups of runs on each side, when a side was given in groups
+    runs: tuple[int, ...]  # runs (seeds) on each side
+    groups: tuple[int, ...] | None = None  # groups of runs on each side, when a side was given in groups
 
     def as_record(self) -> dict[str, Any]:
         method = "paired bootstrap over test examples, runs drawn per side"
@@ -170,35 +171,45 @@ Side = Sequence[ScoredRun] | Sequence[Sequence[ScoredRun]]  # runs, or groups of
 def share_interval(students: Side, teachers: Side, resamples: int = RESAMPLES, seed: int = 0) -> Interval:
     """The share of the teacher, mean student score / mean teacher score, with its interval (resamples on which the
     teacher scores 0 have no share and are left out); a teacher that scores 0 on the whole test set has none."""
-    teacher_groups = _groups(teachers)
-    _check_aligned([*_runs(_groups(students)), *_runs(teacher_groups)])
-    if _mean(_runs(teacher_groups), np.arange(len(teacher_groups[0][0].ids))) == 0:
+    _check_aligned([*_runs(_groups(students)), *_runs(_groups(teachers))])
+    if _whole_split_mean(teachers) == 0:
         raise BiodistilError("the teacher scores 0 on the test set: there is no share of it to form")
-    return _interval(students, teachers, lambda s, t: s / t if t else float("nan"), resamples, seed)
+    return _interval((students, teachers), lambda s, t: s / t if t else float("nan"), resamples, seed)
 
 
 def difference_interval(first: Side, second: Side, resamples: int = RESAMPLES, seed: int = 0) -> Interval:
     """mean score of `first` − mean score of `second`, with its interval."""
-    return _interval(first, second, lambda a, b: a - b, resamples, seed)
+    return _interval((first, second), lambda a, b: a - b, resamples, seed)
 
 
-def _interval(first: Side, second: Side, statistic: Callable[[float, float], float], resamples: int,
-              seed: int) -> Interval:
-    sides = (_groups(first), _groups(second))
-    _check_aligned([*_runs(sides[0]), *_runs(sides[1])])
+def gap_interval(students: Side, reference: Side, teachers: Side, resamples: int = RESAMPLES,
+                 seed: int = 0) -> Interval:
+    """The gap closed from a reference arm, (S − R)/(T − R) of the mean scores, with its interval: every side's runs
+    drawn, the examples paired across all three (resamples on which T = R have no gap and are left out)."""
+    if _whole_split_mean(teachers) == _whole_split_mean(reference):
+        raise BiodistilError("the reference arm scores as the teacher does on the test set: there is no gap to close")
+    return _interval((students, reference, teachers), lambda s, r, t: (s - r) / (t - r) if t != r else float("nan"),
+                     resamples, seed)
+
+
+def _interval(given: Sequence[Side], statistic: Callable[..., float], resamples: int, seed: int) -> Interval:
+    """`statistic` of the sides' mean scores on the whole split and its percentile interval over `resamples`, each
+    drawing every side's runs (`_draw`) and then one set of examples for all of them."""
+    sides = [_groups(side) for side in given]
+    _check_aligned([run for side in sides for run in _runs(side)])
     examples = len(sides[0][0][0].ids)
     everything = np.arange(examples)
-    estimate = statistic(_mean(_runs(sides[0]), everything), _mean(_runs(sides[1]), everything))
+    estimate = statistic(*(_mean(_runs(side), everything) for side in sides))
     rng = np.random.default_rng(seed)
     values = np.empty(resamples)
     for b in range(resamples):
-        runs_a, runs_b = _draw(sides[0], rng), _draw(sides[1], rng)
+        runs = [_draw(side, rng) for side in sides]
         drawn = rng.integers(examples, size=examples)
-        values[b] = statistic(_mean(runs_a, drawn), _mean(runs_b, drawn))
+        values[b] = statistic(*(_mean(side_runs, drawn) for side_runs in runs))
     low, high = np.nanquantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    grouped = any(not isinstance(item, ScoredRun) for side in (first, second) for item in side)
-    return Interval(float(estimate), float(low), float(high), resamples, (len(_runs(sides[0])), len(_runs(sides[1]))),
-                    (len(sides[0]), len(sides[1])) if grouped else None)
+    grouped = any(not isinstance(item, ScoredRun) for side in given for item in side)
+    return Interval(float(estimate), float(low), float(high), resamples, tuple(len(_runs(side)) for side in sides),
+                    tuple(len(side) for side in sides) if grouped else None)
 
 
 def _groups(side: Side) -> list[list[ScoredRun]]:
@@ -223,6 +234,11 @@ def _draw(groups: list[list[ScoredRun]], rng: np.random.Generator) -> list[Score
         positions = rng.integers(size, size=size)
         return [group[i] for group in chosen for i in positions]
     return [group[i] for group in chosen for i in rng.integers(len(group), size=len(group))]
+
+
+def _whole_split_mean(side: Side) -> float:
+    runs = _runs(_groups(side))
+    return _mean(runs, np.arange(len(runs[0].ids)))
 
 
 def _mean(runs: Sequence[ScoredRun], indices: np.ndarray) -> float:

@@ -32,9 +32,9 @@ from biodistil.training.provenance import provenance
 
 # training settings that a resumed run may change: they only say how often to report and keep, never what is learned
 # bookkeeping, and how batches are loaded (the workers make the same batches and masks: seeded per micro-step; a run
-# begun before `train.num_workers: auto` recorded 0)
+# begun before `train.num_workers: auto` recorded 0); and a study's `reference_arm`, what its summary compares
 SAFE_TO_CHANGE_ON_RESUME = ("train.progress_bar", "train.log_every", "train.save_every", "train.keep_checkpoints",
-                            "train.tensorboard", "train.eval_batches", "train.num_workers")
+                            "train.tensorboard", "train.eval_batches", "train.num_workers", "reference_arm")
 
 
 SUMMARY = "summary.json"  # written last by every job (`JobFolder.finish`): the one "finished" marker (`finished`)
