@@ -66,7 +66,7 @@ from biodistil.teachers.masked_lm_cache import Cache, CacheReader, CacheSpec, Ma
 from biodistil.teachers.signal import CachedTeacher, OnlineTeacher
 from biodistil.training.compiling import CompileChoice, apply_compile
 from biodistil.training.engine import adamw
-from biodistil.training.machine import cpu_line, dtype_note, teacher_dtype
+from biodistil.training.machine import cpu_line, dtype_note, resolve_precision, teacher_dtype
 
 MASKING = MaskingConfig(duplication=1)
 MODES = ("mlm", "live-all", "live-masked", "cache-head", "cache-top-k")
@@ -92,9 +92,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", choices=MODES + PEER_MODES,
                         help="run these modes (default: all but the peer's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--student-precision", choices=("no", "bf16"), default="no",
+    parser.add_argument("--student-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="bf16: every mode's student step under bf16 autocast (`train.precision: bf16`), plus "
-                             "the mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up")
+                             "the mode `mlm-fp32` (plain MLM in float32, the same batches) for the bf16 speed-up; "
+                             "auto (default): as `train.precision: auto` trains on this device — bf16 where it is "
+                             "native, else float32 (no, also for fp16, which the bench has no path for)")
     parser.add_argument("--compile", choices=("auto", "true", "false", "rows"), default="auto",
                         help="as `train.compile`: auto = the KL's row kernel where a C++ compiler is found; true = "
                              "also the student's encoder and the live teacher's; false = nothing; rows = the KL's "
@@ -109,7 +111,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the measurement, profile N more rounds (torch.profiler) and print each mode's "
                              "N most expensive operators")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.student_precision == "auto":
+        chosen = resolve_precision("auto", torch.device(args.device))[0]
+        args.student_precision = chosen if chosen == "bf16" else "no"
+    return args
 
 
 class PhaseClock:
