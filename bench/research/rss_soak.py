@@ -98,12 +98,11 @@ class SoakTimeUp(Exception):
 
 
 def cpu_flags() -> list[str]:
+    """The CPU's flags that decide the bf16 path (from the machine record's reader)."""
+    from biodistil.training.machine import cpu_info
+
     wanted = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    return sorted(wanted & set(text.split()))
+    return sorted(wanted & set(cpu_info()[1] or ()))
 
 
 def soak(args) -> dict:
