@@ -151,11 +151,13 @@ def test_the_int8_fallback_predicts_unsure_windows_again_with_the_fp32_graph(ner
     assert everything(texts) == fp32 and everything.fallback.rerun == everything.fallback.windows > 0
     nothing = Predictor(tmp_path / "onnx", max_length=16, threads=1, int8_fallback=1e-12)
     # only a window whose two best tags tie exactly in the int8 graph's (quantised) logits has a gap under 1e-12:
-    # rarely one; it alone is predicted again, so every record is the int8 one but for at most that many
+    # rarely one; it alone is predicted again, so every record is the int8 one but for at most that many (a record of
+    # several 16-token windows then joins the fp32 graph's tags for that window to the int8 graph's for the others:
+    # it may be neither graph's record)
     records, ties = nothing(texts), nothing.fallback.rerun
     assert ties <= nothing.fallback.windows // 20
-    assert all(r in (i, f) for r, i, f in zip(records, int8, fp32, strict=True))
     assert sum(r != i for r, i in zip(records, int8, strict=True)) <= ties
+    assert ties > 0 or records == int8
     def spans(records):
         return [{(e["start"], e["end"], e["label"]) for e in r["entities"]} for r in records]
 
