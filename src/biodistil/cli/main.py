@@ -5,6 +5,7 @@
     pipeline                         pipeline                                          pipeline.PipelineRecipe
     finetune                         finetune.command (task_commands)                  finetune.command
     transfer, kd, study              kd.transfer, kd.command, kd.study (task_commands) kd.recipe
+    pack-study                       kd.study_records (task_commands)                  (arguments)
     evaluate                         evaluation.runner; --finetuned: .finetuned        evaluation.recipe
     report, bench                    evaluation.report, evaluation.bench               (arguments)
     export                           export.command (export_commands)                  (arguments)

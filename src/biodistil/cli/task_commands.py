@@ -1,6 +1,7 @@
 """Task-specific commands: finetune, kd, transfer and study (registered by `register`)."""
 
 import argparse
+from pathlib import Path
 
 from biodistil.cli.common import add_recipe_command, processes_value, recipe_overrides, run_recipe
 
@@ -48,7 +49,17 @@ def _study(args: argparse.Namespace) -> object:
     if args.stop_after is not None:
         raise BiodistilError("study: --stop-after does not apply (interrupt it and continue with --resume)")
     recipe = load_recipe(StudyRecipe, args.recipe, recipe_overrides(args))
-    return run_study(recipe, resume=args.resume, processes=args.processes)
+    return run_study(recipe, resume=args.resume, processes=args.processes, from_records=args.from_records)
+
+
+def _pack_study(args: argparse.Namespace) -> object:
+    from biodistil.kd.study_records import pack_study
+
+    packed = pack_study(args.folder, args.out)
+    print(f"{args.out}: the records of {packed['runs']} finished runs ({packed['unfinished']} unfinished left out: "
+          f"they run again), {packed['bytes'] / 1e6:.1f} MB; continue the study elsewhere with `biodistil study "
+          f"RECIPE --from-records {args.out}`")
+    return args.out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,3 +77,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     study.add_argument("--processes", type=processes_value, default=1, metavar="N|auto",
                        help="run the arm × seed runs N at a time in worker processes of this machine, the cores "
                        "shared between them (auto: one per idle core on a CPU machine; default 1: one after another)")
+    study.add_argument("--from-records", type=Path, metavar="FILE",
+                       help="continue a study from the records `biodistil pack-study` wrote (on another machine, say), "
+                       "in a new output folder: finished runs are kept; a teacher a remaining run needs is fine-tuned "
+                       "again and used only if its weights are the recorded ones to the bit")
+    pack = sub.add_parser("pack-study", help="Pack a study's finished records, without weights, to continue it on "
+                          "another machine", description="Write the records of a study's finished runs and teachers "
+                          "(recipes, metrics, predictions, reports; no weights or checkpoints) into one .tar.gz, to "
+                          "continue the study elsewhere with `biodistil study RECIPE --from-records FILE`. Safe "
+                          "while the study runs: unfinished runs are left out.")
+    pack.add_argument("folder", type=Path, metavar="DIR", help="the study's folder (its run.output_dir)")
+    pack.add_argument("--out", type=Path, required=True, metavar="FILE", help="the .tar.gz to write")
+    pack.set_defaults(run=_pack_study)

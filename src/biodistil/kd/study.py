@@ -13,8 +13,11 @@ main process makes to process i mod P). Each run's folder is written by its proc
 writes summary.json, report.md and scores.png: the same as one process's, since every run depends on its seed alone.
 """
 
+import os
+import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,6 +32,7 @@ from biodistil.finetune.selection import DEV_PREDICTIONS, TEST_PREDICTIONS
 from biodistil.io import atomic_write_json, atomic_write_text, jsonable, number, read_json
 from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
+from biodistil.kd.study_records import unpack_study
 from biodistil.methods.several_teachers import ensemble_test_scores
 from biodistil.paths import recorded
 from biodistil.tasks.bootstrap import gap_interval, read_scored_run, share_interval
@@ -37,6 +41,7 @@ from biodistil.tasks.recipe import TaskConfig, load_task_split, task_spec
 from biodistil.tasks.registry import TaskSpec, get_task
 from biodistil.tasks.scoring import positive_index
 from biodistil.tasks.significance import compare_scores, holm
+from biodistil.teachers.store import left_out_fingerprint, teacher_fingerprint
 from biodistil.teachers.task_cache import teacher_test_predictions, teacher_test_scores
 from biodistil.training.machine import describe_machine
 from biodistil.training.pool import run_in_workers, side_by_side_plan
@@ -46,21 +51,27 @@ from biodistil.training.run import SUMMARY, RunFolder, finished, run_stage
 RECORDS = ("metrics.json",)  # what the summary reads of each run: a run without it (lost, damaged) runs again
 
 
-def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Literal["auto"] = 1) -> Path:
+def run_study(recipe: StudyRecipe, resume: bool = False, processes: int | Literal["auto"] = 1,
+              from_records: Path | None = None) -> Path:
     """Run every task's teacher, arms and seeds; write `summary.json` (settings, machine, per-seed scores and
     wall times, the table) and `report.md` in the study folder. Launched as several processes, share the runs out
     over them (see the module docstring); in one process, `processes` other than 1 runs the arm × seed runs side by
-    side in worker processes (`training.pool`; `auto` decides from the idle cores)."""
+    side in worker processes (`training.pool`; `auto` decides from the idle cores). `from_records`: a file of
+    `pack_study` to continue the study from, in a new folder (`kd.study_records`)."""
     launch = Launch.current()
     with launch.main_first():  # the main process takes the folder and writes the student; the others read it
+        if from_records is not None and launch.is_main:
+            unpack_study(from_records, Path(recipe.run.output_dir))
+        resume = resume or from_records is not None
         root = _study_folder(recipe, resume) if launch.is_main else Path(recipe.run.output_dir)
         student = init_model_path(recipe.student, recipe.student_layers, root)  # one copy for every arm
     settings = jsonable(recipe.model_dump(mode="json"))
     recipe = recipe.model_copy(update={"student": student, "student_layers": None})
-    for position in launch.share([1.0] * len(recipe.tasks)):
-        _teacher(recipe, recipe.tasks[position], root)
-    launch.wait()
     runs = _study_runs(recipe, root)
+    unfinished = [run for run in runs if finished(run.folder, needs=RECORDS, quiet=True) is None]
+    for position in launch.share([1.0] * len(recipe.tasks)):
+        _teacher(recipe, recipe.tasks[position], root, _weights_needed(recipe.tasks[position], unfinished, root))
+    launch.wait()
     pending = launch.from_main(lambda: [i for i, run in enumerate(runs) if finished(run.folder, needs=RECORDS) is None])
     side_by_side = _run_all([runs[pending[position]] for position in launch.share([1.0] * len(pending))],
                             processes if launch.count == 1 else 1, root)
@@ -161,18 +172,18 @@ def _starts(command: str, starts: list[str] | None, overrides: dict[str, Any]
     return [(k, deep_merge(overrides, {section: {"name_or_path": start}})) for k, start in enumerate(starts, 1)]
 
 
-def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> None:
+def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path, needed: set[Path]) -> None:
     """A task's teacher (fine-tuned by the study unless given) and its more teachers, each scored on the test set
-    (T, kept in the store)."""
+    (T, kept in the store); one in `needed` whose records came without its weights is fine-tuned again."""
     task_dir = root / get_task(study_task.name).name
     if study_task.teacher is None:
         for seed, model in zip(_teacher_seeds(recipe, study_task), _teacher_models(study_task, recipe, root),
                                strict=True):
             _teacher_stage(recipe, study_task.name, study_task.teacher_init or recipe.teacher_init,
-                           study_task.teacher_overrides, Path(model).parent, seed)
+                           study_task.teacher_overrides, Path(model).parent, seed, needed)
     for name, more in study_task.more_teachers.items():
         _teacher_stage(recipe, study_task.name, more.teacher_init, more.teacher_overrides, task_dir / f"teacher-{name}",
-                       recipe.seeds[0])
+                       recipe.seeds[0], needed)
     for teacher in [*_teachers(study_task, root).values(), *_teacher_models(study_task, recipe, root)[1:]]:
         _teacher_scores(recipe, study_task, teacher, root)
 
@@ -383,13 +394,56 @@ def _data_dir(recipe: StudyRecipe) -> dict[str, Any]:
 
 
 def _teacher_stage(recipe: StudyRecipe, task: str, init: str | None, overrides: dict[str, Any],
-                   folder: Path, seed: int) -> None:
+                   folder: Path, seed: int, needed: set[Path]) -> None:
     raw = deep_merge(deep_merge(recipe.defaults.get("finetune", {}), overrides), {
         "model": {"name_or_path": init},
         "run": {"output_dir": str(folder), "seed": seed},
         "task": {"name": task, **_data_dir(recipe)}})
     raw.setdefault("export", {})["enabled"] = True
     _stage("finetune", raw, folder)
+    recorded = left_out_fingerprint(folder / "model")
+    if recorded is not None and folder / "model" in needed:
+        _fine_tune_again(raw, folder, recorded)
+
+
+def _weights_needed(study_task: StudyTask, unfinished: list[StudyRun], root: Path) -> set[Path]:
+    """The task's teachers whose weights this study still reads: those an unfinished kd run names, and every more
+    teacher (the summary scores their ensemble)."""
+    teachers = {*(Path(path) for path in _teachers(study_task, root).values())}
+    named = {Path(value) for run in unfinished if run.command == "kd" for value in _strings(run.raw)}
+    more = {Path(path) for name, path in _teachers(study_task, root).items() if name != "teacher"}
+    return (teachers & named) | more
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, str):
+        yield value
+
+
+def _fine_tune_again(raw: dict[str, Any], folder: Path, recorded: str) -> None:
+    """A teacher carried without its weights (`kd.study_records`), fine-tuned again beside its records: its new
+    weights take the place of the missing ones only when the folder's fingerprint is the recorded one."""
+    again = folder.with_name(f"{folder.name}-again")
+    print(f"{folder}: its records came without the model's weights and a remaining run learns from it: fine-tuning it "
+          f"again in {again}", flush=True)
+    _stage("finetune", deep_merge(raw, {"run": {"output_dir": str(again)}}), again)
+    found = teacher_fingerprint(again / "model")
+    if found != recorded:
+        raise BiodistilError(
+            f"{folder}: fine-tuned again on this machine, the teacher's weights are not the ones the study's finished "
+            f"runs learned from (fingerprint {found[:12]} against the recorded {recorded[:12]}; the new one is kept in "
+            f"{again}): the remaining runs cannot learn from the same teacher here. Continue the study on a machine of "
+            f"the kind that began it (its CPU and threads: {folder / 'provenance.json'}), or start it again")
+    shutil.rmtree(folder / "model")
+    os.replace(again / "model", folder / "model")
+    shutil.rmtree(again)
+    print(f"{folder}: fine-tuned again, the same weights to the bit (fingerprint {found[:12]})", flush=True)
 
 
 def _arm_recipe(recipe: StudyRecipe, task: str, command: str, overrides: dict[str, Any], teacher: str,

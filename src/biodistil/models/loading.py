@@ -114,6 +114,8 @@ def check_tokenizer_fits(tokenizer: Any, config: Any, where: str) -> None:
                              "was trained with into its folder")
 
 
+LEFT_OUT_WEIGHTS = "weights-left-out.json"  # a model folder's fingerprint where its weights were not packed
+
 # files of which a saved tokenizer has at least one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.model")
@@ -159,7 +161,14 @@ def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
 
 
 def check_model_folder(folder: Path, tokenizer: bool = False) -> None:
-    """A Hugging Face model folder: config.json, weights, and (`tokenizer`) the tokenizer's files."""
+    """A Hugging Face model folder: config.json, weights, and (`tokenizer`) the tokenizer's files; not the records
+    of one packed without them (`LEFT_OUT_WEIGHTS`)."""
+    if (folder / LEFT_OUT_WEIGHTS).is_file() and not any(folder.glob("*.safetensors")):
+        raise BiodistilError(
+            f"Model folder {folder} holds only the records of a model packed without its weights "
+            f"({LEFT_OUT_WEIGHTS}: a study carried to this machine by `biodistil pack-study`); `biodistil study "
+            "--from-records` fine-tunes again a teacher a remaining run needs, and every other model of the study must "
+            "be trained again to be loaded")
     if tokenizer:
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise BiodistilError(

@@ -30,7 +30,7 @@ import pyarrow as pa
 from biodistil.data.corpus import default_cache_dir
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, file_sha256
-from biodistil.models.loading import model_folder
+from biodistil.models.loading import LEFT_OUT_WEIGHTS, model_folder
 
 STORE_VERSION = 5  # of the layout and meaning of every entry: a change rebuilds all entries
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
@@ -46,6 +46,9 @@ def store_root(explicit: str | Path | None = None) -> Path:
 def teacher_fingerprint(name_or_path: str | Path) -> str:
     """sha256 of a teacher's config content, weight files and tokenizer files (the key rule of the module docstring)."""
     folder = model_folder(str(name_or_path))
+    recorded = left_out_fingerprint(folder)
+    if recorded is not None:
+        return recorded
     digest = hashlib.sha256(b"teacher-v1")
     digest.update(json.dumps(_config_content(folder), sort_keys=True).encode())
     weights = sorted({*folder.glob("*.safetensors"), *folder.glob("*.bin")})
@@ -56,6 +59,17 @@ def teacher_fingerprint(name_or_path: str | Path) -> str:
                 for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
                     digest.update(chunk)
     return digest.hexdigest()
+
+
+def left_out_fingerprint(folder: Path) -> str | None:
+    """The recorded fingerprint of a model folder packed without its weights (`kd.study_records`), else None."""
+    record = Path(folder) / LEFT_OUT_WEIGHTS
+    if not record.is_file() or any(Path(folder).glob("*.safetensors")):
+        return None
+    try:
+        return str(json.loads(record.read_text(encoding="utf-8"))["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BiodistilError(f"{record}: expected JSON with the packed model's fingerprint ({err})") from None
 
 
 def _config_content(folder: Path) -> dict:

@@ -1,0 +1,106 @@
+"""A study carried between machines: the records of its finished runs, without their weights.
+
+A study of many runs can take longer than a machine is held (a CI box, a lent server, a working session).
+`pack_study` writes what the study's finished runs and teachers left that its summary reads — recipes, metrics,
+reports, test and dev predictions, the teacher store's scores and predictions — into one `.tar.gz` of a few MB:
+no weights, tokenizers, checkpoints, ONNX graphs, worker logs, the student's `init_model` or tables of teacher
+outputs (each is made again from the recipe when a remaining run needs it). Every model folder packed without its
+weights keeps its `config.json` and `weights-left-out.json` (`LEFT_OUT_WEIGHTS`): the fingerprint of the whole folder
+(`teachers.store.teacher_fingerprint`), which the store's keys go on reading, so the teachers' scores and predictions
+are found without the teacher.
+
+`unpack_study` makes a new study folder of such a file (tarfile's "data" filter: no paths outside it, no links out,
+no device files); `biodistil study --from-records FILE` does so and continues the study (`kd.study`): finished runs are
+kept, and a teacher that a remaining kd run learns from is fine-tuned again and used only when its fingerprint is the
+recorded one — the same weights to the bit; on another kind of CPU it is refused.
+"""
+
+import gzip
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from biodistil.errors import BiodistilError
+from biodistil.models.loading import LEFT_OUT_WEIGHTS
+from biodistil.teachers.store import left_out_fingerprint, teacher_fingerprint
+from biodistil.training.run import SUMMARY, finished
+
+RECORD_SUFFIXES = (".json", ".jsonl", ".yaml", ".md")
+SKIPPED_FOLDERS = ("init_model", "logs", "onnx", "best")  # made again from the recipe, or a run's console or scratch
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt")
+
+
+def pack_study(folder: Path, out: Path) -> dict[str, int]:
+    """Write `out` (a .tar.gz, atomically) from the study in `folder`: its own records and those of each finished run
+    (an unfinished one is left out: it runs again); returns the counts of runs packed and left out, and the bytes."""
+    folder = Path(folder)
+    if not (folder / "config.yaml").is_file():
+        raise BiodistilError(f"{folder}: not a study folder (no config.yaml, the record of its recipe)")
+    counts = {"runs": 0, "unfinished": 0}
+    members = sorted(_records(folder, folder, counts), key=lambda member: member[0])
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    with partial.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped, \
+            tarfile.open(fileobj=zipped, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(partial, out)
+    return {**counts, "bytes": out.stat().st_size}
+
+
+def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple[str, bytes]]:
+    """(name in the archive, content) of every record below `folder` that the study keeps."""
+    if folder != root and (folder / "config.yaml").is_file():  # a run's folder
+        if finished(folder, quiet=True) is None:
+            counts["unfinished"] += 1
+            return
+        counts["runs"] += 1
+    if folder.name in SKIPPED_FOLDERS or folder.name.startswith("checkpoint") or any(folder.glob("*.arrow")):
+        return  # a table or a datasets folder: made again when a run reads it
+    if (folder / "config.json").is_file() and folder != root:
+        yield from _model_records(folder, root)
+        return
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and not path.is_symlink():
+            yield from _records(path, root, counts)
+        elif path.is_file() and path.suffix in RECORD_SUFFIXES and not path.name.startswith("."):
+            yield path.relative_to(root).as_posix(), path.read_bytes()
+
+
+def _model_records(folder: Path, root: Path) -> Iterator[tuple[str, bytes]]:
+    """A model folder's config and the fingerprint of the whole folder (weights and tokenizer included)."""
+    name = folder.relative_to(root).as_posix()
+    yield f"{name}/config.json", (folder / "config.json").read_bytes()
+    if left_out_fingerprint(folder) is not None:  # unpacked earlier, without weights: carried on as it is
+        yield f"{name}/{LEFT_OUT_WEIGHTS}", (folder / LEFT_OUT_WEIGHTS).read_bytes()
+        return
+    record = {"fingerprint": teacher_fingerprint(folder),
+              "left_out": sorted(path.name for path in folder.iterdir() if path.suffix in WEIGHT_SUFFIXES)}
+    yield f"{name}/{LEFT_OUT_WEIGHTS}", (json.dumps(record, indent=1) + "\n").encode()
+
+
+def unpack_study(records: Path, folder: Path) -> None:
+    """A new study folder `folder` from a file `pack_study` wrote."""
+    records, folder = Path(records), Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise BiodistilError(f"{folder} is not empty: a study starts from records only in a new folder (continue the "
+                             "study there with --resume, or give another --out)")
+    try:
+        with tarfile.open(records, mode="r:gz") as tar:
+            names = tar.getnames()
+            if "config.yaml" not in names:
+                raise BiodistilError(f"{records}: expected the records of a study (`biodistil pack-study`), with its "
+                                     "config.yaml at the top; this file has none")
+            tar.extractall(folder, filter="data")
+    except (OSError, tarfile.TarError, EOFError) as err:
+        raise BiodistilError(f"{records}: cannot read it as a study's records (.tar.gz): {err}") from None
+    if (folder / SUMMARY).is_file():
+        print(f"{folder}: the records include a finished study's summary; continuing counts a second look if runs "
+              "are added", flush=True)
+
