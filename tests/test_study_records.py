@@ -55,7 +55,8 @@ def test_a_study_continues_from_its_records_elsewhere_with_its_teacher_fine_tune
     moved = tmp_path / "elsewhere"  # another folder: the records hold no absolute path the study reads
     run_study(tiny_study(task_file, teacher_dir, student, moved), from_records=records)
     out = capsys.readouterr().out
-    assert "fine-tuned again, the same weights to the bit" in out
+    threads = json.loads((whole / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"]["torch_threads"]
+    assert f"({threads} CPU threads, as it was)" in out and "fine-tuned again, the same weights to the bit" in out
     assert teacher_fingerprint(moved / "tiny_qa" / "teacher" / "model") == recorded
     assert (moved / "tiny_qa" / "teacher" / "model" / "model.safetensors").is_file()
     assert not (moved / "tiny_qa" / "teacher-again").exists()

@@ -430,9 +430,11 @@ def _fine_tune_again(raw: dict[str, Any], folder: Path, recorded: str) -> None:
     """A teacher carried without its weights (`kd.study_records`), fine-tuned again beside its records: its new
     weights take the place of the missing ones only when the folder's fingerprint is the recorded one."""
     again = folder.with_name(f"{folder.name}-again")
+    threads = (read_json(folder / "provenance.json").get("machine") or {}).get("torch_threads")
     print(f"{folder}: its records came without the model's weights and a remaining run learns from it: fine-tuning it "
-          f"again in {again}", flush=True)
-    _stage("finetune", deep_merge(raw, {"run": {"output_dir": str(again)}}), again)
+          f"again in {again} ({threads or 'its'} CPU threads, as it was)", flush=True)
+    same = {"run": {"output_dir": str(again)}, **({"train": {"threads": threads}} if threads else {})}
+    _stage("finetune", deep_merge(raw, same), again)  # the thread count it had: another may sum in another order
     found = teacher_fingerprint(again / "model")
     if found != recorded:
         raise BiodistilError(
