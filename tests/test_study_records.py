@@ -3,12 +3,15 @@ folder, its teacher fine-tuned again and used only when its weights are the reco
 
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from biodistil.cli.main import main
 from biodistil.config import validate_recipe
 from biodistil.errors import BiodistilError
+from biodistil.kd import study as study_module
+from biodistil.kd.command import run_kd
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.kd.study_records import pack_study, unpack_study
@@ -29,19 +32,26 @@ def tiny_study(task_file: str, teacher_init, student, out) -> StudyRecipe:
 
 @pytest.mark.slow
 def test_a_study_continues_from_its_records_elsewhere_with_its_teacher_fine_tuned_again_to_the_bit(
-        kd_models, pair_task, teacher_dir, tmp_path, capsys):
+        kd_models, pair_task, teacher_dir, tmp_path, capsys, monkeypatch):
     _, student = kd_models
     task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
-    whole = tmp_path / "whole"
-    run_study(tiny_study(task_file, teacher_dir, student, whole))
-    before = json.loads((whole / "summary.json").read_text())
-    teacher = whole / "tiny_qa" / "teacher" / "model"
-    recorded = teacher_fingerprint(teacher)
-    (whole / "tiny_qa" / "kd" / "seed-1" / "summary.json").unlink()  # the kd run stopped: it runs again elsewhere
-    (whole / "summary.json").unlink()
+    run_study(tiny_study(task_file, teacher_dir, student, tmp_path / "whole"))  # the same study in one go
+    before = json.loads((tmp_path / "whole" / "summary.json").read_text())
 
+    def stopped(recipe, resume):  # the machine is taken back while the kd run trains: no summary was ever made
+        run_kd(recipe, resume)
+        (Path(recipe.run.output_dir) / "summary.json").unlink()
+        raise KeyboardInterrupt
+
+    parted = tmp_path / "parted"
+    monkeypatch.setattr(study_module, "run_kd", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(tiny_study(task_file, teacher_dir, student, parted))
+    monkeypatch.undo()
+    assert not (parted / "summary.json").exists()
+    recorded = teacher_fingerprint(parted / "tiny_qa" / "teacher" / "model")
     records = tmp_path / "records" / "study.tar.gz"
-    assert main(["pack-study", str(whole), "--out", str(records)]) == 0
+    assert main(["pack-study", str(parted), "--out", str(records)]) == 0
     assert "the records of 3 finished runs (1 unfinished left out" in capsys.readouterr().out
     with tarfile.open(records) as tar:
         names = tar.getnames()
@@ -55,7 +65,7 @@ def test_a_study_continues_from_its_records_elsewhere_with_its_teacher_fine_tune
     moved = tmp_path / "elsewhere"  # another folder: the records hold no absolute path the study reads
     run_study(tiny_study(task_file, teacher_dir, student, moved), from_records=records)
     out = capsys.readouterr().out
-    threads = json.loads((whole / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"]["torch_threads"]
+    threads = json.loads((parted / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"]["torch_threads"]
     assert f"({threads} CPU threads, as it was)" in out and "fine-tuned again, the same weights to the bit" in out
     assert teacher_fingerprint(moved / "tiny_qa" / "teacher" / "model") == recorded
     assert (moved / "tiny_qa" / "teacher" / "model" / "model.safetensors").is_file()
@@ -68,11 +78,16 @@ def test_a_study_continues_from_its_records_elsewhere_with_its_teacher_fine_tune
     assert after["teachers"]["tiny_qa"]["test"] == before["teachers"]["tiny_qa"]["test"]
     assert after["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"] == \
         before["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"], "the seed-2 teacher's scores from the store"
+    rows = {row["arm"]: row for row in after["rows"]}
+    for row in before["rows"]:  # the intervals too: every teacher seed's test and dev predictions were in the store
+        for key in ("share", "share_dev"):
+            carried = rows[row["arm"]][key]
+            assert carried == row[key] if "why_none" in row[key] else carried.keys() == row[key].keys(), carried
     kept = {(run["arm"], run["seed"]): run for run in after["runs"]}
     for run in before["runs"]:
         assert kept[run["arm"], run["seed"]]["test"] == pytest.approx(run["test"], abs=1e-9), run["arm"]
-    assert kept["fine-tuned", 1]["wall_seconds"] == next(
-        run for run in before["runs"] if run["arm"] == "fine-tuned")["wall_seconds"], "carried, not run again"
+    parted_run = json.loads((parted / "tiny_qa" / "fine-tuned" / "seed-1" / "metrics.json").read_text())
+    assert kept["fine-tuned", 1]["wall_seconds"] == parted_run["wall_seconds"], "carried, not run again"
 
 
 @pytest.mark.slow

@@ -174,7 +174,8 @@ def _starts(command: str, starts: list[str] | None, overrides: dict[str, Any]
 
 def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path, needed: set[Path]) -> None:
     """A task's teacher (fine-tuned by the study unless given) and its more teachers, each scored on the test set
-    (T, kept in the store); one in `needed` whose records came without its weights is fine-tuned again."""
+    (T, kept in the store with the teacher seeds' test and dev predictions); one in `needed` whose records came
+    without its weights is fine-tuned again."""
     task_dir = root / get_task(study_task.name).name
     if study_task.teacher is None:
         for seed, model in zip(_teacher_seeds(recipe, study_task), _teacher_models(study_task, recipe, root),
@@ -186,6 +187,9 @@ def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path, needed: set
                        recipe.seeds[0], needed)
     for teacher in [*_teachers(study_task, root).values(), *_teacher_models(study_task, recipe, root)[1:]]:
         _teacher_scores(recipe, study_task, teacher, root)
+    models = _teacher_models(study_task, recipe, root)
+    for split in ("test", "dev"):  # what the summary pairs with the arms' predictions, stored while teachers are here
+        _teacher_predictions(*_split(recipe, study_task, models, split), models, recipe, root)
 
 
 def _teacher_seeds(recipe: StudyRecipe, study_task: StudyTask) -> list[int]:

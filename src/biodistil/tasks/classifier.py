@@ -11,6 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 from transformers.utils import logging as transformers_logging
 
 from biodistil.errors import BiodistilError
+from biodistil.models.loading import check_model_folder
 from biodistil.tasks.registry import TaskSpec
 
 
@@ -22,6 +23,8 @@ def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
                               "label2id": task.label_to_id}
     if task.kind == "multilabel_classification":
         kwargs["problem_type"] = "multi_label_classification"
+    if Path(model_dir).is_dir():
+        check_model_folder(Path(model_dir))
     quiet = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # the "MLM head unused, new head initialised" report is expected
     try:
