@@ -2,7 +2,11 @@
 folder, its teacher fine-tuned again and used only when its weights are the recorded ones."""
 
 import json
+import shutil
 import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from biodistil.kd.command import run_kd
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
 from biodistil.kd.study_records import pack_study, unpack_study
-from biodistil.models.loading import LEFT_OUT_WEIGHTS, load_encoder
+from biodistil.models.loading import LEFT_OUT_WEIGHTS, TOKENIZER_FILES, WeightsLeftOut, load_encoder
 from biodistil.teachers.store import teacher_fingerprint
 
 
@@ -30,81 +34,115 @@ def tiny_study(task_file: str, teacher_init, student, out) -> StudyRecipe:
         "arms": [{"name": "fine-tuned", "command": "finetune"}, {"name": "kd"}]})
 
 
-@pytest.mark.slow
-def test_a_study_continues_from_its_records_elsewhere_with_its_teacher_fine_tuned_again_to_the_bit(
-        kd_models, pair_task, teacher_dir, tmp_path, capsys, monkeypatch):
-    _, student = kd_models
-    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
-    run_study(tiny_study(task_file, teacher_dir, student, tmp_path / "whole"))  # the same study in one go
-    before = json.loads((tmp_path / "whole" / "summary.json").read_text())
+@dataclass(frozen=True)
+class Carried:
+    """A tiny study run in one go, the same study stopped while its kd run trained (no summary ever made), and the
+    records packed from the stopped one."""
 
-    def stopped(recipe, resume):  # the machine is taken back while the kd run trains: no summary was ever made
-        run_kd(recipe, resume)
-        (Path(recipe.run.output_dir) / "summary.json").unlink()
+    recipe: Callable[[Path], StudyRecipe]
+    before: dict
+    parted: Path
+    records: Path
+    fingerprint: str
+
+
+@pytest.fixture(scope="module")
+def carried(kd_models, pair_task, teacher_dir, tmp_path_factory) -> Carried:
+    root = tmp_path_factory.mktemp("carried")
+    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
+    recipe = partial(tiny_study, task_file, teacher_dir, kd_models[1])
+    run_study(recipe(root / "whole"))
+
+    def stopped(kd_recipe, resume):  # the machine is taken back while the kd run trains
+        run_kd(kd_recipe, resume)
+        (Path(kd_recipe.run.output_dir) / "summary.json").unlink()
         raise KeyboardInterrupt
 
-    parted = tmp_path / "parted"
-    monkeypatch.setattr(study_module, "run_kd", stopped)
-    with pytest.raises(KeyboardInterrupt):
-        run_study(tiny_study(task_file, teacher_dir, student, parted))
-    monkeypatch.undo()
-    assert not (parted / "summary.json").exists()
-    recorded = teacher_fingerprint(parted / "tiny_qa" / "teacher" / "model")
-    records = tmp_path / "records" / "study.tar.gz"
-    assert main(["pack-study", str(parted), "--out", str(records)]) == 0
-    assert "the records of 3 finished runs (1 unfinished left out" in capsys.readouterr().out
-    with tarfile.open(records) as tar:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(study_module, "run_kd", stopped)
+        run_study(recipe(root / "parted"))
+    assert not (root / "parted" / "summary.json").exists()
+    records = root / "records" / "study.tar.gz"
+    assert main(["pack-study", str(root / "parted"), "--out", str(records)]) == 0
+    return Carried(recipe, json.loads((root / "whole" / "summary.json").read_text()), root / "parted", records,
+                   teacher_fingerprint(root / "parted" / "tiny_qa" / "teacher" / "model"))
+
+
+def test_the_records_hold_what_the_study_reads_and_no_weights(carried):
+    with tarfile.open(carried.records) as tar:
         names = tar.getnames()
         left_out = json.load(tar.extractfile(f"tiny_qa/teacher/model/{LEFT_OUT_WEIGHTS}"))
     assert "config.yaml" in names and "tiny_qa/fine-tuned/seed-1/test_predictions.jsonl" in names
     assert not any(name.endswith(".safetensors") or "/kd/" in name or "checkpoint" in name for name in names)
-    assert left_out == {"fingerprint": recorded, "left_out": ["model.safetensors"]}
-    assert sorted(name for name in names if name.startswith("tiny_qa/teacher/model/")) == [
-        "tiny_qa/teacher/model/config.json", f"tiny_qa/teacher/model/{LEFT_OUT_WEIGHTS}"]
+    assert left_out == {"fingerprint": carried.fingerprint, "left_out": ["model.safetensors"]}
+    teacher = sorted(name.rsplit("/", 1)[1] for name in names if name.startswith("tiny_qa/teacher/model/"))
+    assert teacher == sorted(["config.json", LEFT_OUT_WEIGHTS, *(
+        path.name for path in (carried.parted / "tiny_qa" / "teacher" / "model").iterdir()
+        if path.name in TOKENIZER_FILES)]), "a teacher's tokenizer, read beside its stored outputs"
+    assert [name for name in names if name.startswith("tiny_qa/fine-tuned/seed-1/model/")] == [
+        "tiny_qa/fine-tuned/seed-1/model/config.json", f"tiny_qa/fine-tuned/seed-1/model/{LEFT_OUT_WEIGHTS}"]
+    tables = [name for name in names if name.startswith("cache/task-") and name.endswith(".arrow")]
+    assert tables, "the teacher's outputs over the kd run's transfer set, stored"
 
-    moved = tmp_path / "elsewhere"  # another folder: the records hold no absolute path the study reads
-    run_study(tiny_study(task_file, teacher_dir, student, moved), from_records=records)
-    out = capsys.readouterr().out
-    threads = json.loads((parted / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"]["torch_threads"]
-    assert f"({threads} CPU threads, as it was)" in out and "fine-tuned again, the same weights to the bit" in out
-    assert teacher_fingerprint(moved / "tiny_qa" / "teacher" / "model") == recorded
-    assert (moved / "tiny_qa" / "teacher" / "model" / "model.safetensors").is_file()
-    assert not (moved / "tiny_qa" / "teacher-again").exists()
-    second = moved / "tiny_qa" / "teacher-seed-2" / "model"  # no remaining run learns from it: records only
-    assert not (second / "model.safetensors").exists()
-    with pytest.raises(BiodistilError, match="packed without its weights"):
-        load_encoder(str(second))
-    after = json.loads((moved / "summary.json").read_text())
+
+def continued_summary(carried: Carried, folder: Path) -> dict:
+    """The continued study's summary, checked against the one run in one go: the same rows and teacher scores."""
+    after = json.loads((folder / "summary.json").read_text())
+    before = carried.before
     assert after["teachers"]["tiny_qa"]["test"] == before["teachers"]["tiny_qa"]["test"]
     assert after["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"] == \
         before["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"], "the seed-2 teacher's scores from the store"
     rows = {row["arm"]: row for row in after["rows"]}
     for row in before["rows"]:  # the intervals too: every teacher seed's test and dev predictions were in the store
         for key in ("share", "share_dev"):
-            carried = rows[row["arm"]][key]
-            assert carried == row[key] if "why_none" in row[key] else carried.keys() == row[key].keys(), carried
+            carried_row = rows[row["arm"]][key]
+            assert carried_row == row[key] if "why_none" in row[key] else carried_row.keys() == row[key].keys()
     kept = {(run["arm"], run["seed"]): run for run in after["runs"]}
     for run in before["runs"]:
         assert kept[run["arm"], run["seed"]]["test"] == pytest.approx(run["test"], abs=1e-9), run["arm"]
-    parted_run = json.loads((parted / "tiny_qa" / "fine-tuned" / "seed-1" / "metrics.json").read_text())
-    assert kept["fine-tuned", 1]["wall_seconds"] == parted_run["wall_seconds"], "carried, not run again"
+    parted = json.loads((carried.parted / "tiny_qa" / "fine-tuned" / "seed-1" / "metrics.json").read_text())
+    assert kept["fine-tuned", 1]["wall_seconds"] == parted["wall_seconds"], "carried, not run again"
+    return after
 
 
 @pytest.mark.slow
-def test_a_teacher_fine_tuned_again_to_other_weights_is_refused_and_kept_apart(kd_models, pair_task, teacher_dir,
-                                                                             tmp_path):
-    _, student = kd_models
-    task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
-    study = tmp_path / "study"
-    run_study(tiny_study(task_file, teacher_dir, student, study))
-    (study / "tiny_qa" / "kd" / "seed-1" / "summary.json").unlink()
-    pack_study(study, tmp_path / "records.tar.gz")
+def test_a_study_continues_elsewhere_from_its_records_and_its_stored_teacher_outputs(carried, tmp_path, capsys):
+    moved = tmp_path / "elsewhere"  # another folder: the records hold no absolute path the study reads
+    run_study(carried.recipe(moved), from_records=carried.records)
+    assert "fine-tuned again" not in capsys.readouterr().out, "the kd run read the stored outputs"
+    continued_summary(carried, moved)
+    teacher = moved / "tiny_qa" / "teacher" / "model"
+    assert not (teacher / "model.safetensors").exists()
+    with pytest.raises(WeightsLeftOut, match="packed without its weights"):
+        load_encoder(str(teacher))
+
+
+@pytest.mark.slow
+def test_a_teacher_whose_outputs_are_missing_is_fine_tuned_again_to_the_bit(carried, tmp_path, capsys):
     moved = tmp_path / "moved"
-    unpack_study(tmp_path / "records.tar.gz", moved)
+    unpack_study(carried.records, moved)
+    for entry in (moved / "cache").glob("task-*"):  # records of a study whose kd runs had not built them yet
+        shutil.rmtree(entry)
+    run_study(carried.recipe(moved), resume=True)
+    out = capsys.readouterr().out
+    threads = json.loads((carried.parted / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"][
+        "torch_threads"]
+    assert f"({threads} CPU threads, as it was)" in out and "fine-tuned again, the same weights to the bit" in out
+    assert teacher_fingerprint(moved / "tiny_qa" / "teacher" / "model") == carried.fingerprint
+    assert (moved / "tiny_qa" / "teacher" / "model" / "model.safetensors").is_file()
+    assert not (moved / "tiny_qa" / "teacher-again").exists()
+    assert not (moved / "tiny_qa" / "teacher-seed-2" / "model" / "model.safetensors").exists(), "no run reads it"
+    continued_summary(carried, moved)
+
+
+@pytest.mark.slow
+def test_a_teacher_fine_tuned_again_to_other_weights_is_refused_and_kept_apart(carried, tmp_path):
+    moved = tmp_path / "moved"
+    unpack_study(carried.records, moved)
     record = moved / "tiny_qa" / "teacher" / "model" / LEFT_OUT_WEIGHTS
     record.write_text(json.dumps({"fingerprint": "0" * 64, "left_out": ["model.safetensors"]}))  # another machine's
     with pytest.raises(BiodistilError, match="not the ones the study's finished runs learned from") as refused:
-        run_study(tiny_study(task_file, teacher_dir, student, moved), resume=True)
+        run_study(carried.recipe(moved), resume=True)
     assert "recorded 000000000000" in str(refused.value)
     assert (moved / "tiny_qa" / "teacher-again" / "model" / "model.safetensors").is_file(), "kept to inspect"
     assert not (moved / "tiny_qa" / "kd" / "seed-1" / "metrics.json").exists(), "no run learned from it"

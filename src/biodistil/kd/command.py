@@ -276,20 +276,22 @@ def teacher_signals(recipe: KDRecipe, task: TaskSpec, student_layers: int, train
                    for slot, (entry, depth) in enumerate(zip(entries, depths, strict=True))]
 
 
-def prepare_teacher_outputs(recipe: KDRecipe) -> None:
+def prepare_teacher_outputs(recipe: KDRecipe) -> bool:
     """Build, in the store, the cached teacher outputs the kd run of `recipe` will read — as the run itself would,
-    on the CPU. A study runs this before running its runs side by side, so that each cache entry is built once with
-    every core instead of by every run that needs it at once, each on its share of the cores. Nothing to do for
-    online teachers, a student built from chosen layers (its folder is made inside the run), or on a GPU machine
-    (where the runs would compute them on the GPU, perhaps in another dtype)."""
+    on the CPU — and say whether it did (or found them there). A study runs this before running its runs side by
+    side, so that each cache entry is built once with every core instead of by every run that needs it at once, each
+    on its share of the cores. Nothing to do (False) for online teachers, a student built from chosen layers (its
+    folder is made inside the run), or on a GPU machine (where the runs would compute them on the GPU, perhaps in
+    another dtype)."""
     if (recipe.outputs_mode() != "cached" or recipe.kd.soft_loss == "none" or recipe.student.layers is not None
             or recipe.student.reinitialise or torch.cuda.is_available()):
-        return
+        return False
     task = kd_task(recipe, recipe.student.name_or_path)
     examples = build_transfer_set(recipe.transfer, task, recipe.task.data_dir, recipe.task.fold,
                                   recipe.task.max_examples)
     student_layers = int(AutoConfig.from_pretrained(recipe.student.name_or_path).num_hidden_layers)
     teacher_signals(recipe, task, student_layers, split_quiz(recipe, task, examples)[0], torch.device("cpu"))
+    return True
 
 
 def teacher_signal(recipe: KDRecipe, teacher_path: str, task: TaskSpec, examples: list[Example],

@@ -34,6 +34,7 @@ from biodistil.kd.command import gap_closed, prepare_teacher_outputs, run_kd
 from biodistil.kd.recipe import KDRecipe, StudyRecipe, StudyTask
 from biodistil.kd.study_records import unpack_study
 from biodistil.methods.several_teachers import ensemble_test_scores
+from biodistil.models.loading import WeightsLeftOut
 from biodistil.paths import recorded
 from biodistil.tasks.bootstrap import gap_interval, read_scored_run, share_interval
 from biodistil.tasks.encoding import fit_length_to_model
@@ -174,8 +175,8 @@ def _starts(command: str, starts: list[str] | None, overrides: dict[str, Any]
 
 def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path, needed: set[Path]) -> None:
     """A task's teacher (fine-tuned by the study unless given) and its more teachers, each scored on the test set
-    (T, kept in the store with the teacher seeds' test and dev predictions); one in `needed` whose records came
-    without its weights is fine-tuned again."""
+    (T, kept in the store with the teacher seeds' test and dev predictions and any ensemble's outputs); one in
+    `needed` whose records came without its weights is fine-tuned again."""
     task_dir = root / get_task(study_task.name).name
     if study_task.teacher is None:
         for seed, model in zip(_teacher_seeds(recipe, study_task), _teacher_models(study_task, recipe, root),
@@ -190,6 +191,7 @@ def _teacher(recipe: StudyRecipe, study_task: StudyTask, root: Path, needed: set
     models = _teacher_models(study_task, recipe, root)
     for split in ("test", "dev"):  # what the summary pairs with the arms' predictions, stored while teachers are here
         _teacher_predictions(*_split(recipe, study_task, models, split), models, recipe, root)
+    _more_teachers(recipe, study_task, root)  # their ensemble's outputs likewise
 
 
 def _teacher_seeds(recipe: StudyRecipe, study_task: StudyTask) -> list[int]:
@@ -411,12 +413,23 @@ def _teacher_stage(recipe: StudyRecipe, task: str, init: str | None, overrides: 
 
 
 def _weights_needed(study_task: StudyTask, unfinished: list[StudyRun], root: Path) -> set[Path]:
-    """The task's teachers whose weights this study still reads: those an unfinished kd run names, and every more
-    teacher (the summary scores their ensemble)."""
-    teachers = {*(Path(path) for path in _teachers(study_task, root).values())}
-    named = {Path(value) for run in unfinished if run.command == "kd" for value in _strings(run.raw)}
-    more = {Path(path) for name, path in _teachers(study_task, root).items() if name != "teacher"}
-    return (teachers & named) | more
+    """The task's teachers carried without their weights (`kd.study_records`) that an unfinished kd run still reads:
+    it names them and their outputs over its transfer set are not all in the study's store."""
+    packed = {Path(path) for path in _teachers(study_task, root).values() if left_out_fingerprint(Path(path))}
+    needed: set[Path] = set()
+    for run in (run for run in unfinished if run.command == "kd"):
+        named = packed & {Path(value) for value in _strings(run.raw)}
+        if named - needed and not _outputs_stored(run):
+            needed |= named
+    return needed
+
+
+def _outputs_stored(run: StudyRun) -> bool:
+    """Whether every teacher output the kd run reads is in the store (entries of teachers with weights are built)."""
+    try:
+        return prepare_teacher_outputs(validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}"))
+    except WeightsLeftOut:
+        return False
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -1,34 +1,39 @@
 """A study carried between machines: the records of its finished runs, without their weights.
 
 A study of many runs can take longer than a machine is held (a CI box, a lent server, a working session).
-`pack_study` writes what the study's finished runs and teachers left that its summary reads — recipes, metrics,
-reports, test and dev predictions, the teacher store's scores and predictions — into one `.tar.gz` of a few MB:
-no weights, tokenizers, checkpoints, ONNX graphs, worker logs, the student's `init_model` or tables of teacher
-outputs (each is made again from the recipe when a remaining run needs it). Every model folder packed without its
-weights keeps its `config.json` and `weights-left-out.json` (`LEFT_OUT_WEIGHTS`): the fingerprint of the whole folder
-(`teachers.store.teacher_fingerprint`), which the store's keys go on reading, so the teachers' scores and predictions
-are found without the teacher.
+`pack_study` writes what the study's finished runs and teachers left that the rest of the study reads — recipes,
+metrics, reports, test and dev predictions, provenance, and the study's teacher store whole (the teachers' scores
+and predictions, and their outputs over every transfer set a kd run has read or will read) — into one `.tar.gz`:
+no weights, student tokenizers, checkpoints, worker logs, the student's `init_model` or the runs' copies of their
+transfer sets, and no unfinished run (it runs again). Every model folder keeps its `config.json` (a teacher its
+tokenizer too) and `weights-left-out.json` (`LEFT_OUT_WEIGHTS`): the fingerprint of the whole folder, which
+`teachers.store.teacher_fingerprint` reads where the weights are missing, so the store's entries are found without
+the teacher.
 
 `unpack_study` makes a new study folder of such a file (tarfile's "data" filter: no paths outside it, no links out,
 no device files); `biodistil study --from-records FILE` does so and continues the study (`kd.study`): finished runs are
-kept, and a teacher that a remaining kd run learns from is fine-tuned again and used only when its fingerprint is the
-recorded one — the same weights to the bit; on another kind of CPU it is refused.
+kept, a kd run whose teacher outputs are all stored runs from them, and a teacher whose outputs a remaining run cannot
+find is fine-tuned again and used only when its fingerprint is the recorded one — the same weights to the bit (on
+another kind of CPU it is refused).
 """
 
 import gzip
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from biodistil.errors import BiodistilError
-from biodistil.models.loading import LEFT_OUT_WEIGHTS
+from biodistil.models.loading import LEFT_OUT_WEIGHTS, TOKENIZER_FILES
 from biodistil.teachers.store import left_out_fingerprint, teacher_fingerprint
 from biodistil.training.run import SUMMARY, finished
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".yaml", ".md")
+STORE = "cache"  # the study's teacher store (`kd.study`): its entries' tables are packed whole
+TEACHER_FOLDER = re.compile(r"teacher(-.+)?")  # <task>/teacher, teacher-seed-S, teacher-NAME
 SKIPPED_FOLDERS = ("init_model", "logs", "onnx", "best")  # made again from the recipe, or a run's console or scratch
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt")
 
@@ -61,22 +66,29 @@ def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple
             counts["unfinished"] += 1
             return
         counts["runs"] += 1
-    if folder.name in SKIPPED_FOLDERS or folder.name.startswith("checkpoint") or any(folder.glob("*.arrow")):
-        return  # a table or a datasets folder: made again when a run reads it
+    if folder.name in SKIPPED_FOLDERS or folder.name.startswith("checkpoint"):
+        return
+    stored = folder.parent == root / STORE
+    if any(folder.glob("*.arrow")) and not stored:
+        return  # a run's copy of its transfer set (a datasets folder): not read once the run is finished
     if (folder / "config.json").is_file() and folder != root:
-        yield from _model_records(folder, root)
+        yield from _model_records(folder, root, teacher=TEACHER_FOLDER.fullmatch(folder.parent.name) is not None)
         return
     for path in sorted(folder.iterdir()):
         if path.is_dir() and not path.is_symlink():
             yield from _records(path, root, counts)
-        elif path.is_file() and path.suffix in RECORD_SUFFIXES and not path.name.startswith("."):
+        elif path.is_file() and (stored or path.suffix in RECORD_SUFFIXES) and not path.name.startswith("."):
             yield path.relative_to(root).as_posix(), path.read_bytes()
 
 
-def _model_records(folder: Path, root: Path) -> Iterator[tuple[str, bytes]]:
-    """A model folder's config and the fingerprint of the whole folder (weights and tokenizer included)."""
+def _model_records(folder: Path, root: Path, teacher: bool) -> Iterator[tuple[str, bytes]]:
+    """A model folder's config (a teacher's tokenizer too: a kd run reads it beside the stored outputs) and the
+    fingerprint of the whole folder (weights and tokenizer included)."""
     name = folder.relative_to(root).as_posix()
-    yield f"{name}/config.json", (folder / "config.json").read_bytes()
+    kept = ["config.json", *(TOKENIZER_FILES if teacher else ())]
+    for file in (folder / kept_name for kept_name in kept):
+        if file.is_file():
+            yield f"{name}/{file.name}", file.read_bytes()
     if left_out_fingerprint(folder) is not None:  # unpacked earlier, without weights: carried on as it is
         yield f"{name}/{LEFT_OUT_WEIGHTS}", (folder / LEFT_OUT_WEIGHTS).read_bytes()
         return

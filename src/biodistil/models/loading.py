@@ -86,6 +86,8 @@ def check_model(name_or_path: str, what: str = "model", trust_remote_code: bool 
     if not local.is_dir():
         return
     weights = sorted(local.glob("*.safetensors"))
+    if weights_left_out(local):  # a carried study's teacher: its outputs are in the study's store, else loading says
+        return
     if not weights and not any(local.glob("*.bin")):
         raise BiodistilError(f"{what}: model folder {local} holds no weights (model.safetensors); export or "
                              "download the model again")
@@ -116,6 +118,18 @@ def check_tokenizer_fits(tokenizer: Any, config: Any, where: str) -> None:
 
 LEFT_OUT_WEIGHTS = "weights-left-out.json"  # a model folder's fingerprint where its weights were not packed
 
+
+class WeightsLeftOut(BiodistilError):
+    """A model folder that holds the records of a model packed without its weights (`kd.study_records`)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        super().__init__(
+            f"Model folder {folder} holds only the records of a model packed without its weights ({LEFT_OUT_WEIGHTS}: "
+            "a study carried to this machine by `biodistil pack-study`); `biodistil study --from-records` fine-tunes "
+            "again a teacher whose outputs a remaining run cannot find in the study's store, and any other model of "
+            "the study must be trained again to be loaded")
+
 # files of which a saved tokenizer has at least one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.model")
@@ -132,6 +146,8 @@ def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
             "e.g. the model/ folder of a finished run")
     if local.is_dir():
         check_model_folder(local, tokenizer=factory is AutoTokenizer)
+        if factory not in (AutoConfig, AutoTokenizer):
+            check_weights_there(local)
     elif not hub_reachable():
         kwargs["local_files_only"] = True  # the Hub's local cache only: no download retries
     source = str(local) if local.is_dir() else name_or_path
@@ -161,14 +177,7 @@ def _from_pretrained(factory: Any, name_or_path: str, **kwargs: Any) -> Any:
 
 
 def check_model_folder(folder: Path, tokenizer: bool = False) -> None:
-    """A Hugging Face model folder: config.json, weights, and (`tokenizer`) the tokenizer's files; not the records
-    of one packed without them (`LEFT_OUT_WEIGHTS`)."""
-    if (folder / LEFT_OUT_WEIGHTS).is_file() and not any(folder.glob("*.safetensors")):
-        raise BiodistilError(
-            f"Model folder {folder} holds only the records of a model packed without its weights "
-            f"({LEFT_OUT_WEIGHTS}: a study carried to this machine by `biodistil pack-study`); `biodistil study "
-            "--from-records` fine-tunes again a teacher a remaining run needs, and every other model of the study must "
-            "be trained again to be loaded")
+    """A Hugging Face model folder: config.json, weights, and (`tokenizer`) the tokenizer's files."""
     if tokenizer:
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise BiodistilError(
@@ -177,6 +186,17 @@ def check_model_folder(folder: Path, tokenizer: bool = False) -> None:
         return
     if not (folder / "config.json").is_file():
         raise BiodistilError(f"Model folder {folder} has no config.json; is it a Hugging Face model folder?")
+
+
+def weights_left_out(folder: Path) -> bool:
+    """Whether `folder` holds the records of a model packed without its weights (`LEFT_OUT_WEIGHTS`)."""
+    return (folder / LEFT_OUT_WEIGHTS).is_file() and not any(folder.glob("*.safetensors"))
+
+
+def check_weights_there(folder: Path) -> None:
+    """Refuse to load the weights of a model folder packed without them (`WeightsLeftOut`)."""
+    if weights_left_out(folder):
+        raise WeightsLeftOut(folder)
 
 
 MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model")  # config, weights, tokenizer (no pickles)

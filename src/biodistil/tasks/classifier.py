@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 from transformers.utils import logging as transformers_logging
 
 from biodistil.errors import BiodistilError
-from biodistil.models.loading import check_model_folder
+from biodistil.models.loading import check_weights_there
 from biodistil.tasks.registry import TaskSpec
 
 
@@ -24,7 +24,7 @@ def build_classifier(model_dir: str | Path, task: TaskSpec) -> PreTrainedModel:
     if task.kind == "multilabel_classification":
         kwargs["problem_type"] = "multi_label_classification"
     if Path(model_dir).is_dir():
-        check_model_folder(Path(model_dir))
+        check_weights_there(Path(model_dir))
     quiet = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # the "MLM head unused, new head initialised" report is expected
     try:

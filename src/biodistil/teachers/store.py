@@ -30,7 +30,7 @@ import pyarrow as pa
 from biodistil.data.corpus import default_cache_dir
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_write_json, file_sha256
-from biodistil.models.loading import LEFT_OUT_WEIGHTS, model_folder
+from biodistil.models.loading import LEFT_OUT_WEIGHTS, model_folder, weights_left_out
 
 STORE_VERSION = 5  # of the layout and meaning of every entry: a change rebuilds all entries
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "merges.txt", "vocab.json",
@@ -63,9 +63,9 @@ def teacher_fingerprint(name_or_path: str | Path) -> str:
 
 def left_out_fingerprint(folder: Path) -> str | None:
     """The recorded fingerprint of a model folder packed without its weights (`kd.study_records`), else None."""
-    record = Path(folder) / LEFT_OUT_WEIGHTS
-    if not record.is_file() or any(Path(folder).glob("*.safetensors")):
+    if not weights_left_out(Path(folder)):
         return None
+    record = Path(folder) / LEFT_OUT_WEIGHTS
     try:
         return str(json.loads(record.read_text(encoding="utf-8"))["fingerprint"])
     except (OSError, ValueError, KeyError, TypeError) as err:
