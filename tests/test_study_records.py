@@ -148,14 +148,15 @@ def test_a_teacher_fine_tuned_again_to_other_weights_is_refused_and_kept_apart(c
     assert not (moved / "tiny_qa" / "kd" / "seed-1" / "metrics.json").exists(), "no run learned from it"
 
 
-def test_records_unpack_only_into_a_new_folder_and_only_from_a_study(tmp_path):
+def test_records_unpack_only_into_a_new_folder_and_only_from_a_study(tmp_path, capsys, monkeypatch):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
     (tmp_path / "study").mkdir()
     (tmp_path / "study" / "config.yaml").write_text("seeds: [1]\n")
-    packed = pack_study(tmp_path / "study", tmp_path / "study.tar.gz")
-    assert packed["runs"] == 0 and packed["unfinished"] == 0
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
+    assert main(["pack-study", "study", "--out", "study.tar.gz"]) == 0
+    assert "study.tar.gz: the records of 0 finished run(s) (0 unfinished left out" in capsys.readouterr().out
     with pytest.raises(BiodistilError, match="is not empty"):
         unpack_study(tmp_path / "study.tar.gz", taken)
     with tarfile.open(tmp_path / "other.tar.gz", "w:gz") as tar:

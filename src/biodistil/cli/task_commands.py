@@ -56,7 +56,7 @@ def _pack_study(args: argparse.Namespace) -> object:
     from biodistil.kd.study_records import pack_study
 
     packed = pack_study(args.folder, args.out)
-    print(f"{args.out}: the records of {packed['runs']} finished runs ({packed['unfinished']} unfinished left out: "
+    print(f"{args.out}: the records of {packed['runs']} finished run(s) ({packed['unfinished']} unfinished left out: "
           f"they run again), {packed['bytes'] / 1e6:.1f} MB; continue the study elsewhere with `biodistil study "
           f"RECIPE --from-records {args.out}`")
     return args.out
