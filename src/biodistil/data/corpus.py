@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import torch
@@ -29,12 +28,13 @@ from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
+from biodistil.data.arrow_rows import ArrowRows
 from biodistil.embedded import cache_root
 from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
 
 CACHE_FORMAT_VERSION = 2
-BLOCKS_FILE = "blocks.arrow"  # an Arrow stream of `input_ids` lists, memory-mapped by datasets.Dataset.from_file
+BLOCKS_FILE = "blocks.arrow"  # an Arrow stream of `input_ids` lists, memory-mapped by ArrowRows.from_file
 LINES_PER_CHUNK = 4096  # lines tokenized at a time when reading line by line (data.max_lines)
 RANGE_BYTES = 4 << 20  # bytes of a corpus file a worker reads and tokenizes at a time
 
@@ -233,7 +233,7 @@ def default_cache_dir() -> Path:
 def build_block_dataset(
     files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
     max_lines: int | None = None, cache_dir: str | Path | None = None, workers: int | None = None,
-) -> datasets.Dataset:
+) -> ArrowRows:
     """Tokenized, packed blocks of the corpus, built once (tokenized by `workers` processes, default: the torch
     thread count the run chose) and memory-mapped from the cache afterwards."""
     key = "-".join(
@@ -259,7 +259,7 @@ def build_block_dataset(
     return cached
 
 
-def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
+def _read_cache(folder: Path) -> tuple[ArrowRows | None, str]:
     """The cached blocks (memory-mapped), checked against the count and size written beside them: (dataset, "") or
     (None, the problem)."""
     try:
@@ -267,13 +267,13 @@ def _read_cache(folder: Path) -> tuple[datasets.Dataset | None, str]:
         path = folder / BLOCKS_FILE
         if path.stat().st_size != record["bytes"]:
             return None, f"{path.name} holds {path.stat().st_size:,} bytes, {record['bytes']:,} were written"
-        dataset = datasets.Dataset.from_file(str(path))
+        dataset = ArrowRows.from_file(path)
         if len(dataset) != record["blocks"] or "input_ids" not in dataset.column_names:
             return None, f"{len(dataset)} blocks instead of {record['blocks']}"
         if len(dataset):
             dataset[len(dataset) - 1]  # reads the end of the memory-mapped file
         return dataset, ""
-    except Exception as err:  # pyarrow, datasets and the OS raise many types for a damaged file
+    except Exception as err:  # pyarrow and the OS raise many types for a damaged file
         return None, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
 
 
@@ -393,7 +393,7 @@ def _token_arrays(files: list[Path], max_lines: int | None, encoder: _LineEncode
 
 def load_corpus_splits(
     cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase
-) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+) -> tuple[ArrowRows, ArrowRows | None]:
     """(train blocks, held-out blocks) for a corpus section of a recipe."""
     if cfg.hub_dataset:
         train = _hub_blocks(cfg, tokenizer)
@@ -417,7 +417,9 @@ def load_corpus_splits(
     return train.select(range(len(train) - n_eval)), train.select(range(len(train) - n_eval, len(train)))
 
 
-def _hub_blocks(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
+def _hub_blocks(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> ArrowRows:
+    import datasets  # only here: ~86 MB with pandas, for a corpus from the Hub
+
     try:
         source = datasets.load_dataset(cfg.hub_dataset, split="train")
     except Exception as err:  # the datasets library raises many types for "unreachable"
@@ -431,7 +433,7 @@ def _hub_blocks(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase) -> datase
         )
     lines = (str(text).strip() for text in source[cfg.hub_text_column])
     blocks = list(pack_blocks(lines, tokenizer, cfg.block_size))
-    return datasets.Dataset.from_list(blocks)
+    return ArrowRows.from_pylist(blocks)
 
 
 def collate_blocks(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:

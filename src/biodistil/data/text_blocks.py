@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pyarrow as pa
 from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from biodistil.config import CorpusConfig
+from biodistil.data.arrow_rows import ArrowRows
 from biodistil.data.batch import Batch
 from biodistil.data.corpus import (
     LINES_PER_CHUNK,
@@ -44,7 +44,7 @@ from biodistil.errors import BiodistilError
 from biodistil.io import atomic_directory
 
 TEXT_FORMAT_VERSION = 1
-TEXTS_FILE = "texts.arrow"  # an Arrow stream of `text` strings, memory-mapped by datasets.Dataset.from_file
+TEXTS_FILE = "texts.arrow"  # an Arrow stream of `text` strings, memory-mapped by ArrowRows.from_file
 RECORDS_PER_BATCH = 4096
 
 
@@ -107,7 +107,7 @@ def _joined(lines: list[str]) -> Iterator[str]:
 
 # ------------------------------------------------------------------------------------------ the cache
 def build_text_dataset(files: list[Path], tokenizer: PreTrainedTokenizerBase, block_size: int,
-                       max_lines: int | None = None, cache_dir: str | Path | None = None) -> datasets.Dataset:
+                       max_lines: int | None = None, cache_dir: str | Path | None = None) -> ArrowRows:
     """The corpus's text blocks (`pack_texts`), built once and memory-mapped from the cache afterwards (keyed by the
     corpus content, the tokenizer and the block size, beside the token-block caches)."""
     key = "-".join(["text", corpus_fingerprint(files, max_lines), tokenizer_fingerprint(tokenizer), f"b{block_size}",
@@ -145,7 +145,7 @@ def _write_texts(folder: Path, files: list[Path], tokenizer: PreTrainedTokenizer
                                                    "sources": [str(f) for f in files]}, indent=1))
 
 
-def _read_texts(folder: Path) -> tuple[datasets.Dataset | None, str]:
+def _read_texts(folder: Path) -> tuple[ArrowRows | None, str]:
     """The cached text blocks, checked against the count and size written beside them: (dataset, "") or (None, the
     problem)."""
     try:
@@ -153,16 +153,16 @@ def _read_texts(folder: Path) -> tuple[datasets.Dataset | None, str]:
         path = folder / TEXTS_FILE
         if path.stat().st_size != record["bytes"]:
             return None, f"{path.name} holds {path.stat().st_size:,} bytes, {record['bytes']:,} were written"
-        dataset = datasets.Dataset.from_file(str(path))
+        dataset = ArrowRows.from_file(path)
         if len(dataset) != record["blocks"] or "text" not in dataset.column_names:
             return None, f"{len(dataset)} blocks instead of {record['blocks']}"
         return dataset, ""
-    except Exception as err:  # pyarrow, datasets and the OS raise many types for a damaged file
+    except Exception as err:  # pyarrow and the OS raise many types for a damaged file
         return None, f"{type(err).__name__}: {err}"
 
 
 def load_text_splits(cfg: CorpusConfig, tokenizer: PreTrainedTokenizerBase
-                     ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+                     ) -> tuple[ArrowRows, ArrowRows | None]:
     """(train blocks, held-out blocks) of text for a corpus section, split as `load_corpus_splits` splits token
     blocks: `data.eval` files, else `eval_fraction` of the blocks from the end (at most `max_eval_blocks`)."""
     if cfg.hub_dataset:
