@@ -48,13 +48,16 @@ def test_a_mapped_file_pickles_as_its_path_and_a_built_table_as_itself(tmp_path)
     assert pickle.loads(pickle.dumps(built))[1] == {"input_ids": [3]}
 
 
-def test_a_distillation_imports_neither_datasets_nor_pandas():
-    """`datasets` (with pandas, ~86 MB resident) is for transfer sets and Hub corpora: the modules of `biodistil
-    distill` and `pretrain` read their corpus caches through `ArrowRows` (issue 52)."""
+def test_a_distillation_imports_neither_datasets_pandas_nor_scikit_learn():
+    """What `biodistil distill` and `pretrain` import holds no library they do not use (issue 52): `datasets` (with
+    pandas, ~86 MB resident) is for transfer sets and Hub corpora — the corpus caches are read through `ArrowRows` —
+    and scikit-learn (~150 MB) and seqeval's metrics, which the task registry's metrics import only when they score
+    (seqeval's small tagging schemes come in with the document readers)."""
     import subprocess
     import sys
 
-    code = ("import sys, biodistil.methods.task_agnostic, biodistil.data.text_blocks; "
-            "print(sorted({'datasets', 'pandas'} & {name.split('.')[0] for name in sys.modules}))")
+    code = ("import sys, biodistil.methods.task_agnostic, biodistil.data.text_blocks, biodistil.tasks.metrics; "
+            "print(sorted({'datasets', 'pandas', 'sklearn', 'seqeval.metrics'} & {*sys.modules, "
+            "*(n.split('.')[0] for n in sys.modules)}))")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert shown.strip() == "[]"

@@ -230,15 +230,3 @@ def test_registry_headlines():
     assert result[get_metric("binary_prf").headline] == 1.0
     with pytest.raises(BiodistilError, match=r"Unknown metric 'bleu'.*entity_f1"):
         get_metric("bleu")
-
-
-def test_importing_the_metrics_does_not_import_scikit_learn():
-    """scikit-learn's import holds ~150 MB that a distillation run (whose task registry imports the metrics) would
-    carry to its end (issue 52): the metrics import it when they score."""
-    import subprocess
-    import sys
-
-    code = ("import sys, biodistil.tasks.metrics; "
-            "print(sorted({'sklearn', 'seqeval'} & {name.split('.')[0] for name in sys.modules}))")
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert shown.strip() == "[]"
