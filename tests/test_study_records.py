@@ -154,6 +154,9 @@ def test_records_unpack_only_into_a_new_folder_and_only_from_a_study(tmp_path, c
     (taken / "notes.txt").write_text("mine")
     (tmp_path / "study").mkdir()
     (tmp_path / "study" / "config.yaml").write_text("seeds: [1]\n")
+    building = tmp_path / "study" / "cache" / ".tmp-task-1-host-1-x"  # an entry being written as the study runs
+    building.mkdir(parents=True)
+    (building / "outputs.arrow").write_bytes(b"half")
     monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
     assert main(["pack-study", "study", "--out", "study.tar.gz"]) == 0
     assert "study.tar.gz: the records of 0 finished run(s) (0 unfinished left out" in capsys.readouterr().out
@@ -170,3 +173,4 @@ def test_records_unpack_only_into_a_new_folder_and_only_from_a_study(tmp_path, c
         pack_study(taken, tmp_path / "x.tar.gz")
     unpack_study(tmp_path / "study.tar.gz", tmp_path / "new")
     assert (tmp_path / "new" / "config.yaml").read_text() == "seeds: [1]\n"
+    assert [path.name for path in (tmp_path / "new").rglob("*")] == ["config.yaml"]

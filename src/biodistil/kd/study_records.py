@@ -66,8 +66,8 @@ def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple
             counts["unfinished"] += 1
             return
         counts["runs"] += 1
-    if folder.name in SKIPPED_FOLDERS or folder.name.startswith("checkpoint"):
-        return
+    if folder.name in SKIPPED_FOLDERS or folder.name.startswith(("checkpoint", ".")):
+        return  # a hidden folder: an entry being written (`io.atomic_directory`)
     stored = folder.parent == root / STORE
     if any(folder.glob("*.arrow")) and not stored:
         return  # a run's copy of its transfer set (a datasets folder): not read once the run is finished
