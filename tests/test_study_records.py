@@ -125,8 +125,8 @@ def test_a_teacher_whose_outputs_are_missing_is_fine_tuned_again_to_the_bit(carr
         shutil.rmtree(entry)
     run_study(carried.recipe(moved), resume=True)
     out = capsys.readouterr().out
-    threads = json.loads((carried.parted / "tiny_qa" / "teacher" / "provenance.json").read_text())["machine"][
-        "torch_threads"]
+    trained = json.loads((carried.parted / "tiny_qa" / "teacher" / "metrics.json").read_text())["train"]["threads"]
+    threads = int(trained.split()[0])  # "2 throughout", "1 (OMP_NUM_THREADS)": the count the teacher trained with
     assert f"({threads} CPU threads, as it was)" in out and "fine-tuned again, the same weights to the bit" in out
     assert teacher_fingerprint(moved / "tiny_qa" / "teacher" / "model") == carried.fingerprint
     assert (moved / "tiny_qa" / "teacher" / "model" / "model.safetensors").is_file()

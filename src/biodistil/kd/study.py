@@ -443,11 +443,19 @@ def _strings(value: Any) -> Iterator[str]:
         yield value
 
 
+def _trained_threads(folder: Path) -> int | None:
+    """The CPU threads a finished run trained with (its metrics' "2 throughout", "1 (OMP_NUM_THREADS)"; the first
+    count where it changed: the fingerprint then tells whether the run could be repeated)."""
+    threads = str((read_json(folder / "metrics.json").get("train") or {}).get("threads") or "")
+    first = threads.split(" ", 1)[0].rstrip(",")
+    return int(first) if first.isdigit() else None
+
+
 def _fine_tune_again(raw: dict[str, Any], folder: Path, recorded: str) -> None:
     """A teacher carried without its weights (`kd.study_records`), fine-tuned again beside its records: its new
     weights take the place of the missing ones only when the folder's fingerprint is the recorded one."""
     again = folder.with_name(f"{folder.name}-again")
-    threads = (read_json(folder / "provenance.json").get("machine") or {}).get("torch_threads")
+    threads = _trained_threads(folder)
     print(f"{folder}: its records came without the model's weights and a remaining run learns from it: fine-tuning it "
           f"again in {again} ({threads or 'its'} CPU threads, as it was)", flush=True)
     same = {"run": {"output_dir": str(again)}, **({"train": {"threads": threads}} if threads else {})}
