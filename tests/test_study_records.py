@@ -21,6 +21,7 @@ from biodistil.kd.study import run_study
 from biodistil.kd.study_records import pack_study, unpack_study
 from biodistil.models.loading import LEFT_OUT_WEIGHTS, TOKENIZER_FILES, WeightsLeftOut, load_encoder
 from biodistil.teachers.store import teacher_fingerprint
+from biodistil.training.machine import cpu_line
 
 
 def tiny_study(task_file: str, teacher_init, student, out) -> StudyRecipe:
@@ -89,6 +90,7 @@ def continued_summary(carried: Carried, folder: Path) -> dict:
     """The continued study's summary, checked against the one run in one go: the same rows and teacher scores."""
     after = json.loads((folder / "summary.json").read_text())
     before = carried.before
+    assert sum(after["machines"].values()) == len(after["runs"]), "each run's CPU, from its provenance"
     assert after["teachers"]["tiny_qa"]["test"] == before["teachers"]["tiny_qa"]["test"]
     assert after["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"] == \
         before["teachers"]["tiny_qa"]["teacher_seeds"]["2"]["test"], "the seed-2 teacher's scores from the store"
@@ -123,7 +125,14 @@ def test_a_teacher_whose_outputs_are_missing_is_fine_tuned_again_to_the_bit(carr
     unpack_study(carried.records, moved)
     for entry in (moved / "cache").glob("task-*"):  # records of a study whose kd runs had not built them yet
         shutil.rmtree(entry)
+    provenance = moved / "tiny_qa" / "fine-tuned" / "seed-1" / "provenance.json"
+    record = json.loads(provenance.read_text())
+    record["machine"].update(cpu="Other CPU", flags=["avx2", "amx_bf16"])  # the carried run ran on another machine
+    provenance.write_text(json.dumps(record))
     run_study(carried.recipe(moved), resume=True)
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["machines"] == {cpu_line(): 1, "Other CPU; flags: avx2 amx_bf16": 1}, "the kd run ran here"
+    assert "Its runs ran on several machines: 1 on " in (moved / "report.md").read_text()
     out = capsys.readouterr().out
     trained = json.loads((carried.parted / "tiny_qa" / "teacher" / "metrics.json").read_text())["train"]["threads"]
     threads = int(trained.split()[0])  # "2 throughout", "1 (OMP_NUM_THREADS)": the count the teacher trained with

@@ -17,6 +17,7 @@ import os
 import shutil
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -252,7 +253,8 @@ def _write_summary(recipe: StudyRecipe, runs: list[StudyRun], settings: dict[str
     summary = {"rows": rows, "teachers": teachers, "runs": records,
                "seeds": recipe.seeds, "settings": settings, "machine": describe_machine(),
                "wall_seconds": round(sum(r["wall_seconds"] or 0 for r in records) + teacher_seconds(teachers), 1),
-               "side_by_side": side_by_side, "looks": looked, "reference_arm": recipe.reference_arm}
+               "side_by_side": side_by_side, "looks": looked, "reference_arm": recipe.reference_arm,
+               "machines": machines(records)}
     plot_study(summary["rows"], root / "scores.png")
     atomic_write_text(root / "report.md", render_study(summary, root))
     atomic_write_json(root / SUMMARY, jsonable(summary))  # last: the study's "finished" marker
@@ -348,7 +350,22 @@ def _run_record(run: StudyRun, root: Path) -> dict[str, Any]:
     return {"task": run.task, "arm": run.arm, "command": run.command, **start, "seed": run.seed,
             "folder": recorded(run.folder, root), "test": metrics.get("test", {}), "init": metrics.get("init", {}),
             **_steps(metrics), "wall_seconds": metrics.get("wall_seconds"),
-            "degenerate": metrics.get("degenerate") or ""}
+            "degenerate": metrics.get("degenerate") or "", "cpu": _ran_on(run.folder)}
+
+
+def _ran_on(folder: Path) -> str | None:
+    """The CPU (model and speed flags, as `training.machine.cpu_line` writes them) a run's provenance records: a study
+    run in parts (`kd.study_records`) may have run on several machines."""
+    try:
+        machine = read_json(folder / "provenance.json").get("machine") or {}
+    except BiodistilError:
+        return None
+    return f"{machine.get('cpu') or '?'}; flags: {' '.join(machine.get('flags') or ()) or 'none of avx2/avx512/amx'}"
+
+
+def machines(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of a study's runs ran on each CPU."""
+    return dict(Counter(run["cpu"] for run in runs if run.get("cpu")))
 
 
 def _more_teachers(recipe: StudyRecipe, study_task: StudyTask, root: Path) -> dict[str, Any]:
@@ -606,6 +623,9 @@ def render_study(summary: dict[str, Any], root: Path) -> str:
               f"({machine.get('torch_threads', '?')} torch threads)."]
     if summary.get("side_by_side"):
         lines[-1] += " " + side_by_side_line(summary["side_by_side"])
+    if len(summary.get("machines") or {}) > 1:  # run in parts on several machines
+        lines += ["", "Its runs ran on several machines: " + "; ".join(
+            f"{count} on {cpu}" for cpu, count in summary["machines"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
