@@ -64,7 +64,9 @@ def carried(kd_models, pair_task, teacher_dir, tmp_path_factory) -> Carried:
         run_study(recipe(root / "parted"))
     assert not (root / "parted" / "summary.json").exists()
     records = root / "records" / "study.tar.gz"
-    assert main(["pack-study", str(root / "parted"), "--out", str(records)]) == 0
+    packed = pack_study(root / "parted", records)
+    assert {key: value for key, value in packed.items() if key != "bytes"} == {
+        "runs": 3, "unfinished": 1, "tiny_qa/teacher": 1, "tiny_qa/teacher-seed-2": 1, "tiny_qa/fine-tuned": 1}
     return Carried(recipe, json.loads((root / "whole" / "summary.json").read_text()), root / "parted", records,
                    teacher_fingerprint(root / "parted" / "tiny_qa" / "teacher" / "model"))
 

@@ -56,9 +56,10 @@ def _pack_study(args: argparse.Namespace) -> object:
     from biodistil.kd.study_records import pack_study
 
     packed = pack_study(args.folder, args.out)
+    groups = ", ".join(f"{name} {count}" for name, count in packed.items() if "/" in name)
     print(f"{args.out}: the records of {packed['runs']} finished run(s) ({packed['unfinished']} unfinished left out: "
           f"they run again), {packed['bytes'] / 1e6:.1f} MB; continue the study elsewhere with `biodistil study "
-          f"RECIPE --from-records {args.out}`")
+          f"RECIPE --from-records {args.out}`" + (f"\nFinished: {groups}" if groups else ""))
     return args.out
 
 

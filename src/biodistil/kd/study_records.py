@@ -40,7 +40,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt")
 
 def pack_study(folder: Path, out: Path) -> dict[str, int]:
     """Write `out` (a .tar.gz, atomically) from the study in `folder`: its own records and those of each finished run
-    (an unfinished one is left out: it runs again); returns the counts of runs packed and left out, and the bytes."""
+    (an unfinished one is left out: it runs again); returns the counts of runs packed (`runs`, and per task and arm
+    or teacher folder) and left out (`unfinished`), and the file's `bytes`."""
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise BiodistilError(f"{folder}: not a study folder (no config.yaml, the record of its recipe)")
@@ -66,6 +67,9 @@ def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple
             counts["unfinished"] += 1
             return
         counts["runs"] += 1
+        group = folder.parent.relative_to(root).as_posix() if folder.name.startswith("seed-") else \
+            folder.relative_to(root).as_posix()  # <task>/<arm>[/start-k] of its seeds, or a teacher's folder
+        counts[group] = counts.get(group, 0) + 1
     if folder.name in SKIPPED_FOLDERS or folder.name.startswith(("checkpoint", ".")):
         return  # a hidden folder: an entry being written (`io.atomic_directory`)
     stored = folder.parent == root / STORE
