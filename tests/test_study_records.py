@@ -88,6 +88,19 @@ def test_the_records_hold_what_the_study_reads_and_no_weights(carried):
     assert tables, "the teacher's outputs over the kd run's transfer set, stored"
 
 
+def test_records_as_a_folder_hold_the_same_files_and_continue_a_study_alike(carried, tmp_path):
+    folder = tmp_path / "records"  # the form a git repository keeps best: unchanged files are not stored again
+    packed = pack_study(carried.parted, folder)
+    with tarfile.open(carried.records) as tar:
+        archived = {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+    kept = {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+    assert kept == archived and packed["bytes"] == sum(map(len, kept.values()))
+    assert pack_study(carried.parted, folder)["runs"] == 3, "written again in place"
+    unpack_study(folder, tmp_path / "study")
+    assert {path.relative_to(tmp_path / "study").as_posix() for path in (tmp_path / "study").rglob("*")
+            if path.is_file()} == set(kept)
+
+
 def continued_summary(carried: Carried, folder: Path) -> dict:
     """The continued study's summary, checked against the one run in one go: the same rows and teacher scores."""
     after = json.loads((folder / "summary.json").read_text())
@@ -182,6 +195,13 @@ def test_records_unpack_only_into_a_new_folder_and_only_from_a_study(tmp_path, c
         unpack_study(tmp_path / "broken.tar.gz", tmp_path / "new")
     with pytest.raises(BiodistilError, match="not a study folder"):
         pack_study(taken, tmp_path / "x.tar.gz")
+    with pytest.raises(BiodistilError, match="this folder has none"):
+        unpack_study(taken, tmp_path / "new")
+    (tmp_path / "study" / "elsewhere").symlink_to(taken)
+    pack_study(tmp_path / "study", tmp_path / "plain")
+    (tmp_path / "plain" / "link").symlink_to("/etc/passwd")  # a folder of records someone edited
+    with pytest.raises(BiodistilError, match="a link among a study's records"):
+        unpack_study(tmp_path / "plain", tmp_path / "linked")
     unpack_study(tmp_path / "study.tar.gz", tmp_path / "new")
     assert (tmp_path / "new" / "config.yaml").read_text() == "seeds: [1]\n"
     assert [path.name for path in (tmp_path / "new").rglob("*")] == ["config.yaml"]

@@ -78,8 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     study.add_argument("--processes", type=processes_value, default=1, metavar="N|auto",
                        help="run the arm × seed runs N at a time in worker processes of this machine, the cores "
                        "shared between them (auto: one per idle core on a CPU machine; default 1: one after another)")
-    study.add_argument("--from-records", type=Path, metavar="FILE",
-                       help="continue a study from the records `biodistil pack-study` wrote (on another machine, say), "
+    study.add_argument("--from-records", type=Path, metavar="RECORDS",
+                       help="continue a study from the records `biodistil pack-study` wrote (a .tar.gz or a folder; on "
+                       "another machine, say), "
                        "in a new output folder: finished runs are kept; a teacher a remaining run needs is fine-tuned "
                        "again and used only if its weights are the recorded ones to the bit")
     pack = sub.add_parser("pack-study", help="Pack a study's finished records, without weights, to continue it on "
@@ -88,5 +89,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "continue the study elsewhere with `biodistil study RECIPE --from-records FILE`. Safe "
                           "while the study runs: unfinished runs are left out.")
     pack.add_argument("folder", type=Path, metavar="DIR", help="the study's folder (its run.output_dir)")
-    pack.add_argument("--out", type=Path, required=True, metavar="FILE", help="the .tar.gz to write")
+    pack.add_argument("--out", type=Path, required=True, metavar="OUT",
+                      help="a .tar.gz to write, or a folder of the same files (what a git repository keeps best)")
     pack.set_defaults(run=_pack_study)

@@ -22,11 +22,13 @@ import io
 import json
 import os
 import re
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from biodistil.errors import BiodistilError
+from biodistil.io import atomic_directory
 from biodistil.models.loading import LEFT_OUT_WEIGHTS, TOKENIZER_FILES
 from biodistil.teachers.store import left_out_fingerprint, teacher_fingerprint
 from biodistil.training.run import SUMMARY, finished
@@ -36,12 +38,15 @@ STORE = "cache"  # the study's teacher store (`kd.study`): its entries' tables a
 TEACHER_FOLDER = re.compile(r"teacher(-.+)?")  # <task>/teacher, teacher-seed-S, teacher-NAME
 SKIPPED_FOLDERS = ("init_model", "logs", "onnx", "best")  # made again from the recipe, or a run's console or scratch
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt")
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")  # pack_study's one-file form; any other name: a folder
 
 
 def pack_study(folder: Path, out: Path) -> dict[str, int]:
-    """Write `out` (a .tar.gz, atomically) from the study in `folder`: its own records and those of each finished run
-    (an unfinished one is left out: it runs again); returns the counts of runs packed (`runs`, and per task and arm
-    or teacher folder) and left out (`unfinished`), and the file's `bytes`."""
+    """Write `out` from the study in `folder`, atomically: its own records and those of each finished run (an
+    unfinished one is left out: it runs again), as one `.tar.gz` (`ARCHIVE_SUFFIXES`) or, any other name, as a folder
+    of the same files (what a git repository keeps best: a file that did not change is not stored again). Returns the
+    counts of runs packed (`runs`, and per task and arm or teacher folder) and left out (`unfinished`), and the
+    `bytes` written."""
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise BiodistilError(f"{folder}: not a study folder (no config.yaml, the record of its recipe)")
@@ -49,15 +54,24 @@ def pack_study(folder: Path, out: Path) -> dict[str, int]:
     members = sorted(_records(folder, folder, counts), key=lambda member: member[0])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    with partial.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped, \
-            tarfile.open(fileobj=zipped, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(partial, out)
-    return {**counts, "bytes": out.stat().st_size}
+    if out.name.endswith(ARCHIVE_SUFFIXES):
+        partial = out.with_name(f".{out.name}.partial")
+        with partial.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped, \
+                tarfile.open(fileobj=zipped, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(partial, out)
+        return {**counts, "bytes": out.stat().st_size}
+    atomic_directory(out, lambda tmp: _write_members(tmp, members))
+    return {**counts, "bytes": sum(len(data) for _, data in members)}
+
+
+def _write_members(folder: Path, members: list[tuple[str, bytes]]) -> None:
+    for name, data in members:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
 
 
 def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple[str, bytes]]:
@@ -102,21 +116,36 @@ def _model_records(folder: Path, root: Path, teacher: bool) -> Iterator[tuple[st
 
 
 def unpack_study(records: Path, folder: Path) -> None:
-    """A new study folder `folder` from a file `pack_study` wrote."""
+    """A new study folder `folder` from the records `pack_study` wrote (a .tar.gz or a folder)."""
     records, folder = Path(records), Path(folder)
     if folder.exists() and any(folder.iterdir()):
         raise BiodistilError(f"{folder} is not empty: a study starts from records only in a new folder (continue the "
                              "study there with --resume, or give another --out)")
-    try:
-        with tarfile.open(records, mode="r:gz") as tar:
-            names = tar.getnames()
-            if "config.yaml" not in names:
-                raise BiodistilError(f"{records}: expected the records of a study (`biodistil pack-study`), with its "
-                                     "config.yaml at the top; this file has none")
-            tar.extractall(folder, filter="data")
-    except (OSError, tarfile.TarError, EOFError) as err:
-        raise BiodistilError(f"{records}: cannot read it as a study's records (.tar.gz): {err}") from None
+    expected = (f"{records}: expected the records of a study (`biodistil pack-study`), with its config.yaml at the "
+                "top; {} has none")
+    if records.is_dir():
+        if not (records / "config.yaml").is_file():
+            raise BiodistilError(expected.format("this folder"))
+        _copy_records(records, folder)
+    else:
+        try:
+            with tarfile.open(records, mode="r:gz") as tar:
+                if "config.yaml" not in tar.getnames():
+                    raise BiodistilError(expected.format("this file"))
+                tar.extractall(folder, filter="data")
+        except (OSError, tarfile.TarError, EOFError) as err:
+            raise BiodistilError(f"{records}: cannot read it as a study's records (.tar.gz): {err}") from None
     if (folder / SUMMARY).is_file():
         print(f"{folder}: the records include a finished study's summary; continuing counts a second look if runs "
               "are added", flush=True)
 
+
+def _copy_records(records: Path, folder: Path) -> None:
+    """The plain files of a records folder copied into `folder`; a link is refused (it could lead outside)."""
+    for path in sorted(records.rglob("*")):
+        if path.is_symlink():
+            raise BiodistilError(f"{path}: a link among a study's records; expected plain files only")
+        if path.is_file():
+            target = folder / path.relative_to(records)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
