@@ -1,6 +1,7 @@
 """A study carried between machines (`kd.study_records`): packed without weights, continued from its records in a new
 folder, its teacher fine-tuned again and used only when its weights are the recorded ones."""
 
+import gzip
 import json
 import shutil
 import tarfile
@@ -15,6 +16,7 @@ from biodistil.cli.main import main
 from biodistil.config import validate_recipe
 from biodistil.errors import BiodistilError
 from biodistil.kd import study as study_module
+from biodistil.kd import study_records
 from biodistil.kd.command import run_kd
 from biodistil.kd.recipe import StudyRecipe
 from biodistil.kd.study import run_study
@@ -88,14 +90,23 @@ def test_the_records_hold_what_the_study_reads_and_no_weights(carried):
     assert tables, "the teacher's outputs over the kd run's transfer set, stored"
 
 
-def test_records_as_a_folder_hold_the_same_files_and_continue_a_study_alike(carried, tmp_path):
+def test_records_as_a_folder_hold_the_same_files_and_continue_a_study_alike(carried, tmp_path, monkeypatch):
     folder = tmp_path / "records"  # the form a git repository keeps best: unchanged files are not stored again
+    monkeypatch.setattr(study_records, "GZIP_OVER", 4096)  # the tiny study's files are small
     packed = pack_study(carried.parted, folder)
     with tarfile.open(carried.records) as tar:
         archived = {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
-    kept = {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
-    assert kept == archived and packed["bytes"] == sum(map(len, kept.values()))
+    files = [path for path in folder.rglob("*") if path.is_file()]
+    assert packed["bytes"] == sum(path.stat().st_size for path in files)
+    kept = {path.relative_to(folder).as_posix().removesuffix(".gz"): gzip.decompress(path.read_bytes())
+            if path.suffix == ".gz" else path.read_bytes() for path in files}
+    assert kept == archived
+    zipped = {path.name for path in files if path.suffix == ".gz"}
+    assert zipped and all(len(archived[name.removesuffix(".gz")]) > 4096 for name in
+                          (path.relative_to(folder).as_posix() for path in files if path.suffix == ".gz"))
+    before = {path: path.read_bytes() for path in files}
     assert pack_study(carried.parted, folder)["runs"] == 3, "written again in place"
+    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before, "byte for byte"
     unpack_study(folder, tmp_path / "study")
     assert {path.relative_to(tmp_path / "study").as_posix() for path in (tmp_path / "study").rglob("*")
             if path.is_file()} == set(kept)

@@ -39,12 +39,14 @@ TEACHER_FOLDER = re.compile(r"teacher(-.+)?")  # <task>/teacher, teacher-seed-S,
 SKIPPED_FOLDERS = ("init_model", "logs", "onnx", "best")  # made again from the recipe, or a run's console or scratch
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".pt")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")  # pack_study's one-file form; any other name: a folder
+GZIP_OVER = 64 * 1024  # a folder's members larger than this are gzipped (predictions, teacher-output tables)
 
 
 def pack_study(folder: Path, out: Path) -> dict[str, int]:
     """Write `out` from the study in `folder`, atomically: its own records and those of each finished run (an
     unfinished one is left out: it runs again), as one `.tar.gz` (`ARCHIVE_SUFFIXES`) or, any other name, as a folder
-    of the same files (what a git repository keeps best: a file that did not change is not stored again). Returns the
+    of the same files, the large ones gzipped (what a git repository keeps best: a file that did not change is not
+    stored again). Returns the
     counts of runs packed (`runs`, and per task and arm or teacher folder) and left out (`unfinished`), and the
     `bytes` written."""
     folder = Path(folder)
@@ -65,13 +67,18 @@ def pack_study(folder: Path, out: Path) -> dict[str, int]:
         os.replace(partial, out)
         return {**counts, "bytes": out.stat().st_size}
     atomic_directory(out, lambda tmp: _write_members(tmp, members))
-    return {**counts, "bytes": sum(len(data) for _, data in members)}
+    return {**counts, "bytes": sum(path.stat().st_size for path in out.rglob("*") if path.is_file())}
 
 
 def _write_members(folder: Path, members: list[tuple[str, bytes]]) -> None:
+    """Each member as a file; one over `GZIP_OVER` bytes gzipped as `NAME.gz` (reproducibly: the same content gives
+    the same bytes, which git stores once)."""
     for name, data in members:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
+        if len(data) > GZIP_OVER:
+            (folder / f"{name}.gz").write_bytes(gzip.compress(data, mtime=0))
+        else:
+            (folder / name).write_bytes(data)
 
 
 def _records(folder: Path, root: Path, counts: dict[str, int]) -> Iterator[tuple[str, bytes]]:
@@ -148,4 +155,10 @@ def _copy_records(records: Path, folder: Path) -> None:
         if path.is_file():
             target = folder / path.relative_to(records)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+            if path.suffix == ".gz":  # no record of a study ends so: one `_write_members` gzipped
+                try:
+                    target.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
+                except (OSError, EOFError) as err:
+                    raise BiodistilError(f"{path}: damaged ({err}); pack the study's records again") from None
+            else:
+                shutil.copyfile(path, target)
