@@ -136,6 +136,10 @@ def test_continue_advice_names_the_command_that_continues():
             "commands without --resume continue when run again"
     argv = ["evaluate", "e.yaml", "--resume"]
     assert continue_advice(build_parser().parse_args(argv), argv) == "biodistil evaluate e.yaml --resume"
+    for carried in (["--from-records", "rec"], ["--from-records=rec"]):  # the folder it made is what continues
+        argv = ["study", "s.yaml", *carried, "--processes", "2"]
+        assert continue_advice(build_parser().parse_args(argv), argv) == \
+            "biodistil study s.yaml --processes 2 --resume"
 
 
 @pytest.fixture(scope="module")

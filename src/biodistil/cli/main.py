@@ -121,9 +121,15 @@ def _terminated(number: int, frame: object) -> None:
 
 
 def continue_advice(args: argparse.Namespace, argv: list[str]) -> str:
-    """What to type to continue an interrupted command: the same command, with --resume where it has one."""
+    """What to type to continue an interrupted command: the same command, with --resume where it has one (and
+    without `--from-records RECORDS`: the folder it started is what continues)."""
     flag = getattr(args, "continue_flag", None)
-    words = [*argv, *([flag] if flag and flag not in argv else [])]
+    words = list(argv)
+    for at, word in enumerate(words):
+        if word == "--from-records" or word.startswith("--from-records="):
+            del words[at:at + (2 if word == "--from-records" else 1)]
+            break
+    words += [flag] if flag and flag not in words else []
     return "biodistil " + " ".join(shlex.quote(word) for word in words)
 
 
