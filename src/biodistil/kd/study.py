@@ -18,7 +18,6 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,7 +44,7 @@ from biodistil.tasks.scoring import positive_index
 from biodistil.tasks.significance import compare_scores, holm
 from biodistil.teachers.store import left_out_fingerprint, teacher_fingerprint
 from biodistil.teachers.task_cache import teacher_test_predictions, teacher_test_scores
-from biodistil.training.machine import describe_machine
+from biodistil.training.machine import cpu_text, describe_machine
 from biodistil.training.pool import run_in_workers, side_by_side_plan
 from biodistil.training.processes import Launch
 from biodistil.training.run import SUMMARY, RunFolder, finished, run_stage
@@ -360,7 +359,7 @@ def _ran_on(folder: Path) -> str | None:
         machine = read_json(folder / "provenance.json").get("machine") or {}
     except BiodistilError:
         return None
-    return f"{machine.get('cpu') or '?'}; flags: {' '.join(machine.get('flags') or ()) or 'none of avx2/avx512/amx'}"
+    return cpu_text(machine.get("cpu"), machine.get("flags"))
 
 
 def machines(runs: list[dict[str, Any]]) -> dict[str, int]:
@@ -435,29 +434,19 @@ def _weights_needed(study_task: StudyTask, unfinished: list[StudyRun], root: Pat
     packed = {Path(path) for path in _teachers(study_task, root).values() if left_out_fingerprint(Path(path))}
     needed: set[Path] = set()
     for run in (run for run in unfinished if run.command == "kd"):
-        named = packed & {Path(value) for value in _strings(run.raw)}
-        if named - needed and not _outputs_stored(run):
+        kd = validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}")
+        named = packed & {Path(entry.name_or_path) for entry in kd.teacher_entries()}
+        if named - needed and not _outputs_stored(kd):
             needed |= named
     return needed
 
 
-def _outputs_stored(run: StudyRun) -> bool:
+def _outputs_stored(kd: KDRecipe) -> bool:
     """Whether every teacher output the kd run reads is in the store (entries of teachers with weights are built)."""
     try:
-        return prepare_teacher_outputs(validate_recipe(KDRecipe, run.raw, source=f"study run {run.folder}"))
+        return prepare_teacher_outputs(kd)
     except WeightsLeftOut:
         return False
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-    elif isinstance(value, str):
-        yield value
 
 
 def _trained_threads(folder: Path) -> int | None:

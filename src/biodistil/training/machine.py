@@ -11,7 +11,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,12 @@ def cpu_info() -> tuple[str | None, list[str] | None]:
 def cpu_line() -> str:
     """The CPU's model and the flags of SPEED_FLAGS it has, for a speed figure's heading."""
     record = this_machine()
-    return f"{record.cpu or '?'}; flags: {' '.join(record.flags or ()) or 'none of avx2/avx512/amx'}"
+    return cpu_text(record.cpu, record.flags)
+
+
+def cpu_text(cpu: str | None, flags: Sequence[str] | None) -> str:
+    """A CPU's model and speed flags as `cpu_line` writes them (also from a recorded machine)."""
+    return f"{cpu or '?'}; flags: {' '.join(flags or ()) or 'none of avx2/avx512/amx'}"
 
 
 def describe_machine() -> dict[str, Any]:
