@@ -214,3 +214,36 @@ def test_groups_that_share_their_seeds_draw_the_seeds_once_for_every_group(tmp_p
     assert crossed.estimate == pytest.approx(flat.estimate, abs=1e-12)
     assert crossed.high - crossed.low > 1.4 * (flat.high - flat.low)
     assert "crossed" in crossed.as_record()["method"]
+
+
+@pytest.mark.parametrize("metric", ["entity_f1", "accuracy"])
+def test_a_block_of_resamples_scored_at_once_gives_the_resample_by_resample_interval(tmp_path, metric):
+    """The blocked form (counts times how often each resample drew each example) against the loop the module's
+    docstring describes, written out here: per resample, each side's runs drawn, then the examples, and the mean of
+    each drawn run's score on them."""
+    rng = np.random.default_rng(5)
+    if metric == "entity_f1":
+        gold = [list(rng.choice(["O", "B-D", "I-D"], size=int(rng.integers(1, 6)))) for _ in range(45)]
+        guess = [[[t if rng.random() < rate else "O" for t in g] for g in gold] for rate in (0.6, 0.7, 0.8, 0.9, 1.0)]
+        runs = [read_scored_run(write_run(tmp_path / f"{k}.jsonl", gold, p), "entity_f1") for k, p in enumerate(guess)]
+    else:
+        gold = rng.choice(["yes", "no"], size=45).tolist()
+        guess = [[g if rng.random() < rate else "maybe" for g in gold] for rate in (0.6, 0.7, 0.8, 0.9, 1.0)]
+        runs = [read_scored_run(write_run(tmp_path / f"{k}.jsonl", gold, p), "accuracy_macro_f1", key="accuracy")
+                for k, p in enumerate(guess)]
+    students, reference, teachers = runs[:3], runs[3:4], runs[3:]
+    draws = np.random.default_rng(11)
+    by_hand = []
+    for _ in range(300):
+        sides = [[side[i] for i in draws.integers(len(side), size=len(side))] for side in (students, teachers)]
+        drawn = draws.integers(45, size=45)
+        student, teacher = (np.mean([run.score(drawn) for run in side]) for side in sides)
+        by_hand.append(student / teacher)
+    share = share_interval(students, teachers, resamples=300, seed=11)
+    assert [share.low, share.high] == pytest.approx(list(np.nanquantile(by_hand, [0.025, 0.975])), abs=1e-12)
+    rows = np.random.default_rng(2).integers(45, size=(7, 45))
+    weights = np.stack([np.bincount(row, minlength=45) for row in rows])
+    for run in runs:
+        assert run.scores(rows, weights) == pytest.approx([run.score(row) for row in rows], abs=1e-12)
+    gap = gap_interval(students, reference, teachers, resamples=50)
+    assert gap.runs == (3, 1, 2) and gap.low <= gap.high

@@ -17,8 +17,9 @@ each group would treat the seeds' shared effect as independent noise and underst
 are nested: the runs within each drawn group are drawn for that group.
 
 A resample must cost little (a study forms B = 2,000 of them for each row), so the metrics that are ratios of sums are
-formed from per-example counts: entity F1 from correct, predicted and gold entities per sentence (strict IOB2 spans,
-as `metrics.entity_f1` parses them), accuracy and the F1 of positive classes from per-example hits. AUROC is the
+formed from per-example counts, summed for a block of resamples at once as one product of how often each resample drew
+each example with the counts: entity F1 from correct, predicted and gold entities per sentence (strict IOB2 spans, as
+`metrics.entity_f1` parses them), accuracy and the F1 of positive classes from per-example hits. AUROC is the
 Mann-Whitney statistic on the drawn examples' ranks (ties count one half, as `sklearn.metrics.roc_auc_score`). Any
 other metric is recomputed by its own function on the drawn examples.
 """
@@ -69,6 +70,15 @@ class ScoredRun:
 
     ids: tuple[str, ...]
     score: Callable[[np.ndarray], float]  # the headline metric on the examples at these indices
+    counts: np.ndarray | None = None  # per-example counts, where the metric is a function of their sums
+    of_sums: Callable[[np.ndarray], np.ndarray] | None = None  # that function, on a row of sums per resample
+
+    def scores(self, draws: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+        """The metric on each resample, a row of `draws` (example indices); `weights[b, i]`: how often resample b drew
+        example i, which turns the sums over a resample's examples into one product for all of them."""
+        if self.counts is None or self.of_sums is None or weights is None:
+            return np.array([self.score(row) for row in draws])
+        return self.of_sums(weights @ self.counts)
 
 
 def read_scored_run(path: Path, metric: str, key: str | None = None, positive_at: int | None = None,
@@ -93,9 +103,15 @@ def scored_run(rows: Sequence[dict[str, Any]], metric: str, key: str | None = No
             raise BiodistilError(f"{source}: {metric} also reads the positive class's score; these predictions have "
                                  "no class scores (or no positive class was named)")
         options["positive_scores"] = np.array([row["scores"][positive_at] for row in rows])
-    quick = _quick_score(metric, key, gold, predicted, {**_defaults(spec.function), **options})
+    settled = {**_defaults(spec.function), **options}
+    quick = _per_example_counts(metric, key, gold, predicted, settled)
     if quick is not None:
-        return ScoredRun(ids, quick)
+        counts, of_sums = quick
+        return ScoredRun(ids, lambda indices: float(of_sums(counts[indices].sum(axis=0, keepdims=True))[0]), counts,
+                         of_sums)
+    if key == "auroc":
+        return ScoredRun(ids, _auroc_of(np.array([str(g) == str(settled["positive"]) for g in gold]),
+                                        np.asarray(settled["positive_scores"], float)))
 
     def score(indices: np.ndarray) -> float:
         drawn = {name: value[indices] if isinstance(value, np.ndarray) else value for name, value in options.items()}
@@ -113,17 +129,15 @@ def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
     return counts
 
 
-def _quick_score(metric: str, key: str, gold: list[Any], predicted: list[Any],
-                 options: dict[str, Any]) -> Callable[[np.ndarray], float] | None:
-    """The metric at `key` from per-example arrays (see the module's docstring), or None where it has no such form."""
+def _per_example_counts(metric: str, key: str, gold: list[Any], predicted: list[Any], options: dict[str, Any]
+                        ) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]] | None:
+    """Per-example counts and the metric at `key` as a function of their sums (see the module's docstring), or None
+    where the metric is no such ratio."""
     if metric == "entity_f1" and key == "f1":
-        return _f1_of(entity_counts(gold, predicted))
-    if key == "auroc":
-        positive = str(options["positive"])
-        return _auroc_of(np.array([str(g) == positive for g in gold]), np.asarray(options["positive_scores"], float))
+        return entity_counts(gold, predicted), _f1_of_sums
     hits = np.array([str(g) == str(p) for g, p in zip(gold, predicted, strict=True)], dtype=np.int64)
     if key == "accuracy" and metric in {"binary_prf", "accuracy_macro_f1", "accuracy_auroc"}:
-        return lambda indices: float(hits[indices].mean())
+        return np.stack([hits, np.ones_like(hits)], axis=1), _accuracy_of_sums
     if metric == "binary_prf" and key == "f1":
         positives = {str(options["positive"])}
     elif metric == "micro_f1_excluding" and key == "f1":
@@ -133,16 +147,19 @@ def _quick_score(metric: str, key: str, gold: list[Any], predicted: list[Any],
         return None
     is_gold = np.array([str(g) in positives for g in gold], dtype=np.int64)
     is_predicted = np.array([str(p) in positives for p in predicted], dtype=np.int64)
-    return _f1_of(np.stack([hits * is_predicted, is_predicted, is_gold], axis=1))
+    return np.stack([hits * is_predicted, is_predicted, is_gold], axis=1), _f1_of_sums
 
 
-def _f1_of(counts: np.ndarray) -> Callable[[np.ndarray], float]:
-    """F1 = 2·correct / (predicted + gold) (= 2PR/(P + R)) from per-example [correct, predicted, gold] counts."""
-    def score(indices: np.ndarray) -> float:
-        correct, predicted, true = counts[indices].sum(axis=0)
-        return 2.0 * correct / (predicted + true) if predicted + true else 0.0
+def _f1_of_sums(sums: np.ndarray) -> np.ndarray:
+    """F1 = 2·correct / (predicted + gold) (= 2PR/(P + R)) from the sums of [correct, predicted, gold]; 0 where nothing
+    was predicted or gold."""
+    total = sums[:, 1] + sums[:, 2]
+    return np.divide(2.0 * sums[:, 0], total, out=np.zeros(len(sums)), where=total > 0)
 
-    return score
+
+def _accuracy_of_sums(sums: np.ndarray) -> np.ndarray:
+    """Accuracy = hits / examples, from the sums of [hit, 1]."""
+    return sums[:, 0] / sums[:, 1]
 
 
 def _auroc_of(positive: np.ndarray, scores: np.ndarray) -> Callable[[np.ndarray], float]:
@@ -196,20 +213,37 @@ def _interval(given: Sequence[Side], statistic: Callable[..., float], resamples:
     """`statistic` of the sides' mean scores on the whole split and its percentile interval over `resamples`, each
     drawing every side's runs (`_draw`) and then one set of examples for all of them."""
     sides = [_groups(side) for side in given]
-    _check_aligned([run for side in sides for run in _runs(side)])
-    examples = len(sides[0][0][0].ids)
-    everything = np.arange(examples)
-    estimate = statistic(*(_mean(_runs(side), everything) for side in sides))
+    side_runs = [_runs(side) for side in sides]
+    _check_aligned([run for runs in side_runs for run in runs])
+    examples = len(side_runs[0][0].ids)
+    estimate = statistic(*(_mean(runs, np.arange(examples)) for runs in side_runs))
     rng = np.random.default_rng(seed)
-    values = np.empty(resamples)
-    for b in range(resamples):
-        runs = [_draw(side, rng) for side in sides]
-        drawn = rng.integers(examples, size=examples)
-        values[b] = statistic(*(_mean(side_runs, drawn) for side_runs in runs))
+    positions = [_positions(side) for side in sides]
+    picked, draws = [], np.empty((resamples, examples), dtype=np.int64)
+    for b in range(resamples):  # one stream: each side's runs, then the examples, resample after resample
+        picked.append([_draw(side, rng) for side in positions])
+        draws[b] = rng.integers(examples, size=examples)
+    means = [_drawn_means(_scores(runs, draws), [chosen[side] for chosen in picked])
+             for side, runs in enumerate(side_runs)]
+    values = np.array([statistic(*resample) for resample in zip(*means, strict=True)])
     low, high = np.nanquantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     grouped = any(not isinstance(item, ScoredRun) for side in given for item in side)
-    return Interval(float(estimate), float(low), float(high), resamples, tuple(len(_runs(side)) for side in sides),
+    return Interval(float(estimate), float(low), float(high), resamples, tuple(len(runs) for runs in side_runs),
                     tuple(len(side) for side in sides) if grouped else None)
+
+
+def _scores(runs: Sequence[ScoredRun], draws: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """Each run's score on each resample (a row of `draws`): runs × resamples. The resamples go `chunk` at a time, with
+    how often each drew each example (`weights`) formed once for all the runs."""
+    examples = draws.shape[1]
+    scores = np.empty((len(runs), len(draws)))
+    for start in range(0, len(draws), chunk):
+        rows = draws[start:start + chunk]
+        offsets = (np.arange(len(rows))[:, None] * examples + rows).ravel()
+        weights = np.bincount(offsets, minlength=len(rows) * examples).reshape(len(rows), examples)
+        for index, run in enumerate(runs):
+            scores[index, start:start + len(rows)] = run.scores(rows, weights)
+    return scores
 
 
 def _groups(side: Side) -> list[list[ScoredRun]]:
@@ -221,7 +255,20 @@ def _runs(groups: list[list[ScoredRun]]) -> list[ScoredRun]:
     return [run for group in groups for run in group]
 
 
-def _draw(groups: list[list[ScoredRun]], rng: np.random.Generator) -> list[ScoredRun]:
+def _drawn_means(scores: np.ndarray, picked: list[list[int]]) -> np.ndarray:
+    """Each resample's mean score over the runs drawn for it (`scores`: runs × resamples)."""
+    if len({len(runs) for runs in picked}) == 1:  # as many runs on every resample: one gather for all
+        return scores[np.array(picked), np.arange(len(picked))[:, None]].mean(axis=1)
+    return np.array([scores[runs, b].mean() for b, runs in enumerate(picked)])
+
+
+def _positions(groups: list[list[ScoredRun]]) -> list[list[int]]:
+    """The groups with each run replaced by its position among the side's runs (`_runs`)."""
+    flat = iter(range(sum(len(group) for group in groups)))
+    return [[next(flat) for _ in group] for group in groups]
+
+
+def _draw(groups: list[list[int]], rng: np.random.Generator) -> list[int]:
     """Groups drawn with replacement, and the runs within them: groups of one size crossed (one draw of positions for
     every drawn group), else nested (a draw per group). A group of one run draws nothing more: flat runs are drawn
     exactly as the one-level bootstrap draws them."""
