@@ -102,13 +102,13 @@ def tiny_world(work: Path) -> dict[str, str]:
 
 def tiny_sizes(stages: dict[str, dict[str, Any]], work: Path) -> None:
     """The recipe's stages at toy sizes, in place: 4 distillation steps of 8 × 32, one epoch of 8 per fine-tuning
-    (dev selection after 2 steps), the bench at one repetition of 16 tokens."""
+    (dev selection after 2 steps), 200 bootstrap resamples an interval, the bench at one repetition of 16 tokens."""
     distill = stages["distilled"]
     distill["student"]["layers"] = [0, 2]
     distill["data"].update(block_size=32, eval_fraction=0.05, cache_dir=str(work / "corpus-cache"))
     distill["train"].update(max_steps=4, batch_size=8, warmup_steps=0, eval_every=2, save_every=2, log_every=2)
     study = stages["study"]
-    study["student_layers"] = [0, 2]
+    study["student_layers"], study["resamples"] = [0, 2], 200
     study["tasks"][0]["teacher_overrides"]["finetune"].update(epochs=1)
     finetune = study["defaults"]["finetune"]
     finetune["task"]["max_length"], finetune["finetune"]["epochs"] = 64, 1

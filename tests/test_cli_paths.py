@@ -83,6 +83,7 @@ train: {TASK_TRAIN}
 run: {{output_dir: {{ws}}runs/study}}
 data_dir: {{ws}}data
 seeds: [1]
+resamples: 200
 student: {{ws}}models/student
 teacher_init: {{ws}}models/teacher
 tasks: [{{name: bioasq, teacher_overrides: {{finetune: {{epochs: 1}}}}}}]
@@ -394,6 +395,7 @@ JOB_STUDY = f"""
 run: {{output_dir: job/study}}
 data_dir: job/data
 seeds: [1]
+resamples: 200
 student: job/student
 teacher_init: job/teacher
 tasks: [{{name: bioasq, teacher_overrides: {{finetune: {{epochs: 1}}}}}}]

@@ -201,7 +201,7 @@ def test_a_study_fine_tunes_more_teachers_and_its_arms_name_them(kd_models, pair
     _, student = kd_models
     task_file = pair_task.files["train"].replace("train.json", "tiny_qa.yaml")
     quiet = {"batch_size": 8, "progress_bar": False, "tensorboard": False, "eval_every": 0, "save_every": 0}
-    raw = {"run": {"output_dir": str(tmp_path / "study")}, "seeds": [1], "student": str(student),
+    raw = {"run": {"output_dir": str(tmp_path / "study")}, "seeds": [1], "resamples": 200, "student": str(student),
            "teacher_init": str(teacher_dir),
            "tasks": [{"name": task_file, "more_teachers": {"other": {"teacher_init": str(teacher_dir),
                                                                      "teacher_overrides": {"run": {"seed": 9}}}}}],

@@ -94,7 +94,7 @@ def tiny_study(path: Path, student: Path, teacher_init: Path, out: Path, more_te
     loaded (`resolve_models=False`): a fetched one need not be on this machine. Any more teachers of its tasks start
     from `more_teachers` (else `teacher_init`)."""
     overrides = [f"student={student}", "student_layers=null", f"teacher_init={teacher_init}", "seeds=[1]",
-                 f"run.output_dir={out}"]
+                 f"run.output_dir={out}", "resamples=200"]
     for command in ("finetune", "kd"):
         overrides += [f"defaults.{command}.task.max_examples=16", f"defaults.{command}.train.batch_size=8",
                       f"defaults.{command}.task.max_length=128",

@@ -94,7 +94,7 @@ def finetune_argv(folder: Path, teacher_dir: Path) -> list[str]:
 
 def study_recipe(folder: Path, teacher_dir: Path, student: Path) -> Path:
     train = {"batch_size": 8, "learning_rate": 3e-3, "progress_bar": False, "tensorboard": False}
-    recipe = {"seeds": [1, 2], "student": str(student), "teacher_init": str(teacher_dir),
+    recipe = {"seeds": [1, 2], "resamples": 200, "student": str(student), "teacher_init": str(teacher_dir),
               "tasks": [{"name": str(write_pair_task(folder / "qa"))},
                         {"name": str(write_token_task(folder / "ner"))}],
               "defaults": {"finetune": {"finetune": {"epochs": 1}, "train": train},

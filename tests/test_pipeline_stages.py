@@ -22,7 +22,7 @@ def sliced(out, teacher_dir, small, task_file, corpus_file):
     distill["student"]["layers"], distill["data"]["train"] = [0, 2], [str(corpus_file)]
     distill["data"]["block_size"] = 32
     distill["train"].update(max_steps=2, batch_size=4, eval_every=0, save_every=0, **QUIET)
-    study.update(seeds=[1], student_layers=[0, 2])
+    study.update(seeds=[1], student_layers=[0, 2], resamples=200)
     study["tasks"][0].update(name=str(task_file))
     for command in ("finetune", "kd"):
         study["defaults"][command]["task"]["max_length"] = 32

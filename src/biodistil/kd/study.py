@@ -275,11 +275,12 @@ def _add_share_intervals(recipe: StudyRecipe, runs: list[StudyRun], rows: list[d
             mine = [row for row in rows if row["task"] == task.name]
             for row in mine:
                 row["share" + suffix] = _interval_record(task, row["metric"], teachers, file, root,
-                                                         _row_runs(runs, row))
+                                                         recipe.resamples, _row_runs(runs, row))
             reference = next((row for row in mine if row["arm"] == recipe.reference_arm), None)
             for row in (row for row in mine if reference is not None and row is not reference):
                 row["gap" + suffix] = _interval_record(task, row["metric"], teachers, file, root,
-                                                       _row_runs(runs, row), _row_runs(runs, reference))
+                                                       recipe.resamples, _row_runs(runs, row),
+                                                       _row_runs(runs, reference))
 
 
 def _row_runs(runs: list[StudyRun], row: dict[str, Any]) -> list[list[StudyRun]]:
@@ -304,9 +305,10 @@ def _teacher_predictions(task: TaskSpec, examples: list[Example], models: list[s
 
 
 def _interval_record(task: TaskSpec, metric: str, teachers: list[Path] | BiodistilError, file: str, root: Path,
-                     groups: list[list[StudyRun]], reference: list[list[StudyRun]] | None = None) -> dict[str, Any]:
+                     resamples: int, groups: list[list[StudyRun]], reference: list[list[StudyRun]] | None = None
+                     ) -> dict[str, Any]:
     """The share of the teacher of the runs in `groups` — or, given a `reference` arm's runs, the gap they close from
-    it — with its interval, as recorded; or why there is none."""
+    it — with its interval over `resamples` bootstrap resamples, as recorded; or why there is none."""
     positive_at = positive_index(task) if task.kind != "token_classification" else None
     scored = partial(read_scored_run, metric=task.metric, key=metric, positive_at=positive_at, **task.metric_options)
 
@@ -319,8 +321,8 @@ def _interval_record(task: TaskSpec, metric: str, teachers: list[Path] | Biodist
             raise teachers
         teacher_runs = [scored(path) for path in teachers]
         if reference is None:
-            return share_interval(side(groups), teacher_runs).as_record()
-        return gap_interval(side(groups), side(reference), teacher_runs).as_record()
+            return share_interval(side(groups), teacher_runs, resamples).as_record()
+        return gap_interval(side(groups), side(reference), teacher_runs, resamples).as_record()
     except (BiodistilError, OSError, KeyError, ValueError) as err:  # named relative to the study's folder
         return {"why_none": str(err).replace(str(root), ".")}
 
