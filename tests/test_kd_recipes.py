@@ -149,6 +149,7 @@ def test_study_recipe_runs_on_a_slice(recipe, real_text_models, tiny_mpnet, tmp_
         share = row["share"]
         if "estimate" in share:
             assert share["low"] <= share["estimate"] <= share["high"] and share["runs"] == [1, 1]
+            assert share["resamples"] == 200, "the recipe's resamples"
         else:  # a tiny random teacher may score 0: no share to form
             assert share == {"why_none": "the teacher scores 0 on the test set: there is no share of it to form"}
     gaps = [row for row in summary["rows"] if "gap" in row]  # from the reference arm: three sides, paired
