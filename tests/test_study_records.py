@@ -30,7 +30,8 @@ def tiny_study(task_file: str, teacher_init, student, out) -> StudyRecipe:
     """A fine-tuned arm and a kd arm on the tiny yes/no task, two teacher seeds (the second one's scores only)."""
     quiet = {"batch_size": 8, "progress_bar": False, "tensorboard": False, "eval_every": 0, "save_every": 0}
     return validate_recipe(StudyRecipe, {
-        "run": {"output_dir": str(out)}, "seeds": [1], "resamples": 200, "student": str(student), "teacher_init": str(teacher_init),
+        "run": {"output_dir": str(out)}, "seeds": [1], "resamples": 200, "student": str(student),
+        "teacher_init": str(teacher_init),
         "tasks": [{"name": task_file, "teacher_seeds": [1, 2]}],
         "defaults": {"finetune": {"finetune": {"epochs": 1}, "train": quiet},
                      "kd": {"kd": {"epochs": 1}, "train": quiet}},

@@ -25,6 +25,7 @@ beside it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import json
 import math
@@ -195,11 +196,13 @@ def current_rss(pid: int | None = None) -> int:
         return kib * 1024
 
 
+@functools.cache
 def matmul_flops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 10,
                  quick_s: float = 0.05) -> tuple[float, int]:
     """The chip's own dense ceiling: (FLOP/s of a square matmul in `dtype`, best of `repeats` after 3 warm-ups; its
     side). The side doubles from 256 up to `size` while one product takes under `quick_s`: a dtype the CPU only
-    emulates (bf16 without AVX-512 BF16 or AMX, ~1 GFLOP/s) is measured at a side that takes seconds, not minutes."""
+    emulates (bf16 without AVX-512 BF16 or AMX, ~1 GFLOP/s) is measured at a side that takes seconds, not minutes.
+    Measured once per process for the same arguments: every figure of a process is then set against one ceiling."""
     side = 256
     while True:
         a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
