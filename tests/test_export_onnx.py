@@ -303,18 +303,34 @@ def mpnet_dir(tmp_path_factory, tokenizer) -> Path:
     return save(MPNetForTokenClassification(config), tokenizer, tmp_path_factory.mktemp("mpnet") / "model")
 
 
+@pytest.fixture(scope="module")
+def mpnet_graph(mpnet_dir) -> Path:
+    """The tiny MPNet's fp32 graph, exported once for the tests whose subject comes after the export."""
+    from biodistil.export.onnx import export_fp32, load_model_folder
+
+    path = mpnet_dir.parent / "fp32-once" / "model.onnx"
+    path.parent.mkdir()
+    export_fp32(load_model_folder(mpnet_dir), path)
+    return path
+
+
 @needs_onnx
-def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir, monkeypatch):
+def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir, mpnet_graph, monkeypatch):
     """Also: ONNX Runtime's symbolic shape inference failed on the MPNet graph of PyTorch 2.11's exporter (an
     AssertionError on a `Range`; docs/gpu.md), so here it is made to fail: the pre-processing then uses ONNX's shape
     inference, says so, and the int8 graph is still built and checked (the other families' exports take the symbolic
-    path)."""
+    path). The fp32 graph is `export_fp32`'s, exported once by the fixture."""
+    import shutil
+
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from biodistil.export import command
 
     def fails(*args, **kwargs):
         raise AssertionError
 
     monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(fails))
+    monkeypatch.setattr(command, "export_fp32", lambda loaded, path: shutil.copyfile(mpnet_graph, path))
     out = mpnet_dir.parent / "onnx"
     description = run_export(mpnet_dir, out, ExportOptions(int8=True))
     assert "symbolic shape inference failed (AssertionError), ONNX shape inference only" in \
@@ -330,15 +346,19 @@ def test_mpnet_is_exported_unfused_with_a_note_and_matches_pytorch(mpnet_dir, mo
 
 @pytest.mark.slow
 @needs_onnx
-def test_an_int8_failure_on_a_nearly_full_disk_says_so(mpnet_dir, monkeypatch):
+def test_an_int8_failure_on_a_nearly_full_disk_says_so(mpnet_dir, mpnet_graph, monkeypatch):
     """A full disk truncated ONNX's shape-inference output and the quantiser failed to parse it (a DecodeError, seen
-    in a demo run): the error names the free space; with room to spare it does not."""
+    in a demo run): the error names the free space; with room to spare it does not. (The graph is the one exported
+    once: this test's subject comes after the export.)"""
     import shutil
     from collections import namedtuple
 
     from google.protobuf.message import DecodeError
 
+    from biodistil.export import command
     from biodistil.export import onnx as export_onnx
+
+    monkeypatch.setattr(command, "export_fp32", lambda loaded, path: shutil.copyfile(mpnet_graph, path))
 
     def truncated(*args, **kwargs):
         raise DecodeError("Error parsing message with type 'onnx.ModelProto': Wire format was corrupt")
