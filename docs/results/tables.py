@@ -601,22 +601,44 @@ def users_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
 
 def users_setting_figures(summary: dict[str, Any]) -> dict[str, str]:
     """Study 4's prose figures, per task (TASK:…): each arm against the budget (`TASK:ARM`, `:ci`, `:p`, `:holm`,
-    `:seeds`; `:p1` its p before the correction for the extra look), the gap closed and its interval (`TASK:ARM:gap`,
-    `:gap-ci`), the budget-only student's F1 range over the tasks, the runs' seconds; the wall times."""
+    `:seeds`; `:p1` its p before the correction for any extra look), the gap closed and its interval (`TASK:ARM:gap`,
+    `:gap-ci`; the bootstrap's over runs, teacher seeds and sentences where the record has it, with `:gap-dev` and
+    `:gap-dev-ci` on the dev split), the teacher (`TASK:teacher`, its seeds' scores `TASK:teacher-seeds`), the
+    budget-only student's F1 range over the tasks, the runs' seconds; the wall times."""
     figures = _wall_time_figures(summary) | {f"paper:{arm}": pct(gap) for arm, gap in PAPER_GAP.items()}
     budgets = {row["task"]: row for row in summary["rows"] if row["arm"] == "budget"}
+    rows = {(row["task"], row["arm"]): row for row in summary["rows"]}
     for (task, arm), result in users_family(summary).items():
         gap = summary["teachers"][task]["test"]["f1"] - budgets[task]["mean"]
         figures |= comparison_figures(f"{task}:{arm}", result)
-        figures |= {f"{task}:{arm}:gap": num(result.difference / gap, 0, 100) + "%",
-                    f"{task}:{arm}:gap-ci": f"{num(result.low / gap, 0, 100)}% to {num(result.high / gap, 0, 100)}%",
-                    f"{task}:{arm}:p1": p_text(result.p_value / result.looks)}
+        figures[f"{task}:{arm}:p1"] = p_text(result.p_value / result.looks)
+        figures |= _gap_figures(f"{task}:{arm}", rows[task, arm], result, gap)
+    for task, record in summary["teachers"].items():
+        figures[f"{task}:teacher"] = num(record["test"]["f1"], 1, 100)
+        seeds = record.get("teacher_seeds") or {}
+        if seeds:
+            figures[f"{task}:teacher-seeds"] = " and ".join(num(one["test"]["f1"], 1, 100) for one in seeds.values())
     budget = [row["mean"] for row in budgets.values()]
     figures["budget-range"] = f"{100 * min(budget):.0f}-{100 * max(budget):.0f}"
     for task in budgets:
         seconds = [run["wall_seconds"] for run in summary["runs"] if run["task"] == task]
         figures[f"{task}:run-seconds"] = f"{min(seconds):.0f}-{max(seconds):.0f}"
     return figures
+
+
+def _gap_figures(prefix: str, row: dict[str, Any], result: Comparison, gap: float) -> dict[str, str]:
+    """The gap closed and its interval: the bootstrap's (test, and dev as `:gap-dev`) where the row has it, else the
+    difference's interval divided by the gap (T and the budget's mean taken as fixed)."""
+    if "estimate" in row.get("gap", {}):
+        figures = {}
+        for name, key in ((":gap", "gap"), (":gap-dev", "gap_dev")):
+            if "estimate" in row.get(key, {}):
+                closed = row[key]
+                figures |= {prefix + name: num(closed["estimate"], 0, 100) + "%",
+                            prefix + name + "-ci": f"{num(closed['low'], 0, 100)}% to {num(closed['high'], 0, 100)}%"}
+        return figures
+    return {prefix + ":gap": num(result.difference / gap, 0, 100) + "%",
+            prefix + ":gap-ci": f"{num(result.low / gap, 0, 100)}% to {num(result.high / gap, 0, 100)}%"}
 
 
 def _wall_time_figures(summary: dict[str, Any]) -> dict[str, str]:
