@@ -17,7 +17,7 @@ from biodistil.pipeline import PipelineRecipe
 DOCS = RECIPES.parent / "docs"
 STUDY_RECIPES = {"task-agnostic": "task-agnostic-seeds.yaml", "transfer-data": "transfer-data.yaml",
                  "meta-kd": "meta-kd.yaml", "cross-tokenizer": "cross-tokenizer.yaml",
-                 "users-setting": "users-setting.yaml", "multi-teacher": "multi-teacher.yaml",
+                 "users-setting": "users-setting-converged.yaml", "multi-teacher": "multi-teacher.yaml",
                  "seeds-scale": "seeds-scale.yaml", "vekd": "vekd.yaml"}
 RUN_SPECIFIC = {"run", "data_dir"}  # output folder, data folder
 
@@ -53,8 +53,10 @@ def test_each_study_record_was_produced_by_the_committed_recipe(name):
         k: v for k, v in recipe.items() if k not in RUN_SPECIFIC}
     seeds = {arm["name"]: len(arm.get("seeds") or record["seeds"]) for arm in record["settings"]["arms"]}
     assert len(record["seeds"]) >= 3 and all(row["seeds"] == seeds[row["arm"]] for row in record["rows"])
-    minutes = {"users-setting": 90}.get(name, 60)
-    assert record["wall_seconds"] < minutes * 60, f"the study finishes within {minutes} minutes"
+    if name == "users-setting":  # converged teachers (issue 56): CPU hours, run in parts; its wall time is stated
+        assert record["wall_seconds"] > 0 and record["machines"], "the record says how long and where"
+    else:
+        assert record["wall_seconds"] < 60 * 60, "the study finishes within 60 minutes"
 
 
 def test_the_cross_tokenizer_record_was_produced_by_the_committed_pipeline():
@@ -177,7 +179,6 @@ SETTINGS = {
     "(printed beside its own p and 95% interval) is below 0.05": "the level of the verdict rule",
     "(0.05 over the family's size)": "the level of the verdict rule",
     "3 distillation runs of 4.1 M tokens each": "seeds-scale-converged.yaml's distillation budget",
-    "at most 5% of the time": "the level of the verdict rule",
     "two one-sided tests at 5% (the 90% interval)": "the level of the equivalence test",
     "t_{0.975} is 12.7 at one degree of freedom, 4.3 at two": "Student's t quantiles, not results",
     "PyTorch 2.13": "a version",
@@ -203,11 +204,6 @@ NOT_IN_A_RECORD = {
     "mean 0.29, sd 0.07, above 0.5 for 0.5% of the 384 sentences, against\n  mean 0.51, sd 0.28, 52% on GAD's":
         "Study 2's cached teacher outputs, not committed (the prose says so)",
     "(mean 0.29 and 0.22, sd 0.07 and 0.08; the same caches)": "Study 2's cached teacher outputs (the prose says so)",
-    '(BC5CDR-disease +1.4, CI −0.5 to +3.3, "about 4 seeds"': "Study 4's 3-seed record, in the repository's "
-                                                              "history (the prose names the commit)",
-    "184% CPU by GNU time, outside the record": "the shell's timing of the run (the prose says so)",
-    "first record (133.6 min;": "Study 4's first record, in the repository's history (the prose names the commit)",
-    "within\n  0.31 F1 of these": "Study 4's first record against this one (the prose names the commit)",
     "−2.4 and −3.0 (`git show 12b264b^": "Study 6's earlier record, in the repository's history (the prose names "
                                            "the commit)",
     "moved by up to\n  1.7 F1 between the two runs": "Study 6's earlier record against this one",
@@ -260,11 +256,6 @@ def _record_at(commit: str, name: str) -> dict:
 def _history_figures() -> list[str]:
     """The phrases of NOT_IN_A_RECORD that quote a record of the repository's history, formed from that record."""
     tables = results_tables()
-    three = {(r["task"], r["arm"]): r["scores"] for r in _record_at("21daf3b^", "users-setting")["rows"]}
-    early = tables.compare_scores(three["bc5cdr_disease", "kd-unseen-biomed"], three["bc5cdr_disease", "budget"])
-    slow = _record_at("2ccf0ae^", "users-setting")
-    now = {(r["task"], r["arm"]): r["mean"] for r in tables.load("users-setting")["rows"]}
-    moved = max(abs(100 * (r["mean"] - now[r["task"], r["arm"]])) for r in slow["rows"])
     old = {stage["name"]: stage for stage in _record_at("12b264b^", "seeds-scale")["stages"]}
     rows = {row["arm"]: row["scores"] for row in old["study"]["summary"]["rows"]}
     new = {row["arm"]: row["scores"] for row in {s["name"]: s for s in tables.load("seeds-scale")["stages"]}["study"][
@@ -276,9 +267,7 @@ def _history_figures() -> list[str]:
     loss = [100 * (cells[arm] - cells[f"{arm}-onnx-int8"]) for arm in ("ft-6x768", "kd-6x768", "ft-6x768-distilled")]
     teacher_ms = next(row["latency"]["128"]["median_ms"] for row in old["deploy"]["deploy"]["bench"]["models"]
                       if row["label"] == "teacher")
-    return [f"(BC5CDR-disease {tables.signed(early.difference, 1, 100)}, CI {tables.ci(early)},",
-            f"first record ({slow['wall_seconds'] / 60:.1f} min;", f"within\n  {moved:.2f} F1 of these",
-            f"{tables.signed(kd[0], 1, 100)} and {tables.signed(kd[1], 1, 100)} (`git show 12b264b^",
+    return [f"{tables.signed(kd[0], 1, 100)} and {tables.signed(kd[1], 1, 100)} (`git show 12b264b^",
             f"moved by up to\n  {seeds:.1f} F1 between",
             f"graphs lost {min(loss):.1f}-{max(loss):.1f} F1 (that record)", f"against {teacher_ms:.0f} ms);"]
 

@@ -102,7 +102,7 @@ def gap_cell(gaps: list[float | None]) -> str:
 # Studies whose scores were looked at before their record was final (the records predate the `looks` field): Study 4's
 # budget and unseen-text arms got seeds 4 and 5 after its 3-seed result was seen; Study 6's student arms were cut from
 # 2 epochs to 1 after two runs' scores were seen. Every comparison of such a study is tested at α/looks.
-LOOKS = {"users-setting": 2, "seeds-scale": 2}
+LOOKS = {"seeds-scale": 2}
 
 
 def family(pairs: list[tuple[list[float], list[float]]], paired: bool = False, looks: int = 1) -> list[Comparison]:
@@ -596,7 +596,7 @@ def users_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
     others = [row for row in summary["rows"] if row["arm"] != "budget"]
     return dict(zip([(row["task"], row["arm"]) for row in others],
                     family([(row["scores"], budgets[row["task"]]["scores"]) for row in others],
-                           looks=summary.get("looks", LOOKS["users-setting"])), strict=True))
+                           looks=summary.get("looks", 1)), strict=True))
 
 
 def users_setting_figures(summary: dict[str, Any]) -> dict[str, str]:
