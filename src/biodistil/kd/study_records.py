@@ -46,9 +46,8 @@ def pack_study(folder: Path, out: Path) -> dict[str, int]:
     """Write `out` from the study in `folder`, atomically: its own records and those of each finished run (an
     unfinished one is left out: it runs again), as one `.tar.gz` (`ARCHIVE_SUFFIXES`) or, any other name, as a folder
     of the same files, the large ones gzipped (what a git repository keeps best: a file that did not change is not
-    stored again). Returns the
-    counts of runs packed (`runs`, and per task and arm or teacher folder) and left out (`unfinished`), and the
-    `bytes` written."""
+    stored again). Returns the counts of runs packed (`runs`, and per task and arm or teacher folder) and left out
+    (`unfinished`), and the `bytes` written."""
     folder = Path(folder)
     if not (folder / "config.yaml").is_file():
         raise BiodistilError(f"{folder}: not a study folder (no config.yaml, the record of its recipe)")

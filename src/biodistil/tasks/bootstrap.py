@@ -214,7 +214,8 @@ def _interval(given: Sequence[Side], statistic: Callable[..., float], resamples:
     drawing every side's runs (`_draw`) and then one set of examples for all of them."""
     sides = [_groups(side) for side in given]
     side_runs = [_runs(side) for side in sides]
-    _check_aligned([run for runs in side_runs for run in runs])
+    every_run = [run for runs in side_runs for run in runs]
+    _check_aligned(every_run)
     examples = len(side_runs[0][0].ids)
     estimate = statistic(*(_mean(runs, np.arange(examples)) for runs in side_runs))
     rng = np.random.default_rng(seed)
@@ -223,8 +224,10 @@ def _interval(given: Sequence[Side], statistic: Callable[..., float], resamples:
     for b in range(resamples):  # one stream: each side's runs, then the examples, resample after resample
         picked.append([_draw(side, rng) for side in positions])
         draws[b] = rng.integers(examples, size=examples)
-    means = [_drawn_means(_scores(runs, draws), [chosen[side] for chosen in picked])
-             for side, runs in enumerate(side_runs)]
+    scores = _scores(every_run, draws)  # every side's runs scored on one set of weights
+    ends = np.cumsum([len(runs) for runs in side_runs])
+    means = [_drawn_means(scores[end - len(runs):end], [chosen[side] for chosen in picked])
+             for side, (runs, end) in enumerate(zip(side_runs, ends, strict=True))]
     values = np.array([statistic(*resample) for resample in zip(*means, strict=True)])
     low, high = np.nanquantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     grouped = any(not isinstance(item, ScoredRun) for side in given for item in side)
@@ -236,11 +239,13 @@ def _scores(runs: Sequence[ScoredRun], draws: np.ndarray, chunk: int = 256) -> n
     """Each run's score on each resample (a row of `draws`): runs × resamples. The resamples go `chunk` at a time, with
     how often each drew each example (`weights`) formed once for all the runs."""
     examples = draws.shape[1]
+    counted = any(run.counts is not None for run in runs)
     scores = np.empty((len(runs), len(draws)))
     for start in range(0, len(draws), chunk):
         rows = draws[start:start + chunk]
         offsets = (np.arange(len(rows))[:, None] * examples + rows).ravel()
-        weights = np.bincount(offsets, minlength=len(rows) * examples).reshape(len(rows), examples)
+        weights = np.bincount(offsets, minlength=len(rows) * examples).reshape(len(rows), examples) \
+            if counted else None
         for index, run in enumerate(runs):
             scores[index, start:start + len(rows)] = run.scores(rows, weights)
     return scores
