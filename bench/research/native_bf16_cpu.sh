@@ -27,6 +27,8 @@ steps=${STEPS:-200}
 soak_steps=${SOAK_STEPS:-1000}
 read -r -a shapes <<<"${SHAPES:---teacher-layers 12 --hidden 768 --heads 12 --vocab 30522}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+timer=()  # GNU time, where installed: each step's wall time and peak RSS as its log's last line
+[ -x /usr/bin/time ] && timer=(/usr/bin/time -f "wall %e s, peak RSS %M KB")
 
 step() {  # step NAME COMMAND...: run once, its output in NAME.log, NAME.done when it exited 0
     local name=$1
@@ -36,7 +38,7 @@ step() {  # step NAME COMMAND...: run once, its output in NAME.log, NAME.done wh
         return 0
     fi
     echo "$name: $* ($(date -u +%H:%M:%S))"
-    if /usr/bin/time -f "wall %e s, peak RSS %M KB" "$@" >"$out/$name.log" 2>&1; then
+    if "${timer[@]}" "$@" >"$out/$name.log" 2>&1; then
         touch "$out/$name.done"
         tail -n 1 "$out/$name.log"
     else
