@@ -205,6 +205,37 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tiny_finetun
     assert json.loads((out / "metrics.json").read_text())["train"]["steps"] == 6
 
 
+def test_a_resumed_runs_wall_time_counts_the_training_before_its_checkpoint(tiny_finetune, teacher_dir):
+    root, task_file = tiny_finetune
+    out = root / "wall"
+    argv = finetune_argv(teacher_dir, task_file, out, "train.max_steps=6", "finetune.epochs=null",
+                         "train.save_every=2", "train.eval_every=0")
+    from biodistil.training import engine
+
+    original_step, original_save = engine.Engine._optimizer_step, engine.Engine._save
+
+    def slow_step(self, *args):  # the first segment's 4 steps take >= 2 s of training
+        time.sleep(0.5)
+        return original_step(self, *args)
+
+    def save_then_stop(self, *args):
+        original_save(self, *args)
+        if self.state.step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine.Engine, "_optimizer_step", slow_step)
+        patch.setattr(engine.Engine, "_save", save_then_stop)
+        assert main(argv) == 130
+    state = json.loads((complete_checkpoints(out)[0] / "trainer_state.json").read_text())["state"]
+    assert state["step"] == 4 and state["train_seconds"] >= 2.0
+    started = time.perf_counter()
+    assert main([*argv, "--resume"]) == 0
+    resumed = time.perf_counter() - started
+    wall = json.loads((out / "metrics.json").read_text())["wall_seconds"]
+    assert resumed + 1.5 < wall <= resumed + state["train_seconds"] + 0.1, "this invocation plus the earlier training"
+
+
 def test_checkpoints_without_the_runs_recipe_are_refused(tmp_path, capsys):
     folder = tmp_path / "run"
     (folder / "checkpoints" / "step-0000002").mkdir(parents=True)

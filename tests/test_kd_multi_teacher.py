@@ -92,6 +92,31 @@ def test_the_objective_distils_the_mixture_or_sums_one_term_per_teacher():
     assert logs["soft"].item() == pytest.approx(by_hand, rel=1e-5)
 
 
+@pytest.mark.parametrize("soft_loss", ["hinton", "sigmoid", "logit_mse"])
+def test_per_teacher_terms_with_fixed_weights_give_the_student_the_mixtures_gradient(soft_loss):
+    """Each soft term is linear in its target up to a part free of the student (KL: Σ_k λ_k·KL(p_k ‖ q) =
+    KL(p_mix ‖ q) + Σ_k λ_k·KL(p_k ‖ p_mix)), so `per_teacher` trains as `mixture` does (Study 5's two arms)."""
+    bioasq = get_task("bioasq")
+    teachers = [_features(FIRST), _features(SECOND)]
+    grads, losses = [], []
+    for combine in ("mixture", "per_teacher"):
+        logits = torch.tensor([[0.3, -0.2]], requires_grad=True)
+        objective = KDObjective(KDOptions(soft_loss=soft_loss, temperature=2.0, combine=combine), bioasq,
+                                teacher_weights=(0.75, 0.25))
+        loss, _ = objective(_features(logits), teachers, _batch())
+        loss.backward()
+        grads.append(logits.grad)
+        losses.append(loss.item())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    assert grads[0].abs().max() > 1e-3, "the student learns"
+    if soft_loss == "hinton":  # T²·Σ_k λ_k·KL(p_k ‖ p_mix) at T = 2: p_1 = softmax((ln 3, 0)/2) = (√3, 1)/(√3 + 1)
+        p = (math.sqrt(3) / (math.sqrt(3) + 1), 1 / (math.sqrt(3) + 1))
+        mix = (0.75 * p[0] + 0.25 * p[1], 0.75 * p[1] + 0.25 * p[0])
+        spread = sum(a * math.log(a / b) for a, b in zip(p, mix, strict=True)) * 0.75 + sum(
+            a * math.log(a / b) for a, b in zip(p[::-1], mix, strict=True)) * 0.25
+        assert losses[1] - losses[0] == pytest.approx(4 * spread, rel=1e-4)
+
+
 def test_two_online_teachers_send_gradients_to_the_student_only(kd_models, pair_task, teacher_dir, tmp_path):
     teacher_path, student_path = kd_models
     other = save_teacher(teacher_dir, pair_task, tmp_path / "other", seed=7)

@@ -7,7 +7,8 @@
 
 Each record is what its study recipe wrote: `task-agnostic.json` and `cross-tokenizer.json` are the `pipeline.json`
 of recipes/studies/task-agnostic-seeds.yaml and cross-tokenizer.yaml, `transfer-data.json`, `meta-kd.json` and
-`users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and users-setting.yaml;
+`users-setting.json` the `summary.json` of recipes/studies/transfer-data.yaml, meta-kd.yaml and
+users-setting-converged.yaml; `multi-teacher.json` that of multi-teacher-converged.yaml;
 `seeds-scale.json` the `pipeline.json` of recipes/studies/seeds-scale.yaml;
 `demo.json` the `report.json` of `biodistil demo --out DIR --record docs/results/demo.json` (docs/demo.md).
 A difference between two arms is a finding only when a t-test on the per-seed scores says so after Holm's adjustment
@@ -707,9 +708,10 @@ def multi_teacher_family(summary: dict[str, Any], task: str) -> tuple[str, dict[
 
 
 def multi_teacher_figures(summary: dict[str, Any]) -> dict[str, str]:
-    """Study 5's prose figures (NCBI-disease): the teachers' F1 and their ensemble's gain over the better one, each
-    arm's F1 (`f1:ARM`), the single-teacher arms' difference (its own test), the two-teacher arms against the better
-    single teacher (`ARM`, ... and their ranges), the wall times."""
+    """Study 5's prose figures (NCBI-disease): the teachers' F1 (`teacher:NAME`) and their ensemble's gain over the
+    better one, each arm's F1 (`f1:ARM`), the single-teacher arms' difference (its own test), the two-teacher arms
+    against the better single teacher (`ARM`, ... and their ranges), the seeds at which kd-per-teacher scores exactly
+    as kd-mixture, the wall times (and the runs recorded at under half the median run's, resumed ones)."""
     task = "ncbi_disease"
     record, rows = summary["teachers"][task], {row["arm"]: row for row in summary["rows"] if row["task"] == task}
     teachers = [record["test"]["f1"], *(more["test"]["f1"] for more in record["more_teachers"].values())]
@@ -717,23 +719,44 @@ def multi_teacher_figures(summary: dict[str, Any]) -> dict[str, str]:
         "teachers": "/".join(dict.fromkeys(num(f1, 1, 100) for f1 in teachers)),
         "ensemble": num(record["ensemble"]["test"]["f1"], 1, 100),
         "ensemble-gain": signed(record["ensemble"]["test"]["f1"] - max(teachers), 1, 100),
-        "mpnet-teacher-minutes": f"{record['more_teachers']['mpnet']['wall_seconds'] / 60:.1f}"}
+        "mpnet-teacher-minutes": f"{record['more_teachers']['mpnet']['wall_seconds'] / 60:.1f}",
+        "teacher:teacher": num(record["test"]["f1"], 1, 100),
+        "teacher-lead": num(max(teachers) - min(teachers), 1, 100)}
+    figures |= {f"teacher:{name}": num(more["test"]["f1"], 1, 100) for name, more in record["more_teachers"].items()}
     figures |= {f"f1:{arm}": num(row["mean"], 1, 100) for arm, row in rows.items()}
+    same = sum(a == b for a, b in zip(rows["kd-per-teacher"]["scores"], rows["kd-mixture"]["scores"], strict=True))
+    figures["per-teacher-as-mixture"] = f"{same} of {len(rows['kd-mixture']['scores'])}"
+    figures |= _short_run_figures(summary)
     figures |= comparison_figures("kd-mpnet-kd-minilm", compare_scores(rows["kd-mpnet"]["scores"],
                                                                         rows["kd-minilm"]["scores"]))
     results = multi_teacher_family(summary, task)[1]
     for arm, result in results.items():
         figures |= comparison_figures(arm, result)
     two = [rows[arm]["mean"] for arm in results]
-    below = [-result.difference for result in results.values()]
+    gains = [result.difference for result in results.values()]
     seeds = [result.seeds_needed for result in results.values()]
     figures |= {"two-teacher-range": f"{num(min(two), 1, 100)}-{num(max(two), 1, 100)}",
-                "below-range": f"{num(min(below), 1, 100)}-{num(max(below), 1, 100)}",
+                "gain-range": f"{signed(min(gains), 1, 100)} to {signed(max(gains), 1, 100)}",
                 "highs": f"{signed(min(r.high for r in results.values()), 1, 100)} to "
                          f"{signed(max(r.high for r in results.values()), 1, 100)}",
                 "holm": each([p_text(result.p_holm) for result in results.values()]),
                 "seeds-range": f"{min(seeds)}-{max(seeds)}"}
     return figures
+
+
+def _short_run_figures(summary: dict[str, Any]) -> dict[str, str]:
+    """The runs recorded at under half the median run's wall time (resumed before a run's wall time counted its
+    earlier segments): which (`short-runs`), their seconds, the median, and the minutes the sum leaves out were each
+    as long as the median (`short-minutes`)."""
+    seconds = [run["wall_seconds"] for run in summary["runs"]]
+    median = statistics.median(seconds)
+    short = [run for run in summary["runs"] if run["wall_seconds"] < median / 2]
+    if not short:
+        return {"short-runs": "none", "median-run-seconds": f"{median:.0f}", "short-minutes": "0.0"}
+    return {"short-runs": each([f"{run['arm']} seed {run['seed']}" for run in short]),
+            "short-seconds": each([f"{run['wall_seconds']:.0f}" for run in short]),
+            "median-run-seconds": f"{median:.0f}",
+            "short-minutes": f"{sum(median - run['wall_seconds'] for run in short) / 60:.1f}"}
 
 
 # ------------------------------------------------------------------------------------------ study 6
@@ -1035,11 +1058,17 @@ def demo_tables(report: dict[str, Any]) -> str:
 
 def demo_figures(report: dict[str, Any]) -> dict[str, str]:
     """The demo's figures other sections quote: its teacher's F1, what KD adds over fine-tuning on the budget, the
-    teacher's and the student's parameters (M)."""
+    teacher's and the student's parameters (M); its training minutes (in all, the teacher's, the student runs'
+    elapsed), their seeds and the CPU's flags."""
     f1 = {model["arm"]: model["f1_mean"] for model in report["models"]}
     size = {model["arm"]: model["parameters"] for model in report["models"]}
+    teacher = next(stage for stage in report["stages"] if stage["stage"] == "teacher fine-tuning")
     return {"teacher": num(f1[None], 1, 100), "kd-gain": signed(f1["distilled"] - f1["fine-tuned"], 0, 100),
-            "teacher-parameters": f"{size[None] / 1e6:.1f}", "student-parameters": f"{size['fine-tuned'] / 1e6:.1f}"}
+            "teacher-parameters": f"{size[None] / 1e6:.1f}", "student-parameters": f"{size['fine-tuned'] / 1e6:.1f}",
+            "training-minutes": f"{report['demo_minutes']:.1f}", "teacher-minutes": f"{teacher['seconds'] / 60:.1f}",
+            "runs-minutes": f"{report['side_by_side']['elapsed_seconds'] / 60:.1f}",
+            "runs": str(report["side_by_side"]["runs"]), "seeds": str(len(report["plan"]["seeds"])),
+            "cpu": f"{report['machine']['cpu']} ({' '.join(report['machine']['flags'])})"}
 
 
 VERDICT = re.compile(r"(?:^\| .+ \| |\()(?:finding|inconclusive)\b", re.M)  # a comparison's verdict in a table

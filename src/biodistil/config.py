@@ -336,7 +336,10 @@ class TeachersConfig(Section):
     combine: Literal["mixture", "per_teacher"] = Field(
         "mixture", description="several teachers: a term whose spec has a mixture space reads the weighted mixture of "
         "the teachers' predictions; per_teacher: each teacher term is computed once per teacher k and weighted by "
-        "λ_k (logged <term>@k, and <term> = Σ_k λ_k·<term>@k); layer terms are always one per teacher")
+        "λ_k (logged <term>@k, and <term> = Σ_k λ_k·<term>@k); layer terms are always one per teacher. The logit terms "
+        "are linear in their target up to a part free of the student, so per_teacher gives the student the mixture's "
+        "gradient (its loss is higher by the teachers' spread about their mixture): it matters where rows cannot be "
+        "mixed (a top-k cache) and for the per-teacher logs")
     confidence: bool = Field(
         False, description="several teachers, mixture: weigh each teacher per row by its probability of the label "
         "the student's own loss reads there (distill: the original token at a masked position; kd: the gold label), "

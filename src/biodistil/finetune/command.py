@@ -66,7 +66,7 @@ def run_finetune(recipe: FinetuneRecipe, resume: bool = False, stop_after: int |
                                train_examples=recipe.task.train_examples, accelerator=accelerator)
     if not accelerator.is_main_process:  # the main process writes the run folder
         return run.model_dir
-    seconds = round(time.perf_counter() - started, 1)
+    seconds = round(time.perf_counter() - started + outcome.train.earlier_seconds, 1)  # as kd's (run_kd)
     written = write_test_results(run.path, task, outcome.test_examples, outcome.test_predictions, outcome.truncated,
                                  outcome.markers_cut, recipe.task.data_dir, recipe.task.fold)
     write_dev_predictions(run.path, outcome.dev_examples, outcome.dev_predictions)

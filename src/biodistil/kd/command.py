@@ -100,7 +100,8 @@ def run_kd(recipe: KDRecipe, resume: bool = False, stop_after: int | None = None
     if not accelerator.is_main_process:
         return run.model_dir
     report = _report(recipe, setup, result, run, finished=stop_after is None or result.steps >= cfg.max_steps)
-    report["wall_seconds"] = round(time.perf_counter() - started, 1)  # this invocation (a resumed run: since resume)
+    # this invocation, plus a resumed run's training before the checkpoint it resumed (not that segment's set-up)
+    report["wall_seconds"] = round(time.perf_counter() - started + result.earlier_seconds, 1)
     report = jsonable(report)
     return run.finish(report, Report(f"Task-specific distillation on {setup.task.name}", _report_rows(report),
                                      [f"**Warning:** {note}" for note in report.get("notes", [])], result),

@@ -35,6 +35,7 @@ class TrainerState:
     batch_in_epoch: int = 0
     micro_step: int = 0
     tokens_seen: int = 0
+    train_seconds: float = 0.0  # the training time of every segment up to this checkpoint (resumes add theirs)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

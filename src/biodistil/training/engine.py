@@ -84,6 +84,7 @@ class TrainResult:
     best_step: int | None = None
     best_score: float | None = None
     peak_gpu_memory_mb: float | None = None  # on CUDA: torch.cuda.max_memory_allocated during `fit`
+    earlier_seconds: float = 0.0  # a resumed run: the training time of its segments before the checkpoint resumed
     # what the machine decided for the stage, for its report: `train.precision` and why, what `train.compile` compiled,
     # torch's CPU threads (the first count and each change)
     precision: str | None = None
@@ -240,7 +241,7 @@ class Engine:
         if acc.is_main_process and self.cfg.tensorboard:
             acc.init_trackers("tensorboard")
         data = replace(data, prepare=data.prepare or _unchanged)
-        started, tokens_at_start = time.perf_counter(), self.state.tokens_seen
+        started, tokens_at_start, earlier = time.perf_counter(), self.state.tokens_seen, self.state.train_seconds
         window: dict[str, list[float | torch.Tensor]] = defaultdict(list)
         last_train, last_eval = {}, {}
         bar = tqdm(total=self.cfg.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
@@ -269,6 +270,7 @@ class Engine:
                     last_eval, patience_out = self._evaluate(module, model, data, held_out)
                     stopping = stopping or patience_out
                 if saving or stopping:
+                    self.state.train_seconds = round(earlier + time.perf_counter() - started, 3)
                     self._save(module, optimizer, scheduler)
                 if stopping:
                     break
@@ -290,7 +292,8 @@ class Engine:
                            last_train, last_eval, self.state.extra.get("best_step"),
                            self.state.extra.get("best_score"), peak,
                            precision=resolve_precision(self.cfg.precision, acc.device)[1], compiled=compiled.note,
-                           threads=threads.summary(), dropout=dropout, loader=self.loading.note)
+                           threads=threads.summary(), dropout=dropout, loader=self.loading.note,
+                           earlier_seconds=earlier)
 
     def _evaluate(self, module, model, data: TrainData, held_out: HeldOut) -> tuple[dict[str, float], bool]:
         """Score the held-out data, log it (once per step: a finished run resumed has it on record already) and,
