@@ -43,7 +43,14 @@ def test_resume_equals_uninterrupted_run(tmp_path, teacher_dir, corpus_file):
     cut = distill_recipe(teacher_dir, corpus_file, tmp_path / "cut")
     run_distill(cut, stop_after=10)
     assert not (tmp_path / "cut" / "model").exists(), "a stopped run does not export"
+    checkpoint = json.loads((sorted((tmp_path / "cut" / "checkpoints").iterdir())[-1] / "trainer_state.json")
+                            .read_text())["state"]
+    assert checkpoint["step"] == 10 and checkpoint["train_seconds"] > 0
     resumed = run_distill(cut, resume=True)
+    result = json.loads((tmp_path / "cut" / "summary.json").read_text())["result"]
+    assert result["earlier_seconds"] == checkpoint["train_seconds"], "the time before the checkpoint is counted"
+    assert f"{result['earlier_seconds']:.1f} s of it before the resumed checkpoint" in (
+        tmp_path / "cut" / "report.md").read_text()
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert a.keys() == b.keys()
     for key in a:

@@ -206,7 +206,7 @@ def pipeline_tables(record: dict[str, Any], comparisons: list[tuple[str, str]], 
         for model in results["models"]:
             cells = [c for c in results["cells"] if c["task"] == task and c["model"] == model["label"]]
             lines.append(auroc_row(model["label"], cells))
-    distil = sum(stage["summary"]["result"]["seconds"] for stage in stages.values() if stage["command"] != "evaluate")
+    distil = sum(training_seconds(stage) for stage in stages.values() if stage["command"] != "evaluate")
     tune = sum(cell.get("wall_seconds", cell["train"]["seconds"]) for cell in results["cells"])
     lines += ["", f"Wall time: distillation {distil / 60:.1f} min, fine-tuning and scoring {tune / 60:.1f} min "
               f"({len(results['cells'])} cells), {(distil + tune) / 60:.1f} min in all."]
@@ -257,7 +257,7 @@ def _distillation(stage: dict[str, Any] | None) -> str:
     result, config = stage["summary"]["result"], stage["config"]
     tokens = result.get("tokens_seen") or result["steps"] * config["train"]["batch_size"] * config["data"]["block_size"]
     terms = " + ".join(term["loss"] for term in config["objective"]["terms"])
-    return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {result['seconds'] / 60:.1f} min"
+    return f"{terms}; {result['steps']} steps, {tokens:,} tokens, {training_seconds(stage) / 60:.1f} min"
 
 
 # ------------------------------------------------------------------------------------------ study 1
@@ -308,7 +308,7 @@ def _distillation_runs(stages: dict[str, dict[str, Any]], arm: str) -> str:
     runs = [stage for name, stage in stages.items() if name.rsplit("-", 1)[0] == arm and stage["command"] == "distill"]
     if not runs:
         return "none"
-    minutes = statistics.fmean(run["summary"]["result"]["seconds"] for run in runs) / 60
+    minutes = statistics.fmean(training_seconds(run) for run in runs) / 60
     return f"{_distillation(runs[0]).rsplit(',', 1)[0]}; {len(runs)} runs, {minutes:.1f} min each"
 
 
@@ -366,8 +366,15 @@ def task_agnostic_seeds_figures(record: dict[str, Any]) -> dict[str, str]:
 
 def _study_pipeline_minutes(record: dict[str, Any]) -> float:
     """The teacher and distillation stages' training time and the study's wall time, in minutes."""
-    return sum(stage["summary"]["wall_seconds"] if stage["name"] == "study" else stage["summary"]["result"]["seconds"]
+    return sum(stage["summary"]["wall_seconds"] if stage["name"] == "study" else training_seconds(stage)
                for stage in record["stages"]) / 60
+
+
+def training_seconds(stage: dict[str, Any]) -> float:
+    """A training stage's time: a resumed run's adds the segments before the checkpoint it resumed (recorded since
+    2026-11-30; earlier records lack it and their resumed stages count the last segment only)."""
+    result = stage["summary"]["result"]
+    return result["seconds"] + result.get("earlier_seconds", 0.0)
 
 
 def _study_pipeline_wall_time(record: dict[str, Any]) -> str:

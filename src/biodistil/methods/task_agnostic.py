@@ -396,9 +396,16 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
         "steps": result.steps,
         "parameters (total / non-embedding)": f"{sizes['total']:,} / {sizes['non_embedding']:,}",
         "training throughput": f"{result.tokens_per_second:,.0f} tokens/s",
-        "wall time": f"{result.seconds:.1f} s",
+        "wall time": _training_time(result),
         **{f"final train {k}": f"{v:.4f}" for k, v in result.final_train.items() if k.startswith("loss")},
         **{f"held-out {k}": f"{v:.4f}" for k, v in result.final_eval.items()},
         "model": f"`{run.model_dir}`" if finished else "not exported (run stopped early; use --resume)",
     }
     return run.finish(summary, Report(title, rows, list(notes), result), save_model=save_model)
+
+
+def _training_time(result: TrainResult) -> str:
+    """The run's training time; a resumed run's adds the segments before the checkpoint it resumed."""
+    total = f"{result.seconds + result.earlier_seconds:.1f} s"
+    return f"{total} ({result.earlier_seconds:.1f} s of it before the resumed checkpoint)" if result.earlier_seconds \
+        else total
