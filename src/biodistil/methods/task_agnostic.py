@@ -406,6 +406,6 @@ def _finish(run: RunFolder, module: MaskedLMModule, tokenizer, result: TrainResu
 
 def _training_time(result: TrainResult) -> str:
     """The run's training time; a resumed run's adds the segments before the checkpoint it resumed."""
-    total = f"{result.seconds + result.earlier_seconds:.1f} s"
+    total = f"{result.training_seconds:.1f} s"
     return f"{total} ({result.earlier_seconds:.1f} s of it before the resumed checkpoint)" if result.earlier_seconds \
         else total

@@ -93,6 +93,11 @@ class TrainResult:
     dropout: str | None = None
     loader: str | None = None  # `train.num_workers`: the loader workers, pinned and prefetched batches
 
+    @property
+    def training_seconds(self) -> float:
+        """The run's training time across its segments (this one's and those before the checkpoint it resumed)."""
+        return self.seconds + self.earlier_seconds
+
 
 @dataclass(frozen=True)
 class Selection:
