@@ -450,6 +450,7 @@ def test_evaluate_scores_pytorch_and_onnx_side_by_side(token_dir, token_export, 
     assert "tiny-onnx-int8" in report and "Scored without training" in report
     # each graph against the PyTorch model, paired over the same 12 sentences
     differences = {d["model"]: d for d in results["differences"]}
+    assert len(results["differences"]) == 2, "a graph of the first model is compared with it once"
     assert set(differences) == {"tiny-onnx", "tiny-onnx-int8"} and differences["tiny-onnx"]["reference"] == "tiny"
     assert differences["tiny-onnx"]["estimate"] == 0 and differences["tiny-onnx"]["low"] == 0 == \
         differences["tiny-onnx"]["high"], "the same predictions on every resample"

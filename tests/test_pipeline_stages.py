@@ -77,9 +77,21 @@ def test_the_seeds_scale_pipeline_runs_its_study_and_deploy_stages_on_a_slice(
         "PyTorch and int8 timed; the fp32 graph and the second teacher seed (time: false) are not"
     scored = {cell["model"] for cell in deployed["results"]["cells"]}
     assert scored == timed | {"kd-3x384-s1-onnx", "teacher-seed-2"}, "every model and graph is scored"
+    differences = {(d["model"], d["reference"]): d for d in deployed["results"]["differences"]}
+    assert set(differences) == {(model, "teacher") for model in scored - {"teacher"}} | {
+        ("kd-3x384-s1-onnx", "kd-3x384-s1"), ("kd-3x384-s1-onnx-int8", "kd-3x384-s1")}, \
+        "each model against the first (the teacher), and each graph against the model it was exported from"
+    cells = {cell["model"]: cell["score"] for cell in deployed["results"]["cells"]}
+    int8 = differences["kd-3x384-s1-onnx-int8", "kd-3x384-s1"]
+    assert int8["estimate"] == pytest.approx(cells["kd-3x384-s1-onnx-int8"] - cells["kd-3x384-s1"], abs=1e-12)
+    assert int8["low"] <= int8["estimate"] <= int8["high"] and int8["examples"] == 12
+    assert set(deployed["seconds"]) == {"export kd-3x384-s1", "scoring"} and all(
+        seconds > 0 for seconds in deployed["seconds"].values()), "the stage's time, part by part, in its record"
     exported = (out / "deploy" / "onnx" / "kd-3x384-s1" / "export.json").stat().st_mtime_ns
     scored = (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns
     run_pipeline(sliced(out, teacher_dir, small, task_file, corpus_file))
     assert (out / "deploy" / "onnx" / "kd-3x384-s1" / "export.json").stat().st_mtime_ns == exported, \
         "exports are kept"
     assert (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns == scored, "so are the scores"
+    again = json.loads((out / "pipeline.json").read_text())["stages"][4]["deploy"]
+    assert again["seconds"] == deployed["seconds"], "and the seconds they took"

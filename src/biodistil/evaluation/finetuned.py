@@ -7,7 +7,9 @@
 
 Each model after the first is compared with the first (the reference: a PyTorch model before its ONNX graphs, as
 `expand_models` lists them) on the same examples: its headline score minus the reference's with a 95% interval of a
-paired bootstrap over the examples (`tasks.bootstrap`), in results.json's `differences` and the report's notes.
+paired bootstrap over the examples (`tasks.bootstrap`), in results.json's `differences` and the report's notes. An
+ONNX graph whose source model (its export.json's `source`) is scored too, and is not the first, is also compared with
+that model: the int8 − PyTorch difference of every exported model, not only of the first.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from biodistil.errors import BiodistilError
 from biodistil.evaluation.recipe import METRIC_FAMILY, BenchConfig
 from biodistil.evaluation.results import RESULTS_FILE, RESULTS_FORMAT
 from biodistil.export.deployed import Deployed, expand_models, score_deployed, task_data_root
+from biodistil.export.runtime import is_export_folder, read_description
 from biodistil.finetune.selection import print_span_record
 from biodistil.io import atomic_write_json, atomic_write_jsonl
 from biodistil.tasks.bootstrap import ScoredRun, difference_interval, scored_run
@@ -84,10 +87,23 @@ def scored_results(items: Sequence[Deployed], task: TaskSpec, plan: ScoringPlan,
 
 
 def _differences(items: Sequence[Deployed], runs: Sequence[ScoredRun], task: TaskSpec) -> list[dict[str, Any]]:
-    """Each model after the first minus the first, on the same examples, with its paired bootstrap interval."""
-    return [{"model": item.label, "reference": items[0].label, "task": task.name, "metric": task.headline_key,
-             "examples": len(run.ids), **difference_interval([run], [runs[0]]).as_record()}
-            for item, run in zip(items[1:], runs[1:], strict=True)]
+    """Each model after the first minus the first, then each ONNX graph minus its source model where that is scored
+    and is not the first, on the same examples, with their paired bootstrap intervals."""
+    pytorch = {item.path.resolve(): index for index, item in enumerate(items) if item.runtime == "pytorch"}
+    pairs = [(index, 0) for index in range(1, len(items))]
+    sources = [pytorch.get(source) if source else None for source in map(_export_source, items)]
+    pairs += [(index, source) for index, source in enumerate(sources) if source not in (None, 0)]  # 0: paired above
+    return [{"model": items[index].label, "reference": items[reference].label, "task": task.name,
+             "metric": task.headline_key, "examples": len(runs[index].ids),
+             **difference_interval([runs[index]], [runs[reference]]).as_record()} for index, reference in pairs]
+
+
+def _export_source(item: Deployed) -> Path | None:
+    """The model folder an ONNX graph was exported from (its export.json's `source`), or None."""
+    if item.runtime != "onnxruntime" or not is_export_folder(item.folder):
+        return None
+    source = read_description(item.folder).get("source")
+    return Path(source).expanduser().resolve() if source else None
 
 
 def _difference_line(difference: dict[str, Any]) -> str:
