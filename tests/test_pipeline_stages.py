@@ -7,6 +7,7 @@ import json
 import pytest
 from kd_fixtures import OTHER, POSITIVE, save_student
 from recipe_fixtures import RECIPES
+from test_studies import results_tables
 
 from biodistil.data.synthetic import write_ner_task
 from biodistil.pipeline import load_pipeline, run_pipeline
@@ -87,6 +88,7 @@ def test_the_seeds_scale_pipeline_runs_its_study_and_deploy_stages_on_a_slice(
     assert int8["low"] <= int8["estimate"] <= int8["high"] and int8["examples"] == 12
     assert set(deployed["seconds"]) == {"export kd-3x384-s1", "scoring"} and all(
         seconds > 0 for seconds in deployed["seconds"].values()), "the stage's time, part by part, in its record"
+    _the_results_page_reads_the_record(record, cells, int8)
     exported = (out / "deploy" / "onnx" / "kd-3x384-s1" / "export.json").stat().st_mtime_ns
     scored = (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns
     run_pipeline(sliced(out, teacher_dir, small, task_file, corpus_file))
@@ -95,3 +97,24 @@ def test_the_seeds_scale_pipeline_runs_its_study_and_deploy_stages_on_a_slice(
     assert (out / "deploy" / "scored" / "results.json").stat().st_mtime_ns == scored, "so are the scores"
     again = json.loads((out / "pipeline.json").read_text())["stages"][4]["deploy"]
     assert again["seconds"] == deployed["seconds"], "and the seconds they took"
+
+
+def _the_results_page_reads_the_record(record, cells, int8):
+    """docs/results/tables.py's Study 6 functions on this record's shape (the record that replaces seeds-scale.json)."""
+    tables = results_tables()
+    text = tables.seeds_scale_converged_tables(record)
+    assert (f"| kd-3x384-s1 | {100 * cells['kd-3x384-s1']:.1f} | {100 * cells['kd-3x384-s1-onnx-int8']:.1f} | "
+            f"{100 * int8['estimate']:+.2f} | {100 * int8['low']:+.2f} to {100 * int8['high']:+.2f} |") in text
+    distilled = next(line for line in text.splitlines() if line.startswith("| ft-6x768-distilled | ") and ";" in line)
+    assert distilled.count(";") == 2, "the run-by-run row: three distillation runs, their fine-tuning seeds within"
+    assert "| kd-3x384 − ft-3x384 |" in text and "3 runs" in text
+    figures = tables.seeds_scale_converged_figures(record)
+    share = next(row for row in record["stages"][3]["summary"]["rows"] if row["arm"] == "ft-6x768-distilled")["share"]
+    assert figures["target-98"] == ("reached" if share["low"] >= 0.98 else
+                                    "not reached" if share["high"] < 0.98 else "not settled")
+    assert figures["int8:kd-3x384-s1"] == tables.signed(int8["estimate"], 2, 100)
+    assert figures["int8-speed:kd-3x384-s1"] and figures["distilled-runs"] == "3"
+    seconds = [sum(record["stages"][4]["deploy"]["seconds"].values()),
+               record["stages"][3]["summary"]["wall_seconds"],
+               *(tables.training_seconds(stage) for stage in record["stages"][:3])]
+    assert tables._study_pipeline_minutes(record) == pytest.approx(sum(seconds) / 60), "the deploy stage counted"
