@@ -316,8 +316,14 @@ def task_agnostic_seeds_family(summary: dict[str, Any], units: Callable[[dict[st
                                ) -> dict[tuple[str, str], Comparison]:
     """Study 1's comparisons, one family: Welch on each arm's `units` — by default the grid of distillation runs ×
     fine-tuning seeds of a distilled arm (crossed) or the seeds' scores of an arm without distillation — at α/looks."""
+    return _units_family(summary, STUDY1_PAIRS, units)
+
+
+def _units_family(summary: dict[str, Any], pairs: tuple[tuple[str, str], ...],
+                  units: Callable[[dict[str, Any]], Any] = _units) -> dict[tuple[str, str], Comparison]:
+    """The `pairs` of arms both present in a study summary, one family: Welch on each arm's `units`, at α/looks."""
     rows = {row["arm"]: units(row) for row in summary["rows"]}
-    present = [(first, second) for first, second in STUDY1_PAIRS if first in rows and second in rows]
+    present = [(first, second) for first, second in pairs if first in rows and second in rows]
     results = family([(rows[first], rows[second]) for first, second in present], looks=summary.get("looks", 1))
     return dict(zip(present, results, strict=True))
 
@@ -972,10 +978,7 @@ def _run_by_run(summary: dict[str, Any]) -> list[str]:
 def seeds_scale_converged_family(summary: dict[str, Any]) -> dict[tuple[str, str], Comparison]:
     """Each arm of Study 6 against its fine-tuned peer, one family: Welch on the grid of distillation runs ×
     fine-tuning seeds of the distilled arm (crossed), on the seeds' scores of the others."""
-    rows = {row["arm"]: _units(row) for row in summary["rows"]}
-    present = [(first, second) for first, second in SEEDS_SCALE_PAIRS if first in rows and second in rows]
-    results = family([(rows[first], rows[second]) for first, second in present], looks=summary.get("looks", 1))
-    return dict(zip(present, results, strict=True))
+    return _units_family(summary, SEEDS_SCALE_PAIRS)
 
 
 def _int8_differences(deploy: dict[str, Any]) -> dict[str, dict[str, Any]]:
