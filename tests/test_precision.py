@@ -48,6 +48,9 @@ def test_distillation_under_bf16_autocast_learns_and_exports_float32(tmp_path, t
     losses = _train_losses(tmp_path / "run")
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], "the loss falls under bf16"
     assert {w.dtype for w in load_file(str(model_dir / "model.safetensors")).values()} == {torch.float32}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["result"]["compiled"].startswith("auto: nothing (the KL's rows are 200 columns wide"), \
+        "the tests' vocabulary of 200 is too narrow for the compiled kernel"
 
 
 def test_task_kd_under_bf16_autocast_learns(kd_models, pair_task, tmp_path, fresh_accelerator_state):
@@ -140,9 +143,34 @@ def test_train_compile_auto_leaves_a_task_kd_kl_over_a_few_classes_eager(monkeyp
     assert kd.kl_columns == 3
     chosen = compiling.apply_compile("auto", kd, torch.device("cpu"))
     assert chosen.kl_rows is None
-    assert chosen.note == ("auto: nothing (the KL's rows are 3 classes wide; the compiled kernel wins from 2,048 "
-                           "columns)")
+    assert chosen.note == "auto: nothing (the KL's rows are 3 columns wide; the compiled kernel wins from 2,048)"
     wide = torch.nn.Module()
     wide.kl_columns = 30522
     assert compiling.apply_compile("auto", wide, torch.device("cpu")).kl_rows == "kernel"
     assert compiling.apply_compile(True, kd, torch.device("cpu")).kl_rows == "kernel"
+
+
+@pytest.mark.parametrize(("vocab_size", "shared_vocab", "compiled"),
+                         [(200, None, False), (30522, None, True), (30622, 30522, True), (30622, 1000, False)])
+def test_train_compile_auto_compiles_a_distillation_kl_only_as_wide_as_a_vocabulary(vocab_size, shared_vocab,
+                                                                                    compiled, monkeypatch):
+    """A distillation's KL rows span the student's vocabulary (under VE-KD the teacher's, its prefix): a real one
+    (30,522) is compiled under `auto`, a toy one of a few hundred (the tests') is left eager."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from biodistil.methods.masked_lm import MaskedLMModule
+    from biodistil.training import compiling
+
+    monkeypatch.setattr(compiling, "cpp_compiler", lambda: "/usr/bin/g++")
+    monkeypatch.setattr(compiling, "compiled_kl_rows", lambda: "kernel")
+    student = BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1, intermediate_size=8))
+    objective = SimpleNamespace(cfg=SimpleNamespace(terms=[SimpleNamespace(loss="mlm"),
+                                                           SimpleNamespace(loss="logit_kl")]))
+    module = MaskedLMModule(student, objective, teacher=None, shared_vocab=shared_vocab)
+    assert module.uses_kl_rows and module.kl_columns == (shared_vocab or vocab_size)
+    chosen = compiling.apply_compile("auto", module, torch.device("cpu"))
+    assert (chosen.kl_rows == "kernel") == compiled
+    if not compiled:
+        assert chosen.note == (f"auto: nothing (the KL's rows are {module.kl_columns:,} columns wide; the compiled "
+                               "kernel wins from 2,048)")

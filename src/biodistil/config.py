@@ -90,9 +90,9 @@ class TrainConfig(Section):
         "visible GPU is an error before anything runs)")
     compile: bool | Literal["auto"] = Field(
         "auto", description="auto: compile the vocabulary KL's row kernel where TorchInductor can (a C++ compiler on "
-        "the CPU), which wins on every CPU measured (not task KD's KL over a task's few classes, where eager rows are "
-        "as fast); true: also torch.compile the student's encoder (and an online teacher's), which did not win on "
-        "CPUs; false: nothing. The first steps include the compile")
+        "the CPU), which wins on every CPU measured (not for rows narrower than 2,048 — task KD's few classes, a toy "
+        "vocabulary —, where eager rows are as fast); true: also torch.compile the student's encoder (and an online "
+        "teacher's), which did not win on CPUs; false: nothing. The first steps include the compile")
     threads: Literal["stage", "auto"] | Annotated[int, Field(ge=1)] = Field(
         "stage", description="torch's CPU threads while the stage trains: stage = the idle cores measured when it "
         "starts, kept to its end (a recipe runs one way throughout); auto = that, re-checked every 60 s against other "

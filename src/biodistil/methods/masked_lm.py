@@ -66,6 +66,13 @@ class MaskedLMModule(nn.Module):
         """Whether a term computes a KL over logit rows (`train.compile` compiles that kernel only then)."""
         return any(term.loss == "logit_kl" for term in self.objective.cfg.terms)
 
+    @property
+    def kl_columns(self) -> int:
+        """The width of the vocabulary KL's rows: the teacher's vocabulary under VE-KD (a prefix of the student's),
+        else the student's (across tokenizers, the shared strings are fewer) — `train.compile: auto` leaves rows
+        narrower than a real vocabulary eager."""
+        return int(self.shared_vocab or self.student.config.vocab_size)
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One student pass and the teacher's outputs from its signal (no gradients). A batch aligned across
         tokenizers (its `alignment`) gives the terms its shared words, and the teacher its own positions."""
